@@ -1,0 +1,221 @@
+"""A local Kubernetes control plane with fake PMEM nodes.
+
+kwokctl's binary runtime starts etcd, kube-apiserver (RBAC on, secure port, service-account
+token signing), kube-controller-manager, kube-scheduler and the kwok controller from the
+binaries built by :mod:`tools.toolchain`. kwok then plays the kubelet for the fake nodes: it
+keeps them Ready and marks the pods scheduled onto them Running and Ready.
+
+Usage: ``python -m tools.cluster start [--nodes N]``, ``python -m tools.cluster stop``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tools import localenv, toolchain
+
+CLUSTER_NAME = "pmem-csi"
+PMEM_LABEL = {"storage": "pmem"}
+# kwokctl's kwok controller manages the nodes that carry this annotation.
+KWOK_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
+DEFAULT_PMEM_NODES = 3
+DEFAULT_PLAIN_NODES = 1
+
+
+def _log(msg: str) -> None:
+    print(f"[cluster] {msg}", file=sys.stderr, flush=True)
+
+
+def kwok_workdir() -> Path:
+    return localenv.state_dir() / "kwok"
+
+
+def _kwokctl_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["KWOK_WORKDIR"] = str(kwok_workdir())
+    env["PATH"] = os.pathsep.join([*map(str, toolchain.path_dirs()), env.get("PATH", "")])
+    return env
+
+
+def _kwokctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(toolchain.bin_path("kwokctl")), "--name", CLUSTER_NAME, *args],
+        env=_kwokctl_env(),
+        check=check,
+        capture_output=True,
+        text=True,
+    )
+
+
+def is_running() -> bool:
+    """True when the API server of the local cluster answers /readyz."""
+    if not localenv.kubeconfig_path().exists():
+        return False
+    result = subprocess.run(
+        [str(toolchain.bin_path("kubectl")), "get", "--raw", "/readyz"],
+        env={**os.environ, "KUBECONFIG": str(localenv.kubeconfig_path())},
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    return result.returncode == 0 and result.stdout.strip() == "ok"
+
+
+def node_manifest(name: str, labels: dict[str, str]) -> dict:
+    """A fake node, managed by kwok; no taints, so DaemonSet pods land on it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": dict(KWOK_NODE_ANNOTATION),
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **labels,
+            },
+        },
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
+            "nodeInfo": {
+                "architecture": "amd64",
+                "kubeletVersion": "fake",
+                "kubeProxyVersion": "fake",
+                "operatingSystem": "linux",
+            },
+        },
+    }
+
+
+def _core_api():  # imported late: `stop` and `status` must work without the client
+    from kubernetes import client, config
+
+    api_client = config.new_client_from_config(config_file=str(localenv.kubeconfig_path()))
+    return client.CoreV1Api(api_client)
+
+
+def add_node(name: str, labels: dict[str, str], timeout: float = 60) -> None:
+    """Create a fake node and wait until kwok reports it Ready."""
+    core = _core_api()
+    core.create_node(node_manifest(name, labels))
+    wait_nodes_ready([name], timeout=timeout)
+
+
+def wait_nodes_ready(names: list[str], timeout: float = 60) -> None:
+    core = _core_api()
+    deadline = time.monotonic() + timeout
+    pending = set(names)
+    while pending:
+        for node in core.list_node().items:
+            ready = any(
+                c.type == "Ready" and c.status == "True" for c in node.status.conditions or []
+            )
+            if ready:
+                pending.discard(node.metadata.name)
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nodes not Ready after {timeout:.0f}s: {sorted(pending)}")
+        time.sleep(0.5)
+
+
+def start(pmem_nodes: int = DEFAULT_PMEM_NODES, plain_nodes: int = DEFAULT_PLAIN_NODES) -> Path:
+    """Start the cluster (or reuse a running one) and return its kubeconfig path."""
+    t0 = time.monotonic()
+    toolchain.build_all(["kubernetes", "etcd", "kwok"])
+    kubeconfig = localenv.kubeconfig_path()
+    if is_running():
+        _log(f"already running; kubeconfig {kubeconfig}")
+        return kubeconfig
+    stop(quiet=True)
+    _log(f"starting control plane '{CLUSTER_NAME}' (state in {kwok_workdir()})")
+    binary = toolchain.bin_path
+    result = _kwokctl(
+        "create",
+        "cluster",
+        "--runtime",
+        "binary",
+        "--kube-authorization",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--kube-apiserver-binary",
+        str(binary("kube-apiserver")),
+        "--kube-controller-manager-binary",
+        str(binary("kube-controller-manager")),
+        "--kube-scheduler-binary",
+        str(binary("kube-scheduler")),
+        "--kwok-controller-binary",
+        str(binary("kwok")),
+        "--etcd-binary",
+        str(binary("etcd")),
+        "--wait",
+        "120s",
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"kwokctl create cluster failed ({result.returncode}):\n{result.stdout}\n"
+            f"{result.stderr}\nComponent logs: {kwok_workdir() / 'clusters' / CLUSTER_NAME}"
+        )
+    _log(f"API server healthy after {time.monotonic() - t0:.1f}s; creating nodes")
+    core = _core_api()
+    names = []
+    for i in range(1, pmem_nodes + 1):
+        names.append(f"pmem-node-{i}")
+        core.create_node(node_manifest(names[-1], PMEM_LABEL))
+    for i in range(1, plain_nodes + 1):
+        names.append(f"plain-node-{i}")
+        core.create_node(node_manifest(names[-1], {}))
+    wait_nodes_ready(names)
+    _log(
+        f"ready in {time.monotonic() - t0:.1f}s: {pmem_nodes} PMEM node(s), "
+        f"{plain_nodes} plain node(s); KUBECONFIG={kubeconfig}"
+    )
+    return kubeconfig
+
+
+def stop(quiet: bool = False) -> None:
+    """Stop every component and remove the cluster's state (Pulumi state is kept)."""
+    if (kwok_workdir() / "clusters" / CLUSTER_NAME).exists():
+        try:
+            _kwokctl("delete", "cluster", "--kubeconfig", str(localenv.kubeconfig_path()))
+        except (subprocess.CalledProcessError, FileNotFoundError) as err:
+            if not quiet:
+                _log(f"kwokctl delete failed ({err}); removing state anyway")
+    shutil.rmtree(kwok_workdir(), ignore_errors=True)
+    localenv.kubeconfig_path().unlink(missing_ok=True)
+    if not quiet:
+        _log("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.cluster", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("start", help="start the local cluster (builds missing tools)")
+    s.add_argument("--nodes", type=int, default=DEFAULT_PMEM_NODES, help="fake PMEM nodes")
+    s.add_argument("--plain-nodes", type=int, default=DEFAULT_PLAIN_NODES)
+    sub.add_parser("stop", help="stop the local cluster and remove its state")
+    sub.add_parser("status", help="exit 0 when the local cluster answers")
+    args = parser.parse_args(argv)
+    if args.cmd == "start":
+        print(start(args.nodes, args.plain_nodes))
+    elif args.cmd == "stop":
+        stop()
+    else:
+        running = is_running()
+        print("running" if running else "not running")
+        return 0 if running else 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""The project's local state directory and the offline Pulumi environment.
+
+Every way this project runs Pulumi (the demo, the tests, an administrator trying the local
+stack) takes its environment from :func:`pulumi_env`, so there is one place that says: file
+backend inside the state directory, passphrase secrets, no update checks, no plugin downloads.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from pathlib import Path
+
+from tools import toolchain
+
+PROJECT_DIR = toolchain.PROJECT_DIR
+
+
+def state_dir() -> Path:
+    """Runtime state (kubeconfig, cluster files, Pulumi backend); never committed."""
+    path = Path(os.environ.get("PMEM_CSI_STATE_DIR", PROJECT_DIR / ".state")).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def kubeconfig_path() -> Path:
+    return state_dir() / "kubeconfig"
+
+
+def _passphrase_file() -> Path:
+    """A random passphrase for the local stacks' secrets, created once per state directory."""
+    path = state_dir() / "pulumi-passphrase"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+    return path
+
+
+def pulumi_home() -> Path:
+    return state_dir() / "pulumi-home"
+
+
+def pulumi_env() -> dict[str, str]:
+    """Environment for the Pulumi CLI and the Automation API, fully offline."""
+    backend = state_dir() / "pulumi-backend"
+    backend.mkdir(parents=True, exist_ok=True)
+    venv_bin = PROJECT_DIR / ".venv" / "bin"
+    path = [str(p) for p in toolchain.path_dirs()]
+    if venv_bin.is_dir():
+        # pulumi-resource-pulumi-python (dynamic providers) runs `python3` from PATH.
+        path.append(str(venv_bin))
+    path.append(os.environ.get("PATH", ""))
+    return {
+        "PULUMI_BACKEND_URL": backend.as_uri(),
+        "PULUMI_HOME": str(pulumi_home()),
+        "PULUMI_CONFIG_PASSPHRASE_FILE": str(_passphrase_file()),
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        "PULUMI_SKIP_CONFIRMATIONS": "true",
+        "PULUMI_COPILOT": "false",
+        "KUBECONFIG": str(kubeconfig_path()),
+        "PATH": os.pathsep.join(path),
+    }
+
+
+def ensure_kubernetes_plugin() -> None:
+    """Register the locally built provider so the CLI never tries to download it."""
+    version = toolchain.PULUMI_KUBERNETES_VERSION
+    plugin_dir = pulumi_home() / "plugins" / f"resource-kubernetes-{version}"
+    if (plugin_dir / "pulumi-resource-kubernetes").exists():
+        return
+    subprocess.run(
+        [
+            str(toolchain.bin_path("pulumi")),
+            "plugin",
+            "install",
+            "resource",
+            "kubernetes",
+            version.lstrip("v"),
+            "--file",
+            str(toolchain.bin_path("pulumi-resource-kubernetes")),
+        ],
+        env={**os.environ, **pulumi_env()},
+        check=True,
+        capture_output=True,
+    )
+
+
+def apply_pulumi_env() -> dict[str, str]:
+    """Put the offline environment into this process (the Automation API reads os.environ)."""
+    env = pulumi_env()
+    os.environ.update(env)
+    ensure_kubernetes_plugin()
+    return env

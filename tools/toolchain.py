@@ -1,0 +1,296 @@
+"""Build and locate the pinned Go tools the local cluster and the Pulumi engine need.
+
+The machines this project runs on have no Kubernetes and no Pulumi CLI, and can reach only
+package registries (the Go module proxy among them). Each tool group is a wrapper Go module
+under ``tools/<group>/`` (go.mod + go.sum checked in), built with ``go build`` into a cache
+directory keyed by a hash of that module and the build flags. A pin change therefore makes a
+new cache entry; an unchanged pin is never rebuilt.
+
+Usage: ``python -m tools.toolchain build [GROUP...]`` and ``python -m tools.toolchain path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TOOLS_DIR = Path(__file__).resolve().parent
+PROJECT_DIR = TOOLS_DIR.parent
+
+# Versions stamped into the binaries. They must agree with the wrapper modules' go.mod files
+# (tests/unit/test_toolchain.py checks that) and, for Pulumi, with requirements.txt.
+KUBERNETES_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.8"
+KWOK_VERSION = "v0.8.0"
+PULUMI_VERSION = "v3.260.0"
+PULUMI_KUBERNETES_VERSION = "v4.25.0"
+
+# Bumped when this file changes how a group is built, so old cache entries are not reused.
+_RECIPE_REVISION = "1"
+
+
+def cache_root() -> Path:
+    """Where built tools live, outside the work tree so a fresh clone reuses them."""
+    env = os.environ.get("PMEM_CSI_TOOLS_CACHE")
+    if env:
+        return Path(env)
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "pmem-csi-pulumi" / "tools"
+
+
+def _version_ldflags(pkg: str, version: str) -> list[str]:
+    major, minor = version.lstrip("v").split(".")[:2]
+    return [
+        f"-X {pkg}.gitVersion={version}",
+        f"-X {pkg}.gitMajor={major}",
+        f"-X {pkg}.gitMinor={minor}",
+        f"-X {pkg}.gitTreeState=clean",
+    ]
+
+
+def _module_dir(group_dir: Path, module: str) -> Path:
+    out = subprocess.run(
+        ["go", "list", "-m", "-f", "{{.Dir}}", module],
+        cwd=group_dir,
+        env=go_env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if not out:
+        raise RuntimeError(f"go list found no directory for {module}; run 'go mod download'")
+    return Path(out)
+
+
+def _prepare_provider(group_dir: Path) -> None:
+    """Write the schema and mapping files that upstream's `go generate` would embed."""
+    src = _module_dir(group_dir, "github.com/pulumi/pulumi-kubernetes/provider/v4")
+    cmd_dir = src / "cmd" / "pulumi-resource-kubernetes"
+    schema = json.loads((cmd_dir / "schema.json").read_text())
+    schema["version"] = PULUMI_KUBERNETES_VERSION.lstrip("v")
+    (group_dir / "schema-embed.json").write_text(json.dumps(schema))
+    mapping = json.loads((cmd_dir / "terraform-mapping.json").read_text())
+    (group_dir / "terraform-mapping-embed.json").write_text(json.dumps(mapping))
+
+
+def _install_python_shims(group_dir: Path, bin_dir: Path) -> None:
+    """Put the Pulumi Python SDK's helper scripts next to the CLI.
+
+    `pulumi-resource-pulumi-python` runs Python dynamic providers (used for the generated
+    certificates); it ships in the sdk module, not in the CLI build.
+    """
+    sdk = _module_dir(group_dir, "github.com/pulumi/pulumi/sdk/v3")
+    for name in ("pulumi-resource-pulumi-python",):
+        target = bin_dir / name
+        shutil.copyfile(sdk / "python" / "dist" / name, target)
+        target.chmod(0o755)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One wrapper module and the commands built from it."""
+
+    name: str
+    packages: dict[str, str]  # output binary name -> Go package
+    ldflags: list[str] = field(default_factory=list)
+    tags: str = ""
+    prepare: Callable[[Path], None] | None = None
+    finish: Callable[[Path, Path], None] | None = None
+
+    @property
+    def dir(self) -> Path:
+        return TOOLS_DIR / self.name
+
+    def key(self) -> str:
+        """Hash of everything that determines the binaries."""
+        h = hashlib.sha256()
+        for path in sorted(self.dir.glob("*")):
+            if path.suffix in {".mod", ".sum", ".go"}:
+                h.update(path.name.encode())
+                h.update(path.read_bytes())
+        h.update(json.dumps([self.packages, self.ldflags, self.tags, _RECIPE_REVISION]).encode())
+        h.update(_go_version().encode())
+        return h.hexdigest()[:16]
+
+    def install_dir(self) -> Path:
+        return cache_root() / f"{self.name}-{self.key()}"
+
+    def is_built(self) -> bool:
+        return (self.install_dir() / ".complete").exists()
+
+
+_K8S = "k8s.io/kubernetes/cmd"
+GROUPS: dict[str, Group] = {
+    g.name: g
+    for g in [
+        Group(
+            "kubernetes",
+            {
+                "kube-apiserver": f"{_K8S}/kube-apiserver",
+                "kube-controller-manager": f"{_K8S}/kube-controller-manager",
+                "kube-scheduler": f"{_K8S}/kube-scheduler",
+                "kubectl": f"{_K8S}/kubectl",
+            },
+            ldflags=_version_ldflags("k8s.io/component-base/version", KUBERNETES_VERSION)
+            + _version_ldflags("k8s.io/client-go/pkg/version", KUBERNETES_VERSION),
+        ),
+        Group("etcd", {"etcd": "go.etcd.io/etcd/server/v3"}),
+        Group(
+            "kwok",
+            {"kwok": "sigs.k8s.io/kwok/cmd/kwok", "kwokctl": "sigs.k8s.io/kwok/cmd/kwokctl"},
+        ),
+        Group(
+            "pulumi",
+            {"pulumi": "github.com/pulumi/pulumi/pkg/v3/cmd/pulumi"},
+            ldflags=[
+                "-X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=" + PULUMI_VERSION
+            ],
+            tags="osusergo,grpcnotrace",
+            finish=_install_python_shims,
+        ),
+        Group(
+            "pulumi-kubernetes",
+            {"pulumi-resource-kubernetes": "."},
+            ldflags=[
+                "-X github.com/pulumi/pulumi-kubernetes/provider/v4/pkg/version.Version="
+                + PULUMI_KUBERNETES_VERSION
+            ],
+            prepare=_prepare_provider,
+        ),
+    ]
+}
+
+
+def go_env() -> dict[str, str]:
+    """Environment for the go command: the machine's own Go, static binaries."""
+    env = dict(os.environ)
+    env.update({"GOTOOLCHAIN": "local", "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly"})
+    return env
+
+
+_GO_VERSION: str | None = None
+
+
+def _go_version() -> str:
+    global _GO_VERSION
+    if _GO_VERSION is None:
+        if shutil.which("go") is None:
+            raise RuntimeError("the 'go' command is missing; this machine kind provides Go")
+        _GO_VERSION = subprocess.run(
+            ["go", "env", "GOVERSION"], env=go_env(), capture_output=True, text=True, check=True
+        ).stdout.strip()
+    return _GO_VERSION
+
+
+def _log(msg: str) -> None:
+    print(f"[tools] {msg}", file=sys.stderr, flush=True)
+
+
+def build(group: Group) -> Path:
+    """Build one group into the cache unless it is there; return its bin directory."""
+    final = group.install_dir()
+    if group.is_built():
+        return final / "bin"
+    names = ", ".join(group.packages)
+    _log(f"building {group.name} ({names}) into {final}")
+    start = time.monotonic()
+    staging = final.with_name(final.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "bin").mkdir(parents=True)
+    if group.prepare:
+        group.prepare(group.dir)
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(30):
+            _log(f"  still building {group.name}: {time.monotonic() - start:.0f}s elapsed")
+
+    beat = threading.Thread(target=heartbeat, daemon=True)
+    beat.start()
+    try:
+        for binary, pkg in group.packages.items():
+            cmd = ["go", "build", "-trimpath", "-o", str(staging / "bin" / binary)]
+            if group.ldflags:
+                cmd += ["-ldflags", " ".join(["-s", "-w", *group.ldflags])]
+            else:
+                cmd += ["-ldflags", "-s -w"]
+            if group.tags:
+                cmd += ["-tags", group.tags]
+            cmd.append(pkg)
+            t0 = time.monotonic()
+            subprocess.run(cmd, cwd=group.dir, env=go_env(), check=True)
+            _log(f"  {binary} built in {time.monotonic() - t0:.0f}s")
+        if group.finish:
+            group.finish(group.dir, staging / "bin")
+    finally:
+        stop.set()
+    (staging / ".complete").write_text(f"{time.monotonic() - start:.0f}\n")
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    _log(f"{group.name} done in {time.monotonic() - start:.0f}s")
+    return final / "bin"
+
+
+def build_all(names: list[str] | None = None) -> dict[str, Path]:
+    return {name: build(GROUPS[name]) for name in names or list(GROUPS)}
+
+
+def bin_path(binary: str) -> Path:
+    """Absolute path of a built binary; raises with a clear message if it is not built."""
+    for group in GROUPS.values():
+        if binary in group.packages or (
+            group.name == "pulumi" and binary == "pulumi-resource-pulumi-python"
+        ):
+            path = group.install_dir() / "bin" / binary
+            if not group.is_built():
+                raise FileNotFoundError(
+                    f"{binary} is not built (group '{group.name}'); run "
+                    f"'python -m tools.toolchain build {group.name}' or 'make tools'"
+                )
+            return path
+    raise KeyError(f"unknown tool {binary!r}")
+
+
+def missing() -> list[str]:
+    """Groups that still need building."""
+    return [name for name, g in GROUPS.items() if not g.is_built()]
+
+
+def path_dirs() -> list[Path]:
+    """The bin directories of every built group, for PATH."""
+    return [g.install_dir() / "bin" for g in GROUPS.values() if g.is_built()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.toolchain", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build missing tool groups")
+    b.add_argument("groups", nargs="*", metavar="GROUP", help=f"one of {', '.join(GROUPS)}")
+    sub.add_parser("status", help="show which groups are built and where")
+    args = parser.parse_args(argv)
+    if args.cmd == "build":
+        unknown = sorted(set(args.groups) - set(GROUPS))
+        if unknown:
+            parser.error(f"unknown tool group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+        t0 = time.monotonic()
+        build_all(args.groups or None)
+        _log(f"all requested tools ready ({time.monotonic() - t0:.0f}s)")
+    else:
+        for name, group in GROUPS.items():
+            state = "built" if group.is_built() else "missing"
+            print(f"{name:18} {state:8} {group.install_dir()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,504 @@
+"""Stack configuration: the ``pmem-csi`` Pulumi config namespace as validated pydantic models.
+
+One stack describes one cluster. Like the operator, which accepted several ``Deployment``
+custom resources, a stack holds a list of driver deployments (``pmem-csi:deployments``), each
+with every field of the reference ``DeploymentSpec`` (intel/pmem-csi d01bc59) and its defaults.
+
+Validation never stops at the first mistake: an administrator editing ``Pulumi.<stack>.yaml``
+should see everything that is wrong in one ``pulumi preview``. :func:`load_config` therefore
+collects pydantic's type errors and our own cross-field checks and raises one
+:class:`ConfigError` listing every problem by its config key path. Private keys are never
+echoed in messages.
+
+This module imports neither pulumi nor pulumi_kubernetes so that tests and tools can use it
+cheaply; :mod:`pmem_components.program` reads the raw values from Pulumi.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import (
+    AliasGenerator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from pmem_components import names
+
+CONFIG_NAMESPACE = "pmem-csi"
+
+# Reference defaults (deployment_types.go, EnsureDefaults and the Default* constants).
+DEFAULT_NAMESPACE = "pmem-csi"
+DEFAULT_IMAGE = "intel/pmem-csi-driver:canary"
+DEFAULT_PROVISIONER_IMAGE = "k8s.gcr.io/sig-storage/csi-provisioner:v2.0.2"
+DEFAULT_NODE_REGISTRAR_IMAGE = "k8s.gcr.io/sig-storage/csi-node-driver-registrar:v1.2.0"
+DEFAULT_PULL_POLICY = "IfNotPresent"
+DEFAULT_LOG_LEVEL = 5
+DEFAULT_DEVICE_MODE = "lvm"
+DEFAULT_PMEM_PERCENTAGE = 100
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+DEFAULT_CPU = "100m"
+DEFAULT_MEMORY = "250Mi"
+DEFAULT_NODE_SELECTOR: dict[str, str] = {"storage": "pmem"}
+
+# The status reporter is this project's replacement for the operator's status updates.
+DEFAULT_REPORTER_IMAGE = "pmem-csi-pulumi/reporter:latest"
+DEFAULT_REPORTER_REPLICAS = 2
+DEFAULT_REPORTER_LOG_LEVEL = 3
+
+DEVICE_MODES = ("lvm", "direct")
+DEVICE_MODE_ALIASES = {"ndctl": "direct"}  # the reference kept "ndctl" for compatibility
+PULL_POLICIES = ("Always", "Never", "IfNotPresent")
+JSON_PATCH_OPS = ("add", "remove", "replace", "move", "copy", "test")
+
+# Fields whose values must never appear in an error message or log line.
+SECRET_FIELDS = frozenset({"registryKey", "nodeControllerKey"})
+# Fields whose values are too long to be useful in a message.
+QUIET_FIELDS = SECRET_FIELDS | {"caCert", "registryCert", "nodeControllerCert"}
+
+# Longest hyphenated name for which "<name>-controller" still fits the 63 characters of a
+# Service name / label value (the StatefulSet's pods also carry it in a label).
+MAX_HYPHENED_NAME = 63 - len("-controller")
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_QUANTITY = re.compile(
+    r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(\d+(\.\d*)?|\.\d+)))?$"
+)
+
+# Labels this project sets itself; a configured label with one of these keys would break
+# selectors (the reporter's and the workloads') and is rejected.
+RESERVED_LABEL_KEYS = frozenset(
+    {"app", names.LABEL_NAME, names.LABEL_INSTANCE, names.LABEL_PART_OF, names.LABEL_COMPONENT,
+     names.LABEL_MANAGED_BY}
+)
+
+
+class ConfigError(ValueError):
+    """Invalid stack configuration; ``problems`` holds one line per mistake."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(
+            f"invalid stack configuration ({len(self.problems)} problem(s)):\n{lines}"
+        )
+
+
+class _Model(BaseModel):
+    """Config models use the camelCase keys of the reference CRD and reject unknown keys.
+
+    Unknown keys are errors rather than ignored because a misspelt optional setting would
+    otherwise silently fall back to its default.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
+        frozen=True,
+    )
+
+
+class ResourceRequirements(_Model):
+    """The shape of a Kubernetes ``ResourceRequirements`` (limits and requests only)."""
+
+    limits: dict[str, str | int] | None = None
+    requests: dict[str, str | int] | None = None
+
+    def to_k8s(self) -> dict[str, dict[str, str]]:
+        """The container ``resources`` stanza; quantities as strings, as the API returns them."""
+        out: dict[str, dict[str, str]] = {}
+        if self.limits:
+            out["limits"] = {k: str(v) for k, v in self.limits.items()}
+        if self.requests:
+            out["requests"] = {k: str(v) for k, v in self.requests.items()}
+        return out
+
+
+def _default_resources() -> ResourceRequirements:
+    # The reference (d01bc59) put its defaults into limits; requests then default to them.
+    return ResourceRequirements(limits={"cpu": DEFAULT_CPU, "memory": DEFAULT_MEMORY})
+
+
+class Certificates(_Model):
+    """PEM encoded CA certificate plus the two leaf certificates and their keys.
+
+    Either all five are set or none; with none, the program generates them once
+    (see ``pmem_components.cert_resource``).
+    """
+
+    ca_cert: str | None = None
+    registry_cert: str | None = None
+    registry_key: str | None = Field(default=None, repr=False)
+    node_controller_cert: str | None = None
+    node_controller_key: str | None = Field(default=None, repr=False)
+
+    @property
+    def provided(self) -> bool:
+        return self.ca_cert is not None
+
+
+class Patch(_Model):
+    """One patch entry: which objects to change (kind, optional name/namespace) and how.
+
+    Applied by ``pmem_components.patches`` through Pulumi transforms; exactly one of
+    ``mergePatch`` (RFC 7386) and ``jsonPatch`` (RFC 6902 operations) must be given.
+    """
+
+    kind: str = Field(min_length=1)
+    name: str | None = None
+    namespace: str | None = None
+    merge_patch: dict[str, Any] | None = None
+    json_patch: list[dict[str, Any]] | None = None
+
+
+class Reporter(_Model):
+    """Settings of the status reporter that fills in the Deployment CR's status."""
+
+    enabled: bool = True
+    image: str = Field(default=DEFAULT_REPORTER_IMAGE, min_length=1)
+    replicas: int = Field(default=DEFAULT_REPORTER_REPLICAS, ge=1, le=10)
+    log_level: int = Field(default=DEFAULT_REPORTER_LOG_LEVEL, ge=0, le=65535)
+
+
+class DeploymentConfig(_Model):
+    """One PMEM-CSI driver deployment: the reference DeploymentSpec plus name and namespace."""
+
+    name: str = names.DEFAULT_DRIVER_NAME
+    namespace: str = DEFAULT_NAMESPACE
+    create_namespace: bool = True
+    image: str = Field(default=DEFAULT_IMAGE, min_length=1)
+    image_pull_policy: Literal["Always", "Never", "IfNotPresent"] = DEFAULT_PULL_POLICY
+    provisioner_image: str = Field(default=DEFAULT_PROVISIONER_IMAGE, min_length=1)
+    node_registrar_image: str = Field(default=DEFAULT_NODE_REGISTRAR_IMAGE, min_length=1)
+    controller_resources: ResourceRequirements = Field(default_factory=_default_resources)
+    node_resources: ResourceRequirements = Field(default_factory=_default_resources)
+    device_mode: Literal["lvm", "direct"] = DEFAULT_DEVICE_MODE
+    log_level: int = Field(default=DEFAULT_LOG_LEVEL, ge=0, le=65535)
+    # None means "not set"; for lvm the model fills in the default, for direct it stays None.
+    pmem_percentage: int | None = Field(default=None, ge=1, le=100)
+    node_selector: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_NODE_SELECTOR))
+    labels: dict[str, str] = Field(default_factory=dict)
+    kubelet_dir: str = DEFAULT_KUBELET_DIR
+    certificates: Certificates = Field(default_factory=Certificates)
+    patches: list[Patch] = Field(default_factory=list)
+    reporter: Reporter = Field(default_factory=Reporter)
+
+    @field_validator("device_mode", mode="before")
+    @classmethod
+    def _device_mode_alias(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return DEVICE_MODE_ALIASES.get(value, value)
+        return value
+
+    @field_validator("kubelet_dir", mode="after")
+    @classmethod
+    def _strip_trailing_slash(cls, value: str) -> str:
+        # Host paths are built by appending "/plugins/...", so avoid "//" in them.
+        return value.rstrip("/") or "/"
+
+    @model_validator(mode="after")
+    def _default_pmem_percentage(self) -> DeploymentConfig:
+        if self.device_mode == "lvm" and self.pmem_percentage is None:
+            object.__setattr__(self, "pmem_percentage", DEFAULT_PMEM_PERCENTAGE)
+        return self
+
+    @property
+    def names(self) -> names.DeploymentNames:
+        return names.DeploymentNames(self.name)
+
+
+class StackConfig(_Model):
+    """Everything under the ``pmem-csi`` config namespace of one stack."""
+
+    deployments: list[DeploymentConfig] = Field(default_factory=lambda: [DeploymentConfig()])
+    manage_crd: bool = True
+
+
+# --------------------------------------------------------------------------- error reporting
+
+
+def key_path(loc: Iterable[str | int]) -> str:
+    """``('deployments', 0, 'labels', 'a/b')`` -> ``pmem-csi:deployments[0].labels["a/b"]``."""
+    out = f"{CONFIG_NAMESPACE}:"
+    first = True
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            out += part if first else f".{part}"
+        else:
+            out += f'["{part}"]'
+        first = False
+    return out
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _quiet(loc: Sequence[str | int]) -> bool:
+    return any(isinstance(p, str) and p in QUIET_FIELDS for p in loc)
+
+
+def _describe(err: Mapping[str, Any]) -> str:
+    """Turn one pydantic error into our wording, without echoing secret values."""
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    loc = err["loc"]
+    value = err.get("input")
+    got = "" if _quiet(loc) else f" (got {_show(value)})"
+    if kind == "missing":
+        return "is required"
+    if kind == "extra_forbidden":
+        return "is not a known setting"
+    if kind == "literal_error":
+        expected = ", ".join(re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
+        return f"must be one of {expected}{got}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be an integer{got}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"must be true or false{got}"
+    if kind in ("string_type",):
+        return f"must be a string{got}"
+    if kind in ("dict_type", "model_type", "model_attributes_type"):
+        return f"must be a mapping{got}"
+    if kind == "list_type":
+        return f"must be a list{got}"
+    if kind == "greater_than_equal":
+        return f"must be at least {ctx.get('ge')}{got}"
+    if kind == "less_than_equal":
+        return f"must be at most {ctx.get('le')}{got}"
+    if kind == "string_too_short":
+        return "must not be empty"
+    return f"{err.get('msg', 'is invalid')}{got}"
+
+
+def _pydantic_problems(exc: ValidationError, prefix: tuple[str | int, ...]) -> list[str]:
+    problems = []
+    for err in exc.errors(include_url=False):
+        # Union members add their type name to loc ("str", "int"); drop those.
+        loc = tuple(p for p in err["loc"] if p not in ("str", "int", "function-after[...]"))
+        # Errors from a before-validator on a union (e.g. "str|int") are reported once.
+        line = f"{key_path(prefix + loc)}: {_describe(err)}"
+        if line not in problems:
+            problems.append(line)
+    return problems
+
+
+# --------------------------------------------------------------------------- semantic checks
+
+
+def _dict_or_empty(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _check_labels(
+    labels: Any, path: tuple[str | int, ...], problems: list[str], *, reserved: bool
+) -> None:
+    if not isinstance(labels, Mapping):
+        return
+    for key, value in labels.items():
+        here = key_path((*path, str(key)))
+        prefix, _, name = str(key).rpartition("/")
+        if not _LABEL_NAME.match(name) or len(name) > 63 or (
+            prefix and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253)
+        ):
+            problems.append(f"{here}: is not a valid label key")
+        if reserved and key in RESERVED_LABEL_KEYS:
+            problems.append(f"{here}: is set by pmem-csi-pulumi itself and cannot be configured")
+        if isinstance(value, str) and (not _LABEL_VALUE.match(value) or len(value) > 63):
+            problems.append(f"{here}: is not a valid label value (got {_show(value)})")
+
+
+def _check_resources(res: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
+    for part in ("limits", "requests"):
+        for key, value in _dict_or_empty(_dict_or_empty(res).get(part)).items():
+            if isinstance(value, str | int) and not isinstance(value, bool):
+                if not _QUANTITY.match(str(value)):
+                    problems.append(
+                        f"{key_path((*path, part, key))}: is not a Kubernetes quantity "
+                        f"(got {_show(value)})"
+                    )
+
+
+def _check_certificates(certs: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
+    certs = _dict_or_empty(certs)
+    fields = ("caCert", "registryCert", "registryKey", "nodeControllerCert", "nodeControllerKey")
+    present = [f for f in fields if certs.get(f) not in (None, "")]
+    if present and len(present) != len(fields):
+        missing = ", ".join(f for f in fields if f not in present)
+        problems.append(
+            f"{key_path(path)}: set all of caCert, registryCert, registryKey, "
+            f"nodeControllerCert, nodeControllerKey or none of them (missing: {missing})"
+        )
+    for f in present:
+        value = certs[f]
+        if not isinstance(value, str):
+            continue
+        marker = "PRIVATE KEY-----" if f.endswith("Key") else "-----BEGIN CERTIFICATE-----"
+        if marker not in value:
+            what = "a PEM encoded private key" if f.endswith("Key") else "a PEM certificate"
+            problems.append(f"{key_path((*path, f))}: must be {what}")
+
+
+def _check_patches(patches: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
+    if not isinstance(patches, list):
+        return
+    for i, patch in enumerate(patches):
+        if not isinstance(patch, Mapping):
+            continue
+        here = (*path, i)
+        has_merge = patch.get("mergePatch") is not None
+        has_json = patch.get("jsonPatch") is not None
+        if has_merge == has_json:
+            problems.append(f"{key_path(here)}: set exactly one of mergePatch and jsonPatch")
+        ops = patch.get("jsonPatch")
+        if not isinstance(ops, list):
+            continue
+        for j, op in enumerate(ops):
+            if not isinstance(op, Mapping):
+                continue
+            op_path = (*here, "jsonPatch", j)
+            if op.get("op") not in JSON_PATCH_OPS:
+                problems.append(
+                    f"{key_path((*op_path, 'op'))}: must be one of {', '.join(JSON_PATCH_OPS)} "
+                    f"(got {_show(op.get('op'))})"
+                )
+            if not isinstance(op.get("path"), str) or not str(op.get("path")).startswith("/"):
+                problems.append(f"{key_path((*op_path, 'path'))}: must be a JSON pointer like /spec")
+            if op.get("op") in ("add", "replace", "test") and "value" not in op:
+                problems.append(f"{key_path((*op_path, 'value'))}: is required for {op['op']}")
+            if op.get("op") in ("move", "copy") and not isinstance(op.get("from"), str):
+                problems.append(f"{key_path((*op_path, 'from'))}: is required for {op['op']}")
+
+
+def _check_deployment(raw: Mapping[str, Any], path: tuple[str | int, ...]) -> list[str]:
+    """Checks pydantic's field types cannot express; tolerant of wrongly typed values."""
+    problems: list[str] = []
+    name = raw.get("name", names.DEFAULT_DRIVER_NAME)
+    if isinstance(name, str):
+        if not _DNS_SUBDOMAIN.match(name) or len(name) > 253:
+            problems.append(
+                f"{key_path((*path, 'name'))}: must be a DNS subdomain: lower case letters, "
+                f"digits, '-' and '.' (got {_show(name)})"
+            )
+        elif len(names.DeploymentNames(name).hyphened) > MAX_HYPHENED_NAME:
+            problems.append(
+                f"{key_path((*path, 'name'))}: must be at most {MAX_HYPHENED_NAME} characters "
+                f"so that derived object names fit (got {len(name)})"
+            )
+    namespace = raw.get("namespace", DEFAULT_NAMESPACE)
+    if isinstance(namespace, str) and (not _DNS_LABEL.match(namespace) or len(namespace) > 63):
+        problems.append(
+            f"{key_path((*path, 'namespace'))}: must be a DNS label: lower case letters, digits "
+            f"and '-' (got {_show(namespace)})"
+        )
+    mode = raw.get("deviceMode", DEFAULT_DEVICE_MODE)
+    mode = DEVICE_MODE_ALIASES.get(mode, mode) if isinstance(mode, str) else mode
+    if mode == "direct" and raw.get("pmemPercentage") is not None:
+        problems.append(
+            f"{key_path((*path, 'pmemPercentage'))}: is only valid with deviceMode lvm "
+            "(remove it or use lvm)"
+        )
+    kubelet_dir = raw.get("kubeletDir")
+    if isinstance(kubelet_dir, str) and not kubelet_dir.startswith("/"):
+        problems.append(
+            f"{key_path((*path, 'kubeletDir'))}: must be an absolute path (got {_show(kubelet_dir)})"
+        )
+    _check_labels(raw.get("labels"), (*path, "labels"), problems, reserved=True)
+    _check_labels(raw.get("nodeSelector"), (*path, "nodeSelector"), problems, reserved=False)
+    for res in ("controllerResources", "nodeResources"):
+        _check_resources(raw.get(res), (*path, res), problems)
+    _check_certificates(raw.get("certificates"), (*path, "certificates"), problems)
+    _check_patches(raw.get("patches"), (*path, "patches"), problems)
+    return problems
+
+
+def _check_unique(deployments: list[Any]) -> list[str]:
+    """Names must be unique, also after dots become hyphens (object names would clash)."""
+    problems = []
+    seen: dict[str, int] = {}
+    for i, dep in enumerate(deployments):
+        if not isinstance(dep, Mapping):
+            continue
+        name = dep.get("name", names.DEFAULT_DRIVER_NAME)
+        if not isinstance(name, str):
+            continue
+        hyphened = names.DeploymentNames(name).hyphened
+        if hyphened in seen:
+            other = seen[hyphened]
+            problems.append(
+                f"{key_path(('deployments', i, 'name'))}: {_show(name)} clashes with "
+                f"{key_path(('deployments', other, 'name'))}; deployment names must be unique "
+                "(also with dots replaced by hyphens)"
+            )
+        else:
+            seen[hyphened] = i
+    return problems
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def load_config(raw: Mapping[str, Any] | None) -> StackConfig:
+    """Validate the raw values of the ``pmem-csi`` config namespace.
+
+    ``raw`` uses the config keys (``deployments``, ``manageCrd``) with plain JSON-like values;
+    missing or ``None`` keys take their defaults (one default deployment when ``deployments``
+    is absent). Raises :class:`ConfigError` listing every problem found.
+    """
+    raw = {k: v for k, v in (raw or {}).items() if v is not None}
+    problems: list[str] = []
+    for key in raw:
+        if key not in ("deployments", "manageCrd"):
+            problems.append(f"{key_path((key,))}: is not a known setting")
+
+    deployments_raw = raw.get("deployments")
+    parsed: list[DeploymentConfig] = []
+    if deployments_raw is None:
+        parsed.append(DeploymentConfig())
+    elif not isinstance(deployments_raw, list):
+        problems.append(f"{key_path(('deployments',))}: must be a list of deployments")
+    else:
+        for i, dep in enumerate(deployments_raw):
+            path: tuple[str | int, ...] = ("deployments", i)
+            if not isinstance(dep, Mapping):
+                problems.append(f"{key_path(path)}: must be a mapping (got {_show(dep)})")
+                continue
+            dep_problems = _check_deployment(dep, path)
+            try:
+                parsed.append(DeploymentConfig.model_validate(dep))
+            except ValidationError as exc:
+                dep_problems = _pydantic_problems(exc, path) + dep_problems
+            problems.extend(dep_problems)
+        problems.extend(_check_unique(deployments_raw))
+
+    manage_crd = raw.get("manageCrd", True)
+    try:
+        manage_crd = StackConfig.model_validate({"manageCrd": manage_crd, "deployments": []})
+    except ValidationError as exc:
+        problems.extend(_pydantic_problems(exc, ()))
+
+    if problems:
+        raise ConfigError(problems)
+    assert isinstance(manage_crd, StackConfig)
+    return StackConfig(deployments=parsed, manage_crd=manage_crd.manage_crd)

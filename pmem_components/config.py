@@ -332,12 +332,12 @@ def _check_labels(
 def _check_resources(res: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
     for part in ("limits", "requests"):
         for key, value in _dict_or_empty(_dict_or_empty(res).get(part)).items():
-            if isinstance(value, str | int) and not isinstance(value, bool):
-                if not _QUANTITY.match(str(value)):
-                    problems.append(
-                        f"{key_path((*path, part, key))}: is not a Kubernetes quantity "
-                        f"(got {_show(value)})"
-                    )
+            valid_type = isinstance(value, str | int) and not isinstance(value, bool)
+            if valid_type and not _QUANTITY.match(str(value)):
+                problems.append(
+                    f"{key_path((*path, part, key))}: is not a Kubernetes quantity "
+                    f"(got {_show(value)})"
+                )
 
 
 def _check_certificates(certs: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
@@ -384,7 +384,9 @@ def _check_patches(patches: Any, path: tuple[str | int, ...], problems: list[str
                     f"(got {_show(op.get('op'))})"
                 )
             if not isinstance(op.get("path"), str) or not str(op.get("path")).startswith("/"):
-                problems.append(f"{key_path((*op_path, 'path'))}: must be a JSON pointer like /spec")
+                problems.append(
+                    f"{key_path((*op_path, 'path'))}: must be a JSON pointer like /spec"
+                )
             if op.get("op") in ("add", "replace", "test") and "value" not in op:
                 problems.append(f"{key_path((*op_path, 'value'))}: is required for {op['op']}")
             if op.get("op") in ("move", "copy") and not isinstance(op.get("from"), str):
@@ -422,7 +424,8 @@ def _check_deployment(raw: Mapping[str, Any], path: tuple[str | int, ...]) -> li
     kubelet_dir = raw.get("kubeletDir")
     if isinstance(kubelet_dir, str) and not kubelet_dir.startswith("/"):
         problems.append(
-            f"{key_path((*path, 'kubeletDir'))}: must be an absolute path (got {_show(kubelet_dir)})"
+            f"{key_path((*path, 'kubeletDir'))}: must be an absolute path "
+            f"(got {_show(kubelet_dir)})"
         )
     _check_labels(raw.get("labels"), (*path, "labels"), problems, reserved=True)
     _check_labels(raw.get("nodeSelector"), (*path, "nodeSelector"), problems, reserved=False)

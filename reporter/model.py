@@ -50,9 +50,7 @@ API_RESOURCES: Mapping[str, ApiResource] = {
     ROLE: ApiResource("rbac.authorization.k8s.io/v1", "roles", True),
     ROLE_BINDING: ApiResource("rbac.authorization.k8s.io/v1", "rolebindings", True),
     CLUSTER_ROLE: ApiResource("rbac.authorization.k8s.io/v1", "clusterroles", False),
-    CLUSTER_ROLE_BINDING: ApiResource(
-        "rbac.authorization.k8s.io/v1", "clusterrolebindings", False
-    ),
+    CLUSTER_ROLE_BINDING: ApiResource("rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
     SERVICE: ApiResource("v1", "services", True),
     CSI_DRIVER: ApiResource("storage.k8s.io/v1", "csidrivers", False),
     STATEFUL_SET: ApiResource("apps/v1", "statefulsets", True),

@@ -1,0 +1,518 @@
+"""Pure computation of a Deployment CR's ``.status`` from an ``Observed`` snapshot.
+
+Nothing here does I/O, so every rule is unit-testable with hand-built dicts and the writer
+can recompute on every event without cost. The shape follows the reference operator
+(intel/pmem-csi d01bc59, ``deployment_types.go``) so existing ``kubectl`` habits and scripts
+keep working, with two upgrades: conditions use the KEP-1623 (``metav1.Condition``) shape, and
+readiness follows the kstatus rules instead of only comparing two counters.
+
+Timestamps are carried over from the current status wherever the meaning did not change,
+because a timestamp that moves on every resync would make every resync a write.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pmem_components.certs import validate_driver_certificates
+from reporter.model import (
+    DAEMON_SET,
+    SECRET,
+    STATEFUL_SET,
+    Obj,
+    Observed,
+    expected_objects,
+)
+
+# Condition types (reference: deployment_types.go).
+CERTS_READY = "CertsReady"
+CERTS_VERIFIED = "CertsVerified"
+DRIVER_DEPLOYED = "DriverDeployed"
+CONDITION_TYPES = (CERTS_READY, CERTS_VERIFIED, DRIVER_DEPLOYED)
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+# Driver components and their states (reference: DriverType.String(), DriverStatus).
+CONTROLLER = "Controller"
+NODE = "Node"
+READY = "Ready"
+NOT_READY = "NotReady"
+
+# Phases (reference: DeploymentPhase). PHASE_NEW is what an unobserved CR shows.
+PHASE_NEW = ""
+PHASE_RUNNING = "Running"
+PHASE_FAILED = "Failed"
+
+RUNNING_REASON = "All driver components are deployed successfully"
+
+SECRET_KEYS = ("ca.crt", "tls.crt", "tls.key")
+
+# Waiting reasons that explain a broken pod better than "not ready" does.
+_MAX_LISTED_PODS = 5
+
+EventType = Literal["Normal", "Warning"]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def format_time(t: datetime) -> str:
+    """RFC 3339 in UTC with second precision, as metav1.Time serializes."""
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _int(obj: Mapping[str, Any] | None, *path: str, default: int = 0) -> int:
+    """A nested integer field; absent counters are 0 in the API (omitempty)."""
+    cur: Any = obj
+    for key in path:
+        if not isinstance(cur, Mapping) or key not in cur or cur[key] is None:
+            return default
+        cur = cur[key]
+    try:
+        return int(cur)
+    except (TypeError, ValueError):
+        return default
+
+
+def _condition(ctype: str, status: str, reason: str, message: str, generation: int | None) -> Obj:
+    cond: Obj = {"type": ctype, "status": status, "reason": reason, "message": message}
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
+
+
+# --------------------------------------------------------------------------- conditions
+
+
+def _decode_secret(secret: Obj) -> tuple[dict[str, str], list[str]]:
+    """Decoded PEM text of the three TLS keys, and the keys that are missing or unusable."""
+    data = secret.get("data") or {}
+    values: dict[str, str] = {}
+    missing: list[str] = []
+    for key in SECRET_KEYS:
+        raw = data.get(key)
+        if not raw:
+            missing.append(key)
+            continue
+        try:
+            text = base64.b64decode(raw, validate=True).decode("utf-8")
+        except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
+            missing.append(f"{key} (not base64-encoded UTF-8 text)")
+            continue
+        if not text.strip():
+            missing.append(f"{key} (empty)")
+            continue
+        values[key] = text
+    return values, missing
+
+
+def _certs_ready(
+    observed: Observed,
+) -> tuple[Obj, dict[str, dict[str, str]] | None]:
+    """CertsReady, plus the decoded secrets when it is True (input for CertsVerified)."""
+    gen = observed.generation
+    ns = observed.namespace
+    problems: list[str] = []
+    reason = "SecretsComplete"
+    decoded: dict[str, dict[str, str]] = {}
+    for secret_name in (observed.names.registry_secret, observed.names.node_secret):
+        secret = observed.get(SECRET, secret_name)
+        if secret is None:
+            problems.append(f"Secret {ns}/{secret_name} does not exist")
+            reason = "SecretMissing"
+            continue
+        values, missing = _decode_secret(secret)
+        if missing:
+            problems.append(f"Secret {ns}/{secret_name} lacks {', '.join(missing)}")
+            if reason != "SecretMissing":
+                reason = "SecretKeyMissing"
+        decoded[secret_name] = values
+    if problems:
+        return _condition(CERTS_READY, FALSE, reason, "; ".join(problems), gen), None
+    message = (
+        f"Secrets {ns}/{observed.names.registry_secret} and {ns}/{observed.names.node_secret} "
+        f"hold {', '.join(SECRET_KEYS)}"
+    )
+    return _condition(CERTS_READY, TRUE, reason, message, gen), decoded
+
+
+def _problem_field(problem: Any, name: str) -> str:
+    """Read a CertProblem field whether it is an object or a mapping."""
+    if isinstance(problem, Mapping):
+        return str(problem.get(name, ""))
+    return str(getattr(problem, name, ""))
+
+
+def _certs_verified(
+    observed: Observed, decoded: dict[str, dict[str, str]] | None, now: datetime
+) -> Obj:
+    gen = observed.generation
+    if decoded is None:
+        return _condition(
+            CERTS_VERIFIED,
+            UNKNOWN,
+            "CertsNotReady",
+            "Certificates cannot be verified until CertsReady is True",
+            gen,
+        )
+    names = observed.names
+    registry = decoded[names.registry_secret]
+    node = decoded[names.node_secret]
+    try:
+        problems = list(
+            validate_driver_certificates(
+                registry["ca.crt"],
+                registry["tls.crt"],
+                registry["tls.key"],
+                node["tls.crt"],
+                node["tls.key"],
+                now=now,
+            )
+        )
+    except Exception as exc:  # a verifier bug must not stop status reporting
+        return _condition(
+            CERTS_VERIFIED, FALSE, "VerificationFailed", f"Certificate check failed: {exc}", gen
+        )
+    # Each side verifies its peer with the ca.crt of its own Secret, so they must agree. Checked
+    # last so that a certificate from another CA reports the verifier's own reason first.
+    if registry["ca.crt"].strip() != node["ca.crt"].strip():
+        ns = observed.namespace
+        problems.append(
+            {
+                "field": "ca.crt",
+                "reason": "CAMismatch",
+                "severity": "error",
+                "message": (
+                    f"Secrets {ns}/{names.registry_secret} and {ns}/{names.node_secret} "
+                    "hold different ca.crt"
+                ),
+            }
+        )
+    errors = [p for p in problems if _problem_field(p, "severity") != "warning"]
+    warnings = [p for p in problems if _problem_field(p, "severity") == "warning"]
+    messages = "; ".join(_problem_field(p, "message") for p in errors + warnings)
+    if errors:
+        return _condition(CERTS_VERIFIED, FALSE, _problem_field(errors[0], "reason"), messages, gen)
+    if warnings:
+        return _condition(
+            CERTS_VERIFIED, TRUE, _problem_field(warnings[0], "reason"), messages, gen
+        )
+    return _condition(
+        CERTS_VERIFIED,
+        TRUE,
+        "CertsValid",
+        "Certificates are valid, chain to ca.crt and complete a mutual TLS handshake",
+        gen,
+    )
+
+
+def _driver_deployed(observed: Observed) -> Obj:
+    gen = observed.generation
+    expected = expected_objects(observed.names)
+    missing = [f"{e.kind}/{e.name}" for e in expected if observed.get(e.kind, e.name) is None]
+    if missing:
+        message = (
+            f"Missing {', '.join(missing)}; run `pulumi up --refresh` to re-create "
+            f"{'it' if len(missing) == 1 else 'them'}"
+        )
+        return _condition(DRIVER_DEPLOYED, FALSE, "ObjectsMissing", message, gen)
+    return _condition(
+        DRIVER_DEPLOYED,
+        TRUE,
+        "AllObjectsExist",
+        f"All {len(expected)} driver objects exist",
+        gen,
+    )
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def _pod_ready(pod: Obj) -> bool:
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == TRUE
+    return False
+
+
+def _node_ready(node: Obj) -> bool:
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return cond.get("status") == TRUE
+    return False
+
+
+def pod_problem(pod: Obj) -> str:
+    """Why a pod is not ready, as specific as its status allows.
+
+    Container waiting reasons (CrashLoopBackOff, ImagePullBackOff, ...) come first because
+    they point at the fix; scheduling and conditions are the fallback.
+    """
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return "Terminating"
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    sched = conditions.get("PodScheduled")
+    if sched and sched.get("status") == FALSE:
+        reason = sched.get("reason") or "Unschedulable"
+        msg = sched.get("message")
+        return f"{reason}: {msg}" if msg else reason
+    phase = status.get("phase") or "Pending"
+    if phase == "Failed":
+        detail = status.get("reason") or status.get("message")
+        return f"Failed: {detail}" if detail else "Failed"
+    containers = list(status.get("initContainerStatuses") or []) + list(
+        status.get("containerStatuses") or []
+    )
+    for cs in containers:
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason"):
+            return f"{waiting['reason']} (container {cs.get('name')})"
+    for cs in containers:
+        terminated = (cs.get("state") or {}).get("terminated")
+        if terminated and terminated.get("exitCode", 0) != 0:
+            reason = terminated.get("reason") or f"exit code {terminated.get('exitCode')}"
+            return f"{reason} (container {cs.get('name')})"
+    if phase == "Pending":
+        return "Pending"
+    statuses = status.get("containerStatuses") or []
+    unready = [cs.get("name") for cs in statuses if not cs.get("ready")]
+    if unready:
+        return f"container(s) {', '.join(str(n) for n in unready)} not ready"
+    ready = conditions.get("Ready")
+    if ready and ready.get("reason"):
+        return f"NotReady: {ready['reason']}"
+    return "NotReady"
+
+
+def _describe_pods(pods: Sequence[Obj], nodes: Sequence[Obj] | None) -> list[str]:
+    """'<pod> on <node>: <problem>' for each pod that is not ready, sorted for stable text."""
+    node_ready = {(n.get("metadata") or {}).get("name"): _node_ready(n) for n in nodes or []}
+    out: list[str] = []
+    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        if _pod_ready(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        name = (pod.get("metadata") or {}).get("name", "?")
+        node = (pod.get("spec") or {}).get("nodeName")
+        where = f" on {node}" if node else " (not scheduled)"
+        if node and node_ready.get(node) is False:
+            where += " (node not ready)"
+        out.append(f"{name}{where}: {pod_problem(pod)}")
+    if len(out) > _MAX_LISTED_PODS:
+        out = [*out[:_MAX_LISTED_PODS], f"and {len(out) - _MAX_LISTED_PODS} more"]
+    return out
+
+
+# --------------------------------------------------------------------------- components
+
+
+def _generation_lag(obj: Obj) -> str | None:
+    """kstatus: a controller that has not seen the latest spec says nothing about it."""
+    generation = _int(obj, "metadata", "generation")
+    observed = _int(obj, "status", "observedGeneration")
+    if observed < generation:
+        return (
+            f"Rollout in progress: {obj.get('kind') or 'object'} "
+            f"{(obj.get('metadata') or {}).get('name')} has not observed generation "
+            f"{generation} yet (observed {observed})"
+        )
+    return None
+
+
+def _node_component(observed: Observed) -> tuple[str, str]:
+    name = observed.names.node_driver
+    ds = observed.get(DAEMON_SET, name)
+    if ds is None:
+        return NOT_READY, f"Node driver DaemonSet {observed.namespace}/{name} is missing"
+    ds = {"kind": DAEMON_SET, **ds}
+    lag = _generation_lag(ds)
+    pods = _describe_pods(observed.node_pods, observed.nodes)
+    if lag:
+        return NOT_READY, "; ".join([lag, *pods])
+    desired = _int(ds, "status", "desiredNumberScheduled")
+    current = _int(ds, "status", "currentNumberScheduled")
+    updated = _int(ds, "status", "updatedNumberScheduled")
+    available = _int(ds, "status", "numberAvailable")
+    ready = _int(ds, "status", "numberReady")
+    if desired == 0:
+        return NOT_READY, "Node daemon set has not started yet: no node is selected for it"
+    parts: list[str] = []
+    if updated < desired:
+        parts.append(f"Rollout in progress: {updated} of {desired} node driver pod(s) updated")
+    if current < desired:
+        parts.append(f"{current} of {desired} nodes run a node driver pod")
+    if ready < desired or available < desired:
+        parts.append(f"{min(ready, available)} out of {desired} driver pods are ready")
+    if parts:
+        return NOT_READY, "; ".join(parts + pods)
+    return READY, f"All {desired} node driver pod(s) running successfully"
+
+
+def _controller_component(observed: Observed) -> tuple[str, str]:
+    name = observed.names.controller_driver
+    ss = observed.get(STATEFUL_SET, name)
+    if ss is None:
+        return NOT_READY, f"Controller driver StatefulSet {observed.namespace}/{name} is missing"
+    ss = {"kind": STATEFUL_SET, **ss}
+    lag = _generation_lag(ss)
+    pods = _describe_pods(observed.controller_pods, observed.nodes)
+    if lag:
+        return NOT_READY, "; ".join([lag, *pods])
+    spec_replicas = _int(ss, "spec", "replicas", default=1)
+    replicas = _int(ss, "status", "replicas")
+    ready = _int(ss, "status", "readyReplicas")
+    current = _int(ss, "status", "currentReplicas")
+    updated = _int(ss, "status", "updatedReplicas")
+    current_rev = (ss.get("status") or {}).get("currentRevision")
+    update_rev = (ss.get("status") or {}).get("updateRevision")
+    if spec_replicas == 0:
+        return NOT_READY, "Controller stateful set is scaled to 0 replicas"
+    parts: list[str] = []
+    if replicas > spec_replicas:
+        parts.append(f"Waiting for {replicas - spec_replicas} extra pod(s) to terminate")
+    strategy = (ss.get("spec") or {}).get("updateStrategy") or {}
+    if strategy.get("type", "RollingUpdate") == "RollingUpdate":
+        partition = _int(strategy, "rollingUpdate", "partition")
+        want_updated = max(spec_replicas - partition, 0)
+        if updated < want_updated:
+            parts.append(
+                f"Rollout in progress: {updated} of {want_updated} controller pod(s) updated"
+            )
+        elif partition == 0 and current_rev and update_rev and current_rev != update_rev:
+            parts.append(f"Rollout in progress: waiting for revision {update_rev}")
+    if ready < spec_replicas:
+        parts.append(
+            f"Waiting for stateful set to be ready: {ready} of {spec_replicas} replicas are ready"
+        )
+    elif current < spec_replicas and not parts:
+        parts.append(f"{current} of {spec_replicas} controller pod(s) at the current revision")
+    if parts:
+        return NOT_READY, "; ".join(parts + pods)
+    return READY, f"{ready} instance(s) of controller driver is running successfully"
+
+
+# --------------------------------------------------------------------------- status
+
+
+def _carry_condition_times(conditions: list[Obj], old: Obj, now_s: str) -> None:
+    """lastTransitionTime moves only when a condition's status flips (KEP-1623)."""
+    previous = {c.get("type"): c for c in old.get("conditions") or []}
+    for cond in conditions:
+        prev = previous.get(cond["type"])
+        if prev and prev.get("status") == cond["status"] and prev.get("lastTransitionTime"):
+            cond["lastTransitionTime"] = prev["lastTransitionTime"]
+        else:
+            cond["lastTransitionTime"] = now_s
+
+
+def _component(component: str, state: tuple[str, str], old: Obj, now_s: str) -> Obj:
+    """A driverComponents entry; lastUpdated only moves when status or reason changed."""
+    status, reason = state
+    entry: Obj = {"component": component, "status": status, "reason": reason}
+    for prev in old.get("driverComponents") or []:
+        if (
+            prev.get("component") == component
+            and prev.get("status") == status
+            and prev.get("reason") == reason
+            and prev.get("lastUpdated")
+        ):
+            entry["lastUpdated"] = prev["lastUpdated"]
+            break
+    else:
+        entry["lastUpdated"] = now_s
+    return entry
+
+
+def _summary(conditions: Iterable[Obj], components: Iterable[Obj]) -> str:
+    """Short reason for a Failed phase: what is wrong, first cause first."""
+    parts: list[str] = []
+    for cond in conditions:
+        if cond["status"] != TRUE:
+            parts.append(f"{cond['type']} is {cond['status']} ({cond['reason']})")
+    for comp in components:
+        if comp["status"] != READY:
+            first = comp["reason"].split("; ", 1)[0]
+            parts.append(f"{comp['component']} driver is {comp['status']}: {first}")
+    return "; ".join(parts)
+
+
+def compute_status(observed: Observed, now: datetime) -> Obj:
+    """The full desired ``.status`` of the CR in ``observed``.
+
+    Always yields phase Running or Failed; ``""`` (PHASE_NEW) only exists before the first
+    write. Timestamps of unchanged parts are taken from the CR's current status.
+    """
+    old = observed.current_status
+    now_s = format_time(now)
+    certs_ready, decoded = _certs_ready(observed)
+    conditions = [
+        certs_ready,
+        _certs_verified(observed, decoded, now),
+        _driver_deployed(observed),
+    ]
+    _carry_condition_times(conditions, old, now_s)
+    components = [
+        _component(CONTROLLER, _controller_component(observed), old, now_s),
+        _component(NODE, _node_component(observed), old, now_s),
+    ]
+    healthy = all(c["status"] == TRUE for c in conditions) and all(
+        c["status"] == READY for c in components
+    )
+    status: Obj = {
+        "phase": PHASE_RUNNING if healthy else PHASE_FAILED,
+        "reason": RUNNING_REASON if healthy else _summary(conditions, components),
+        "conditions": conditions,
+        "driverComponents": components,
+        "lastUpdated": now_s,
+    }
+    if observed.generation is not None:
+        status["observedGeneration"] = observed.generation
+    return status
+
+
+# --------------------------------------------------------------------------- comparison
+
+
+def semantic_key(status: Mapping[str, Any] | None) -> str:
+    """A canonical form of a status without its timestamps.
+
+    Two statuses with the same key mean the same thing; the writer patches only when the key
+    changes, which is what keeps a steady state free of writes.
+    """
+    s = copy.deepcopy(dict(status or {}))
+    s.pop("lastUpdated", None)
+    for cond in s.get("conditions") or []:
+        cond.pop("lastTransitionTime", None)
+        cond.pop("lastUpdateTime", None)  # v1alpha1's name for it
+    for comp in s.get("driverComponents") or []:
+        comp.pop("lastUpdated", None)
+    return json.dumps(s, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def status_equal_ignoring_time(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    return semantic_key(a) == semantic_key(b)
+
+
+def phase_event(
+    old_status: Mapping[str, Any] | None, new_status: Mapping[str, Any]
+) -> tuple[EventType, str, str] | None:
+    """The Kubernetes Event to record on the CR when its phase changes, else None.
+
+    Reasons are the reference operator's (Running / Failed) so existing event filters match.
+    """
+    old_phase = (old_status or {}).get("phase") or PHASE_NEW
+    new_phase = new_status.get("phase") or PHASE_NEW
+    if new_phase in (old_phase, PHASE_NEW):
+        return None
+    if new_phase == PHASE_RUNNING:
+        return "Normal", "Running", "Driver deployment successful"
+    return "Warning", "Failed", str(new_status.get("reason") or "Driver deployment failed")

@@ -1,0 +1,641 @@
+"""Certificates for the PMEM-CSI driver's mutual-TLS gRPC links: generation and validation.
+
+The controller ("registry") and every node ("node controller") authenticate each other with
+certificates issued by one private CA. The reference operator (intel/pmem-csi d01bc59,
+``pkg/pmem-csi-operator/pmem-tls``) generated them itself, or validated user-supplied ones by
+running a real mutual-TLS handshake. This module does both for the Pulumi program and for the
+reporter.
+
+It deliberately imports neither pulumi nor anything Kubernetes: the reporter imports it, and it
+must stay usable in a process that has only ``cryptography`` and the standard library.
+
+Key material rule: private keys never appear in messages, exception texts or logs produced
+here. Parse errors are reported with fixed sentences, not with the underlying exception text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+import ssl
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.asymmetric.types import (
+    CertificateIssuerPrivateKeyTypes,
+    PrivateKeyTypes,
+)
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+# Names the driver checks: the node side dials the registry expecting "pmem-registry", the
+# registry requires client certificates for "pmem-node-controller" (pkg/pmem-grpc).
+REGISTRY_NAME = "pmem-registry"
+NODE_CONTROLLER_NAME = "pmem-node-controller"
+CA_COMMON_NAME = "pmem-csi-ca"
+CA_DNS_NAMES = ("pmem-csi", "ca")
+
+# The reference used RSA-3072 for every key and one year of validity for CA and leaves.
+RSA_KEY_SIZE = 3072
+VALIDITY = dt.timedelta(days=365)
+# Backdating covers nodes whose clocks lag the machine that ran `pulumi up`; the reference
+# used "now" and could hand out certificates that were briefly not yet valid elsewhere.
+BACKDATE = dt.timedelta(minutes=5)
+EXPIRY_WARNING = dt.timedelta(days=30)
+HANDSHAKE_MAX_ROUNDS = 50
+
+Severity = Literal["error", "warning"]
+FIELDS = ("caCert", "registryCert", "registryKey", "nodeControllerCert", "nodeControllerKey")
+
+
+# --------------------------------------------------------------------------------------------
+# Generation
+
+
+@dataclass(frozen=True)
+class IssuedCertificate:
+    """A certificate with its private key (as objects, convertible to PEM)."""
+
+    cert: x509.Certificate
+    key: CertificateIssuerPrivateKeyTypes
+
+    @property
+    def cert_pem(self) -> str:
+        return self.cert.public_bytes(serialization.Encoding.PEM).decode()
+
+    @property
+    def key_pem(self) -> str:
+        # PKCS#1 "RSA PRIVATE KEY", exactly what the reference wrote into its secrets.
+        return self.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        ).decode()
+
+    def __repr__(self) -> str:  # never let a debug print show the key
+        return f"IssuedCertificate(subject={self.cert.subject.rfc4514_string()!r}, key=<hidden>)"
+
+
+@dataclass(frozen=True)
+class DriverCertificates:
+    """PEM strings for one driver deployment; ``ca_key`` is only needed to issue more leaves."""
+
+    ca_cert: str
+    ca_key: str
+    registry_cert: str
+    registry_key: str
+    node_controller_cert: str
+    node_controller_key: str
+
+    def __repr__(self) -> str:
+        return "DriverCertificates(<certificates and keys hidden>)"
+
+
+def _new_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=RSA_KEY_SIZE)
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def generate_ca(*, now: dt.datetime | None = None) -> IssuedCertificate:
+    """A self-signed CA like the reference's: CA:TRUE, may sign certificates, one year."""
+    now = now or _utcnow()
+    key = _new_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_COMMON_NAME)])
+    public = key.public_key()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(n) for n in CA_DNS_NAMES]), critical=False
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return IssuedCertificate(cert=cert, key=key)
+
+
+def generate_leaf(
+    ca: IssuedCertificate,
+    common_name: str,
+    *,
+    now: dt.datetime | None = None,
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> IssuedCertificate:
+    """A leaf for ``common_name`` (also its only DNS SAN), usable as TLS server *and* client.
+
+    Both roles are needed: nodes dial the registry, and the controller dials back into the
+    nodes' controller servers. The validity never exceeds the CA's, so a leaf cannot outlive
+    the trust anchor that vouches for it. ``not_before``/``not_after`` exist for tests.
+    """
+    now = now or _utcnow()
+    key = _new_key()
+    public = key.public_key()
+    start = not_before or max(now - BACKDATE, ca.cert.not_valid_before_utc)
+    end = not_after or min(now + VALIDITY, ca.cert.not_valid_after_utc)
+    ca_ski = ca.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(common_name)]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
+            critical=False,
+        )
+        .sign(ca.key, hashes.SHA256())
+    )
+    return IssuedCertificate(cert=cert, key=key)
+
+
+def generate_driver_certificates() -> DriverCertificates:
+    """A fresh CA plus the registry and node-controller certificates it signed."""
+    ca = generate_ca()
+    registry = generate_leaf(ca, REGISTRY_NAME)
+    node = generate_leaf(ca, NODE_CONTROLLER_NAME)
+    return DriverCertificates(
+        ca_cert=ca.cert_pem,
+        ca_key=ca.key_pem,
+        registry_cert=registry.cert_pem,
+        registry_key=registry.key_pem,
+        node_controller_cert=node.cert_pem,
+        node_controller_key=node.key_pem,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+
+
+@dataclass(frozen=True)
+class CertProblem:
+    """One finding about user-supplied certificates.
+
+    ``field`` is the configuration key (caCert, registryCert, ...), ``reason`` a CamelCase
+    token for machines (conditions, tests), ``message`` a sentence for humans.
+    """
+
+    field: str
+    reason: str
+    message: str
+    severity: Severity = "error"
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason}: {self.message}"
+
+
+def _load_certs(pem: str) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(pem.encode())
+
+
+def _load_key(pem: str) -> PrivateKeyTypes:
+    return serialization.load_pem_private_key(pem.encode(), password=None)
+
+
+def _public_der(obj: x509.Certificate | PrivateKeyTypes) -> bytes:
+    public = obj.public_key()
+    return public.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def _dns_names(cert: x509.Certificate) -> list[str]:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return san.get_values_for_type(x509.DNSName)
+
+
+def _common_names(cert: x509.Certificate) -> list[str]:
+    return [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+
+
+def _check_validity(
+    field: str, cert: x509.Certificate, now: dt.datetime, what: str
+) -> list[CertProblem]:
+    if now < cert.not_valid_before_utc:
+        return [
+            CertProblem(
+                field,
+                "NotYetValid",
+                f"{field}: {what} is not valid before {cert.not_valid_before_utc.isoformat()}",
+            )
+        ]
+    if now > cert.not_valid_after_utc:
+        return [
+            CertProblem(
+                field,
+                "Expired",
+                f"{field}: {what} expired at {cert.not_valid_after_utc.isoformat()}",
+            )
+        ]
+    if cert.not_valid_after_utc - now < EXPIRY_WARNING:
+        return [
+            CertProblem(
+                field,
+                "ExpiringSoon",
+                f"{field}: {what} expires at {cert.not_valid_after_utc.isoformat()}, "
+                f"within {EXPIRY_WARNING.days} days; rotate the certificates",
+                "warning",
+            )
+        ]
+    return []
+
+
+def _check_ca(cas: list[x509.Certificate]) -> list[CertProblem]:
+    problems = []
+    for ca in cas:
+        try:
+            bc = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
+            is_ca = bc.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        try:
+            ku = ca.extensions.get_extension_for_class(x509.KeyUsage).value
+            can_sign = ku.key_cert_sign
+        except x509.ExtensionNotFound:
+            can_sign = True  # no KeyUsage extension means no restriction
+        if not (is_ca and can_sign):
+            problems.append(
+                CertProblem(
+                    "caCert",
+                    "NotACA",
+                    f"caCert: certificate {ca.subject.rfc4514_string()!r} is not a CA "
+                    "(needs basicConstraints CA:TRUE and keyCertSign)",
+                )
+            )
+    return problems
+
+
+def _signed_by_any(leaf: x509.Certificate, cas: list[x509.Certificate]) -> bool:
+    for ca in cas:
+        try:
+            leaf.verify_directly_issued_by(ca)
+        except Exception:  # wrong issuer name, bad signature, unsupported key: all mean "no"
+            continue
+        return True
+    return False
+
+
+def _check_leaf(
+    field: str,
+    cert: x509.Certificate,
+    expected_name: str,
+    cas: list[x509.Certificate],
+    now: dt.datetime,
+    *,
+    cn_fallback_ok: bool,
+) -> list[CertProblem]:
+    problems: list[CertProblem] = []
+    if cas and not _signed_by_any(cert, cas):
+        problems.append(
+            CertProblem(
+                field,
+                "WrongCA",
+                f"{field}: certificate is not signed by the certificate(s) in caCert",
+            )
+        )
+    problems += _check_validity(field, cert, now, "certificate")
+    dns = _dns_names(cert)
+    if expected_name not in dns:
+        if expected_name in _common_names(cert) and cn_fallback_ok:
+            problems.append(
+                CertProblem(
+                    field,
+                    "CommonNameOnly",
+                    f"{field}: {expected_name!r} is only the subject common name; the driver "
+                    "still accepts that but it is deprecated, add it as a DNS SAN",
+                    "warning",
+                )
+            )
+        else:
+            problems.append(
+                CertProblem(
+                    field,
+                    "WrongName",
+                    f"{field}: certificate must carry DNS name {expected_name!r} "
+                    f"(has SANs {dns or 'none'})",
+                )
+            )
+    try:
+        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        missing = [
+            label
+            for oid, label in (
+                (ExtendedKeyUsageOID.SERVER_AUTH, "serverAuth"),
+                (ExtendedKeyUsageOID.CLIENT_AUTH, "clientAuth"),
+            )
+            if oid not in eku
+        ]
+    except x509.ExtensionNotFound:
+        missing = []  # no EKU extension means any usage
+    if missing:
+        problems.append(
+            CertProblem(
+                field,
+                "MissingExtendedKeyUsage",
+                f"{field}: certificate lacks extended key usage {', '.join(missing)}; the "
+                "driver uses each certificate both as TLS server and client",
+            )
+        )
+    return problems
+
+
+def validate_driver_certificates(
+    ca_cert: str,
+    registry_cert: str,
+    registry_key: str,
+    node_controller_cert: str,
+    node_controller_key: str,
+    *,
+    now: dt.datetime | None = None,
+    handshake: bool = True,
+) -> list[CertProblem]:
+    """Everything wrong with a user-supplied certificate set; empty means usable.
+
+    Static checks (parsing, key/cert match, issuer, validity, names, key usage) run first with
+    ``now`` as the clock. Only when none of them found an error is the decisive check run: a
+    real mutual-TLS handshake in memory, registry as server requiring a client certificate
+    for ``pmem-node-controller``, node controller as client expecting ``pmem-registry`` --
+    what the reference operator did before accepting certificates. The handshake uses the real
+    clock (OpenSSL's), so it is skipped nowhere except through ``handshake=False``.
+    """
+    now = now or _utcnow()
+    problems: list[CertProblem] = []
+
+    cas: list[x509.Certificate] = []
+    try:
+        cas = _load_certs(ca_cert)
+    except ValueError:
+        problems.append(
+            CertProblem("caCert", "InvalidPEM", "caCert: not a PEM-encoded X.509 certificate")
+        )
+    problems += _check_ca(cas)
+    for ca in cas:
+        problems += _check_validity("caCert", ca, now, "CA certificate")
+
+    leaves = (
+        ("registryCert", registry_cert, "registryKey", registry_key, REGISTRY_NAME, False),
+        (
+            "nodeControllerCert",
+            node_controller_cert,
+            "nodeControllerKey",
+            node_controller_key,
+            NODE_CONTROLLER_NAME,
+            # The registry's own client-name check falls back to the CN (pkg/pmem-grpc); the
+            # node side dials with Go's standard verification, which ignores the CN.
+            True,
+        ),
+    )
+    for cert_field, cert_pem, key_field, key_pem, name, cn_ok in leaves:
+        cert: x509.Certificate | None = None
+        try:
+            cert = _load_certs(cert_pem)[0]
+        except ValueError:
+            problems.append(
+                CertProblem(
+                    cert_field, "InvalidPEM", f"{cert_field}: not a PEM-encoded X.509 certificate"
+                )
+            )
+        key: PrivateKeyTypes | None = None
+        try:
+            key = _load_key(key_pem)
+        except TypeError:
+            problems.append(
+                CertProblem(
+                    key_field,
+                    "EncryptedKey",
+                    f"{key_field}: private key is password-protected; the driver needs it "
+                    "unencrypted",
+                )
+            )
+        except Exception:  # ValueError and friends; never echo parser details for keys
+            problems.append(
+                CertProblem(key_field, "InvalidPEM", f"{key_field}: not a PEM-encoded private key")
+            )
+        if key is not None and not isinstance(
+            key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
+        ):
+            problems.append(
+                CertProblem(
+                    key_field,
+                    "UnsupportedKeyType",
+                    f"{key_field}: key type {type(key).__name__} is not usable by the driver",
+                )
+            )
+            key = None
+        if cert is None:
+            continue
+        if key is not None and _public_der(key) != _public_der(cert):
+            problems.append(
+                CertProblem(
+                    key_field,
+                    "KeyMismatch",
+                    f"{key_field}: private key does not belong to the certificate in {cert_field}",
+                )
+            )
+        problems += _check_leaf(cert_field, cert, name, cas, now, cn_fallback_ok=cn_ok)
+
+    if handshake and not any(p.severity == "error" for p in problems):
+        problems += check_mutual_tls(
+            ca_cert, registry_cert, registry_key, node_controller_cert, node_controller_key
+        )
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# Mutual-TLS handshake
+
+
+@contextmanager
+def _cert_chain_file(cert_pem: str, key_pem: str) -> Iterator[tuple[str, bytes]]:
+    """A temporary cert+key file for ``SSLContext.load_cert_chain``, which only reads paths.
+
+    The key is re-encrypted with a random one-time password before it touches the file
+    system, and the file lives in a private (0700) directory that is removed right after.
+    """
+    password = secrets.token_bytes(32)
+    key = _load_key(key_pem)
+    encrypted = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(password),
+    )
+    with tempfile.TemporaryDirectory(prefix="pmem-csi-certs-") as tmp:
+        path = os.path.join(tmp, "chain.pem")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(cert_pem.encode().rstrip(b"\n") + b"\n" + encrypted)
+        yield path, password
+
+
+def _context(side: int, ca_pem: str, cert_pem: str, key_pem: str) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(side)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2  # as the driver (pkg/pmem-grpc)
+    ctx.load_verify_locations(cadata=ca_pem)
+    with _cert_chain_file(cert_pem, key_pem) as (path, password):
+        ctx.load_cert_chain(path, password=password)
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _pump(src: ssl.MemoryBIO, dst: ssl.MemoryBIO) -> bool:
+    data = src.read()
+    if data:
+        dst.write(data)
+    return bool(data)
+
+
+def _step(obj: ssl.SSLObject) -> bool:
+    """One handshake step; True once this side finished."""
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        return False
+    return True
+
+
+def check_mutual_tls(
+    ca_cert: str,
+    registry_cert: str,
+    registry_key: str,
+    node_controller_cert: str,
+    node_controller_key: str,
+) -> list[CertProblem]:
+    """Run a real TLS handshake between registry (server) and node controller (client).
+
+    Both ends live in this process and exchange bytes through ``ssl.MemoryBIO`` buffers, so
+    no socket, thread or timeout is involved; a round limit stops a stuck exchange. Each side
+    verifies the other against ``ca_cert``: the client checks the server name
+    ``pmem-registry`` (OpenSSL hostname check, SAN only, like Go), the server requires a
+    client certificate and then checks it names ``pmem-node-controller`` (SAN, or CN as the
+    driver's fallback). One direction suffices because the link is mutual.
+    """
+    try:
+        server_ctx = _context(ssl.PROTOCOL_TLS_SERVER, ca_cert, registry_cert, registry_key)
+    except (ssl.SSLError, ValueError, TypeError) as e:
+        return [_handshake_problem("registryCert", "cannot load registry certificate/key", e)]
+    try:
+        client_ctx = _context(
+            ssl.PROTOCOL_TLS_CLIENT, ca_cert, node_controller_cert, node_controller_key
+        )
+    except (ssl.SSLError, ValueError, TypeError) as e:
+        return [
+            _handshake_problem(
+                "nodeControllerCert", "cannot load node-controller certificate/key", e
+            )
+        ]
+    client_ctx.check_hostname = True
+
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    client = client_ctx.wrap_bio(c_in, c_out, server_side=False, server_hostname=REGISTRY_NAME)
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+
+    client_done = server_done = False
+    for _ in range(HANDSHAKE_MAX_ROUNDS):
+        if not client_done:
+            try:
+                client_done = _step(client)
+            except ssl.SSLError as e:
+                # The client rejected the server's certificate (or the server's alert).
+                return [_handshake_problem("registryCert", "node controller rejected", e)]
+        moved = _pump(c_out, s_in)
+        if not server_done:
+            try:
+                server_done = _step(server)
+            except ssl.SSLError as e:
+                return [_handshake_problem("nodeControllerCert", "registry rejected", e)]
+        moved = _pump(s_out, c_in) or moved
+        if client_done and server_done:
+            break
+        if not moved and client_done:
+            # TLS 1.3: the client finishes first; give the server the rounds to catch up.
+            continue
+    else:
+        return [
+            CertProblem(
+                "registryCert",
+                "HandshakeFailed",
+                "registryCert/nodeControllerCert: TLS handshake did not complete",
+            )
+        ]
+    # TLS 1.3 lets the client finish before the server has judged the client certificate;
+    # the server side raised above in that case, so reaching here means both accepted.
+    peer = server.getpeercert()
+    names = [v for k, v in peer.get("subjectAltName", ()) if k == "DNS"]
+    cns = [v for rdn in peer.get("subject", ()) for k, v in rdn if k == "commonName"]
+    if NODE_CONTROLLER_NAME not in names and NODE_CONTROLLER_NAME not in cns:
+        return [
+            CertProblem(
+                "nodeControllerCert",
+                "HandshakeFailed",
+                f"nodeControllerCert: registry accepted the TLS handshake but the client "
+                f"certificate is not for {NODE_CONTROLLER_NAME!r}",
+            )
+        ]
+    return []
+
+
+def _handshake_problem(field: str, what: str, err: Exception) -> CertProblem:
+    # ssl.SSLError texts are OpenSSL reason strings ("certificate verify failed: ..."),
+    # never key bytes; other errors are reduced to their type name.
+    detail = (
+        getattr(err, "verify_message", None) or getattr(err, "reason", None) or type(err).__name__
+    )
+    return CertProblem(field, "HandshakeFailed", f"{field}: mutual-TLS check: {what}: {detail}")

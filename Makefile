@@ -1,0 +1,39 @@
+# The two commands in README.md: `make demo` (the main job) and `make test` (the whole suite).
+# Everything they need is installed by them: a virtualenv with the pinned Python packages,
+# and the pinned Go tools built from the Go module proxy into ~/.cache/pmem-csi-pulumi.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test unit lint tools cluster-start cluster-stop clean-state
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-dev.txt
+	touch $@
+
+tools: $(VENV)/.installed
+	$(PY) -m tools.toolchain build
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+
+unit: $(VENV)/.installed
+	$(PY) -m pytest tests/unit -q
+
+# The whole suite: unit tests, then the end-to-end tests on a local cluster with the real
+# Pulumi engine. PMEM_CSI_REQUIRE_CLUSTER makes a missing tool a failure, never a skip.
+test: $(VENV)/.installed lint tools
+	PMEM_CSI_REQUIRE_CLUSTER=1 $(PY) -m pytest tests -v --timeout=900 --durations=15
+
+demo: $(VENV)/.installed tools
+	$(PY) -m tools.demo
+
+cluster-start: $(VENV)/.installed
+	$(PY) -m tools.cluster start
+
+cluster-stop: $(VENV)/.installed
+	$(PY) -m tools.cluster stop
+
+clean-state: cluster-stop
+	rm -rf .state

@@ -1,0 +1,132 @@
+"""Shared pytest fixtures: the local cluster (once per session) and Pulumi stacks per test.
+
+In CI (``CI=true``) a missing tool or a cluster that does not start fails the tests that need
+it, with the reason; elsewhere those tests are skipped so unit tests stay usable on a laptop
+without the toolchain. A CI run that skipped anything is failed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+if str(PROJECT_DIR) not in sys.path:
+    sys.path.insert(0, str(PROJECT_DIR))
+
+from tools import cluster, localenv, toolchain  # noqa: E402
+
+IN_CI = any(
+    os.environ.get(var, "").lower() in {"1", "true", "yes"}
+    for var in ("CI", "PMEM_CSI_REQUIRE_CLUSTER")
+)
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(f"local cluster unavailable in CI: {reason}", pytrace=False)
+    pytest.skip(f"local cluster unavailable: {reason} (run 'make tools')")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/e2e/" in str(item.path).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In CI a skipped test is not a passed test."""
+    if not IN_CI:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+    if skipped and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        print(f"\nCI: {skipped} test(s) skipped; failing the run", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[Path]:
+    """Kubeconfig of the local cluster, started for this session and stopped after it."""
+    missing = [g for g in toolchain.missing() if g in ("kubernetes", "etcd", "kwok")]
+    if missing:
+        _unavailable(f"tool group(s) not built: {', '.join(missing)}")
+    started_here = not cluster.is_running()
+    try:
+        kubeconfig = cluster.start()
+    except Exception as err:  # the reason must reach the test report
+        _unavailable(f"cluster start failed: {err}")
+    os.environ["KUBECONFIG"] = str(kubeconfig)
+    yield kubeconfig
+    if started_here and not os.environ.get("PMEM_CSI_KEEP_CLUSTER"):
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def pulumi_ready(local_cluster: Path) -> dict[str, str]:
+    """The offline Pulumi environment, with the locally built CLI and provider."""
+    missing = [g for g in toolchain.missing() if g in ("pulumi", "pulumi-kubernetes")]
+    if missing:
+        _unavailable(f"tool group(s) not built: {', '.join(missing)}")
+    return localenv.apply_pulumi_env()
+
+
+@pytest.fixture(scope="session")
+def api_client(local_cluster: Path) -> Any:
+    from kubernetes import config
+
+    return config.new_client_from_config(config_file=str(local_cluster))
+
+
+@pytest.fixture(scope="session")
+def kubectl(local_cluster: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the locally built kubectl against the local cluster."""
+    binary = str(toolchain.bin_path("kubectl"))
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [binary, "--kubeconfig", str(local_cluster), *args],
+            check=check,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+@pytest.fixture
+def pulumi_stack(pulumi_ready: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Factory: ``pulumi_stack(program, config=..., secret_config=...)`` -> auto.Stack.
+
+    Each stack gets its own project directory and a unique name; every stack made by the test
+    is destroyed and removed afterwards, even when the test failed.
+    """
+    from tools import pulumi_stack as ps
+
+    made: list[Any] = []
+
+    def make(
+        program: Callable[[], None],
+        config: dict[str, Any] | None = None,
+        secret_config: dict[str, str] | None = None,
+        name: str | None = None,
+    ) -> Any:
+        stack_name = name or f"t{uuid.uuid4().hex[:8]}"
+        stack = ps.select_stack(stack_name, program, tmp_path / stack_name, config, secret_config)
+        made.append(stack)
+        return stack
+
+    yield make
+    for stack in made:
+        try:
+            stack.destroy(on_output=ps.printer("[destroy] "))
+        finally:
+            stack.workspace.remove_stack(stack.name)

@@ -1,0 +1,76 @@
+"""Run a Pulumi program on a local stack through the Automation API.
+
+Why the Automation API and an inline program rather than ``pulumi up`` on ``__main__.py``:
+the CLI starts Python programs through the ``pulumi-language-python`` plugin, and the Go module
+proxy reachable here refuses every version of that module
+(github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3). With an inline program the
+Python SDK serves the language runtime itself and hands its address to the CLI, so the real
+engine, the real provider and the real transforms run, without that plugin. On a machine with a
+normal Pulumi install, ``pulumi up`` in the project directory runs the same program.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pulumi import automation as auto
+
+from tools import localenv, toolchain
+
+PROJECT_NAME = "pmem-csi-pulumi"
+
+
+def _command() -> auto.PulumiCommand:
+    pulumi_bin = toolchain.bin_path("pulumi")
+    return auto.PulumiCommand(root=str(pulumi_bin.parent.parent), skip_version_check=False)
+
+
+def select_stack(
+    stack_name: str,
+    program: Callable[[], None],
+    work_dir: Path,
+    config: dict[str, Any] | None = None,
+    secret_config: dict[str, str] | None = None,
+) -> auto.Stack:
+    """Create or select ``stack_name`` in ``work_dir`` (which holds Pulumi.yaml).
+
+    ``config`` (plain values, structured allowed) is written to ``Pulumi.<stack>.yaml`` when
+    given; ``secret_config`` entries (path-style keys such as
+    ``pmem-csi:deployments[0].certificates.registryKey``) are stored encrypted.
+    """
+    env = localenv.apply_pulumi_env()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    if not (work_dir / "Pulumi.yaml").exists():
+        (work_dir / "Pulumi.yaml").write_text(
+            yaml.safe_dump({"name": PROJECT_NAME, "runtime": "python"})
+        )
+    if config is not None:
+        (work_dir / f"Pulumi.{stack_name}.yaml").write_text(
+            yaml.safe_dump({"config": config}, sort_keys=False)
+        )
+    workspace_opts = auto.LocalWorkspaceOptions(
+        work_dir=str(work_dir),
+        pulumi_home=env["PULUMI_HOME"],
+        env_vars=env,
+        secrets_provider="passphrase",
+        pulumi_command=_command(),
+    )
+    stack = auto.create_or_select_stack(
+        stack_name=stack_name, project_name=PROJECT_NAME, program=program, opts=workspace_opts
+    )
+    for key, value in (secret_config or {}).items():
+        stack.set_config(key, auto.ConfigValue(value=value, secret=True), path=True)
+    return stack
+
+
+def printer(prefix: str = "") -> Callable[[str], None]:
+    """on_output callback that forwards engine progress to stderr (long runs show progress)."""
+
+    def out(line: str) -> None:
+        os.write(2, f"{prefix}{line.rstrip()}\n".encode())
+
+    return out

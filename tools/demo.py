@@ -25,7 +25,8 @@ def _log(msg: str) -> None:
 
 def _kubectl(*args: str) -> str:
     return subprocess.run(
-        [str(toolchain.bin_path("kubectl")), "--kubeconfig", str(localenv.kubeconfig_path()), *args],
+        [str(toolchain.bin_path("kubectl")), "--kubeconfig", str(localenv.kubeconfig_path())]
+        + list(args),
         check=True,
         capture_output=True,
         text=True,

@@ -24,9 +24,9 @@ def _log(msg: str) -> None:
 
 
 def _kubectl(*args: str) -> str:
+    kubeconfig = str(localenv.kubeconfig_path())
     return subprocess.run(
-        [str(toolchain.bin_path("kubectl")), "--kubeconfig", str(localenv.kubeconfig_path())]
-        + list(args),
+        [str(toolchain.bin_path("kubectl")), "--kubeconfig", kubeconfig, *args],
         check=True,
         capture_output=True,
         text=True,

@@ -79,8 +79,14 @@ _QUANTITY = re.compile(
 # Labels this project sets itself; a configured label with one of these keys would break
 # selectors (the reporter's and the workloads') and is rejected.
 RESERVED_LABEL_KEYS = frozenset(
-    {"app", names.LABEL_NAME, names.LABEL_INSTANCE, names.LABEL_PART_OF, names.LABEL_COMPONENT,
-     names.LABEL_MANAGED_BY}
+    {
+        "app",
+        names.LABEL_NAME,
+        names.LABEL_INSTANCE,
+        names.LABEL_PART_OF,
+        names.LABEL_COMPONENT,
+        names.LABEL_MANAGED_BY,
+    }
 )
 
 
@@ -90,9 +96,7 @@ class ConfigError(ValueError):
     def __init__(self, problems: Sequence[str]) -> None:
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(
-            f"invalid stack configuration ({len(self.problems)} problem(s)):\n{lines}"
-        )
+        super().__init__(f"invalid stack configuration ({len(self.problems)} problem(s)):\n{lines}")
 
 
 class _Model(BaseModel):
@@ -319,8 +323,10 @@ def _check_labels(
     for key, value in labels.items():
         here = key_path((*path, str(key)))
         prefix, _, name = str(key).rpartition("/")
-        if not _LABEL_NAME.match(name) or len(name) > 63 or (
-            prefix and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253)
+        if (
+            not _LABEL_NAME.match(name)
+            or len(name) > 63
+            or (prefix and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253))
         ):
             problems.append(f"{here}: is not a valid label key")
         if reserved and key in RESERVED_LABEL_KEYS:

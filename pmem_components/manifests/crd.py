@@ -13,7 +13,9 @@ import yaml
 
 from pmem_components import names
 
-CRD_FILE = Path(__file__).resolve().parents[2] / "crd" / f"{names.CRD_NAME}.yaml"
+CRD_FILE = (
+    Path(__file__).resolve().parents[2] / "crd" / f"{names.CRD_GROUP}_{names.CRD_PLURAL}.yaml"
+)
 
 
 def load_crd(path: Path = CRD_FILE) -> dict[str, Any]:

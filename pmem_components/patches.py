@@ -1,0 +1,306 @@
+"""User patches (``pmem-csi:deployments[i].patches``) applied through Pulumi resource transforms.
+
+The operator offered no way to adjust the objects it created; administrators worked around
+it. Here each deployment may list patch entries that select Kubernetes objects by kind (and
+optionally name and namespace) and change them with an RFC 7396 JSON merge patch or an
+RFC 6902 JSON patch, just before Pulumi registers them.
+
+Two moments matter:
+
+* **Before anything is registered**, :meth:`PatchSet.dry_run` (or :func:`select`) runs the
+  selectors (and the patches) against the builder output. The builders are pure, so the
+  program knows every object in advance and can fail the preview on an entry that selects
+  nothing, naming ``pmem-csi:deployments[i].patches[j]``, before it creates any resource.
+* **While resources register**, :attr:`PatchSet.transform` rewrites the properties. It also
+  counts matches, so :meth:`PatchSet.unmatched` can serve as a second, late safety net.
+
+Transforms see properties in their wire form (``apiVersion``, ``metadata.name``...), the same
+shape as the builders' dicts, so one selector works for both. Secret values arrive wrapped by
+the SDK; their secretness is preserved per top-level property (``data``, ``stringData``...):
+a property that held a secret before patching is secret after it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch
+import pulumi
+from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret, wrap_rpc_secret
+
+DEFAULT_WHERE = "pmem-csi:patches"
+
+
+class PatchError(ValueError):
+    """A patch entry is malformed, selects nothing, or cannot be applied."""
+
+
+@dataclass(frozen=True)
+class PatchEntry:
+    """One normalised patch entry; ``label`` is its config key path for messages."""
+
+    label: str
+    kind: str
+    name: str | None = None
+    namespace: str | None = None
+    merge_patch: dict[str, Any] | None = None
+    json_patch: list[dict[str, Any]] | None = None
+
+    @classmethod
+    def from_config(cls, raw: Any, label: str) -> PatchEntry:
+        """Accept a ``config.Patch`` model or a raw config mapping (camelCase keys)."""
+
+        def get(*keys: str) -> Any:
+            for k in keys:
+                if isinstance(raw, Mapping):
+                    if raw.get(k) is not None:
+                        return raw[k]
+                elif getattr(raw, k, None) is not None:
+                    return getattr(raw, k)
+            return None
+
+        kind = get("kind")
+        merge = get("merge_patch", "mergePatch")
+        ops = get("json_patch", "jsonPatch")
+        if not isinstance(kind, str) or not kind:
+            raise PatchError(f"{label}.kind: must be a non-empty string")
+        if (merge is None) == (ops is None):
+            raise PatchError(f"{label}: set exactly one of mergePatch and jsonPatch")
+        if merge is not None and not isinstance(merge, Mapping):
+            raise PatchError(f"{label}.mergePatch: must be an object")
+        if ops is not None:
+            if not isinstance(ops, Sequence) or isinstance(ops, str | bytes):
+                raise PatchError(f"{label}.jsonPatch: must be a list of operations")
+            try:
+                jsonpatch.JsonPatch([dict(op) for op in ops])
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                raise PatchError(f"{label}.jsonPatch: {_describe(e)}") from None
+            except (TypeError, ValueError):
+                raise PatchError(f"{label}.jsonPatch: each operation must be an object") from None
+        return cls(
+            label=label,
+            kind=kind,
+            name=get("name"),
+            namespace=get("namespace"),
+            merge_patch=copy.deepcopy(dict(merge)) if merge is not None else None,
+            json_patch=[copy.deepcopy(dict(op)) for op in ops] if ops is not None else None,
+        )
+
+    def selects(self, kind: str | None, obj: Mapping[str, Any]) -> bool:
+        if kind != self.kind:
+            return False
+        meta = obj.get("metadata")
+        meta = unwrap_rpc_secret(meta) if is_rpc_secret(meta) else meta
+        if not isinstance(meta, Mapping):
+            meta = {}
+        if self.name is not None and meta.get("name") != self.name:
+            return False
+        return self.namespace is None or meta.get("namespace") == self.namespace
+
+    def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """The patched copy of ``obj``; ``obj`` itself is never modified."""
+        try:
+            if self.merge_patch is not None:
+                result = merge_patch(obj, self.merge_patch)
+            else:
+                patch = jsonpatch.JsonPatch(copy.deepcopy(self.json_patch or []))
+                result = patch.apply(_plain_copy(obj), in_place=True)
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+            raise PatchError(
+                f"{self.label}: cannot apply jsonPatch to {self._what(obj)}: {_describe(e)}"
+            ) from None
+        except (KeyError, IndexError, TypeError) as e:
+            raise PatchError(
+                f"{self.label}: cannot apply patch to {self._what(obj)}: {type(e).__name__}: {e}"
+            ) from None
+        if not isinstance(result, dict):
+            raise PatchError(f"{self.label}: patch replaced {self._what(obj)} by a non-object")
+        return result
+
+    def _what(self, obj: Mapping[str, Any]) -> str:
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        return f"{self.kind} {name!r}" if name else self.kind
+
+
+def _describe(err: Exception) -> str:
+    """The library's error without the document excerpts it likes to append.
+
+    jsonpointer says "member 'x' not found in {...}" and a failed ``test`` prints both values;
+    the object may be a Secret, so neither may reach a message.
+    """
+    if isinstance(err, jsonpatch.JsonPatchTestFailed):
+        return "a 'test' operation did not match"
+    text = str(err)
+    for marker in (" in {", " in ["):
+        text = text.split(marker, 1)[0]
+    return text[:200]
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7396 JSON merge patch; returns a new value and shares nothing with ``patch``.
+
+    ``null`` in the patch deletes a key, objects merge recursively, anything else (lists
+    included) replaces the target value. A non-object target is replaced by an object when
+    the patch is one, as the RFC demands.
+    """
+    if not isinstance(patch, Mapping):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _plain_copy(value: Any) -> Any:
+    """Copy containers, share leaves (which may be Outputs that must not be deep-copied)."""
+    if isinstance(value, Mapping):
+        return {k: _plain_copy(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain_copy(v) for v in value]
+    return value
+
+
+def kind_of(type_: str, props: Mapping[str, Any]) -> str | None:
+    """``kubernetes:apps/v1:DaemonSet`` -> ``DaemonSet``; other types fall back to props."""
+    parts = type_.split(":")
+    if len(parts) == 3 and parts[0] == "kubernetes" and "/" in parts[1]:
+        return parts[2]
+    kind = props.get("kind")
+    return kind if isinstance(kind, str) else None
+
+
+def _unwrap_top(props: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
+    secret_keys = {k for k, v in props.items() if is_rpc_secret(v)}
+    plain = {k: unwrap_rpc_secret(v) if k in secret_keys else v for k, v in props.items()}
+    return plain, secret_keys
+
+
+def _rewrap_top(props: dict[str, Any], secret_keys: set[str]) -> dict[str, Any]:
+    return {k: wrap_rpc_secret(v) if k in secret_keys else v for k, v in props.items()}
+
+
+def _label_prefix(where: str) -> str:
+    return where.rstrip(".")
+
+
+@dataclass
+class PatchSet:
+    """The patches of one deployment: dry run, transform and bookkeeping of matches.
+
+    ``where`` is the config path of the list, e.g. ``pmem-csi:deployments[0].patches``;
+    entry ``j`` is reported as ``{where}[j]``.
+    """
+
+    entries: list[PatchEntry]
+    matches: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, patches: Iterable[Any], where: str = DEFAULT_WHERE) -> PatchSet:
+        """Normalise config entries; every malformed entry is reported in one error."""
+        entries: list[PatchEntry] = []
+        problems: list[str] = []
+        for j, raw in enumerate(patches):
+            try:
+                entries.append(PatchEntry.from_config(raw, f"{_label_prefix(where)}[{j}]"))
+            except PatchError as e:
+                problems.append(str(e))
+        if problems:
+            raise PatchError("invalid patches:\n  " + "\n  ".join(problems))
+        return cls(entries)
+
+    @classmethod
+    def for_deployment(cls, index: int, patches: Iterable[Any]) -> PatchSet:
+        return cls.from_config(patches, f"pmem-csi:deployments[{index}].patches")
+
+    # -- before registration ----------------------------------------------------------------
+
+    def select(self, objects: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Indices of entries that select none of ``objects`` (builder output dicts)."""
+        objs = list(objects)
+        return [
+            j
+            for j, entry in enumerate(self.entries)
+            if not any(entry.selects(kind_of("", o), o) for o in objs)
+        ]
+
+    def dry_run(self, objects: Iterable[Mapping[str, Any]]) -> None:
+        """Fail early: raise :class:`PatchError` for entries that select nothing or fail.
+
+        Call this with the builder output before registering any resource. Patches are
+        applied to copies, so ``objects`` stay untouched; errors of all entries are collected.
+        """
+        objs = list(objects)
+        problems = [
+            f"{self.entries[j].label}: selects no object (kind={self.entries[j].kind!r}"
+            + (f", name={self.entries[j].name!r}" if self.entries[j].name else "")
+            + (f", namespace={self.entries[j].namespace!r}" if self.entries[j].namespace else "")
+            + ")"
+            for j in self.select(objs)
+        ]
+        for obj in objs:
+            current: Mapping[str, Any] = obj
+            kind = kind_of("", obj)
+            for entry in self.entries:
+                if entry.selects(kind, current):
+                    try:
+                        current = entry.apply(current)
+                    except PatchError as e:
+                        problems.append(str(e))
+                        break
+        if problems:
+            raise PatchError("patches cannot be applied:\n  " + "\n  ".join(problems))
+
+    # -- during registration ----------------------------------------------------------------
+
+    def apply(self, type_: str, props: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Patched props for a resource of type ``type_``, or None when no entry selects it."""
+        kind = kind_of(type_, props)
+        if kind is None:
+            return None
+        plain, secret_keys = _unwrap_top(props)
+        changed = False
+        for j, entry in enumerate(self.entries):
+            if entry.selects(kind, plain):
+                self.matches[j] = self.matches.get(j, 0) + 1
+                plain = entry.apply(plain)
+                changed = True
+        if not changed:
+            return None
+        return _rewrap_top(plain, secret_keys)
+
+    def transform(
+        self, args: pulumi.ResourceTransformArgs
+    ) -> pulumi.ResourceTransformResult | None:
+        """A ``pulumi.ResourceTransform``: pass as ``ResourceOptions(transforms=[ps.transform])``.
+
+        Only custom resources are patched; components (``ConfigGroup``, our own) pass through
+        and their children are transformed one by one.
+        """
+        if not args.custom:
+            return None
+        props = self.apply(args.type_, args.props)
+        if props is None:
+            return None
+        return pulumi.ResourceTransformResult(props=props, opts=args.opts)
+
+    def unmatched(self) -> list[str]:
+        """Labels of entries the transform has not applied to anything (so far)."""
+        return [e.label for j, e in enumerate(self.entries) if not self.matches.get(j)]
+
+    def check_all_matched(self) -> None:
+        """Raise :class:`PatchError` naming every entry the transform never applied."""
+        missing = self.unmatched()
+        if missing:
+            raise PatchError("patch entries selected no object: " + ", ".join(missing))
+
+
+def select(patches: Iterable[Any], objects: Iterable[Mapping[str, Any]]) -> list[int]:
+    """Indices of ``patches`` (config entries) that select none of ``objects``."""
+    return PatchSet.from_config(patches).select(objects)

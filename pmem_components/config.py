@@ -17,7 +17,7 @@ cheaply; :mod:`pmem_components.program` reads the raw values from Pulumi.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import (
@@ -468,12 +468,49 @@ def _check_unique(deployments: list[Any]) -> list[str]:
 # --------------------------------------------------------------------------- entry point
 
 
-def load_config(raw: Mapping[str, Any] | None) -> StackConfig:
+def certificate_problems(
+    dep: DeploymentConfig, index: int, *, handshake: bool = True
+) -> tuple[list[str], list[str]]:
+    """Errors and warnings about a deployment's user-provided certificates, by config key.
+
+    Delegates to :func:`pmem_components.certs.validate_driver_certificates` (parsing, key
+    match, chain, expiry, names and a real mutual-TLS handshake, as the operator did).
+    """
+    certs = dep.certificates
+    if not certs.provided:
+        return [], []
+    from pmem_components import certs as certlib  # cryptography is only needed here
+
+    found = certlib.validate_driver_certificates(
+        certs.ca_cert or "",
+        certs.registry_cert or "",
+        certs.registry_key or "",
+        certs.node_controller_cert or "",
+        certs.node_controller_key or "",
+        handshake=handshake,
+    )
+    errors: list[str] = []
+    warnings: list[str] = []
+    for p in found:
+        message = p.message.removeprefix(f"{p.field}: ")
+        line = f"{key_path(('deployments', index, 'certificates', p.field))}: {message}"
+        (warnings if p.severity == "warning" else errors).append(line)
+    return errors, warnings
+
+
+def load_config(
+    raw: Mapping[str, Any] | None,
+    *,
+    check_certificates: bool = True,
+    warn: Callable[[str], None] | None = None,
+) -> StackConfig:
     """Validate the raw values of the ``pmem-csi`` config namespace.
 
     ``raw`` uses the config keys (``deployments``, ``manageCrd``) with plain JSON-like values;
     missing or ``None`` keys take their defaults (one default deployment when ``deployments``
-    is absent). Raises :class:`ConfigError` listing every problem found.
+    is absent). Raises :class:`ConfigError` listing every problem found. User-provided
+    certificates are validated too (``check_certificates``), once the rest of their
+    deployment is valid; certificate warnings (e.g. expiring soon) go to ``warn``.
     """
     raw = {k: v for k, v in (raw or {}).items() if v is not None}
     problems: list[str] = []
@@ -495,9 +532,16 @@ def load_config(raw: Mapping[str, Any] | None) -> StackConfig:
                 continue
             dep_problems = _check_deployment(dep, path)
             try:
-                parsed.append(DeploymentConfig.model_validate(dep))
+                model = DeploymentConfig.model_validate(dep)
             except ValidationError as exc:
                 dep_problems = _pydantic_problems(exc, path) + dep_problems
+            else:
+                parsed.append(model)
+                if check_certificates and not dep_problems:
+                    errors, warnings = certificate_problems(model, i)
+                    dep_problems += errors
+                    for w in warnings:
+                        (warn or (lambda _m: None))(w)
             problems.extend(dep_problems)
         problems.extend(_check_unique(deployments_raw))
 

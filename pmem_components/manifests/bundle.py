@@ -1,0 +1,142 @@
+"""Every object of one driver deployment, grouped the way the components register them.
+
+The program builds the bundle before registering anything: patches are dry-run against it
+(an entry that selects nothing fails the preview up front), and the components then register
+exactly these dicts. Certificate values may be Pulumi Outputs (generated certificates);
+the builders only place them, never inspect them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from pmem_components.config import DeploymentConfig
+from pmem_components.manifests import (
+    controller,
+    csidriver,
+    deployment_cr,
+    namespace,
+    node,
+    rbac,
+    secrets,
+    services,
+)
+
+
+@dataclass(frozen=True)
+class CertificateValues:
+    """The five PEM values the Secrets need (strings or Outputs); keys must be secret."""
+
+    ca_cert: Any
+    registry_cert: Any
+    registry_key: Any = field(repr=False)
+    node_controller_cert: Any
+    node_controller_key: Any = field(repr=False)
+
+
+PLACEHOLDER_CERTIFICATES = CertificateValues(
+    "<ca.crt>", "<registry tls.crt>", "<hidden>", "<node tls.crt>", "<hidden>"
+)
+
+
+@dataclass(frozen=True)
+class DeploymentObjects:
+    namespace: dict[str, Any] | None
+    secrets: list[dict[str, Any]]
+    csi_driver: dict[str, Any]
+    controller: list[dict[str, Any]]
+    node: list[dict[str, Any]]
+    reporter: list[dict[str, Any]]
+    deployment_cr: dict[str, Any]
+
+    def all(self) -> list[dict[str, Any]]:
+        head = [self.namespace] if self.namespace else []
+        return [
+            *head,
+            *self.secrets,
+            self.csi_driver,
+            *self.controller,
+            *self.node,
+            *self.reporter,
+            self.deployment_cr,
+        ]
+
+
+def controller_objects(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    """ServiceAccount, RBAC, Services and the StatefulSet, in dependency order."""
+    return [
+        rbac.build_service_account(cfg),
+        rbac.build_provisioner_role(cfg),
+        rbac.build_provisioner_role_binding(cfg),
+        rbac.build_provisioner_cluster_role(cfg),
+        rbac.build_provisioner_cluster_role_binding(cfg),
+        services.build_controller_service(cfg),
+        services.build_metrics_service(cfg),
+        controller.build_controller_statefulset(cfg),
+    ]
+
+
+def node_objects(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    return [node.build_node_daemonset(cfg)]
+
+
+def reporter_objects(cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    """The status reporter's objects (``manifests.reporter``, owned by the reporter work)."""
+    if not cfg.reporter.enabled:
+        return []
+    try:
+        module = importlib.import_module("pmem_components.manifests.reporter")
+    except ModuleNotFoundError:  # TODO(reporter): remove once manifests/reporter.py exists
+        return []
+    return list(module.build_reporter_objects(cfg))
+
+
+def build_deployment_objects(
+    cfg: DeploymentConfig,
+    certs: CertificateValues = PLACEHOLDER_CERTIFICATES,
+    *,
+    create_namespace: bool | None = None,
+) -> DeploymentObjects:
+    """All objects of ``cfg``; ``create_namespace`` overrides ``cfg.create_namespace``."""
+    with_ns = cfg.create_namespace if create_namespace is None else create_namespace
+    return DeploymentObjects(
+        namespace=namespace.build_namespace(cfg) if with_ns else None,
+        secrets=[
+            secrets.build_registry_secret(
+                cfg, certs.ca_cert, certs.registry_cert, certs.registry_key
+            ),
+            secrets.build_node_secret(
+                cfg, certs.ca_cert, certs.node_controller_cert, certs.node_controller_key
+            ),
+        ],
+        csi_driver=csidriver.build_csi_driver(cfg),
+        controller=controller_objects(cfg),
+        node=node_objects(cfg),
+        reporter=reporter_objects(cfg),
+        deployment_cr=deployment_cr.build_deployment_cr(cfg),
+    )
+
+
+def object_names(cfg: DeploymentConfig) -> dict[str, str]:
+    """Names of the deployment's objects, keyed by role; exported as stack outputs."""
+    n = cfg.names
+    out = {
+        "deployment": cfg.name,
+        "csiDriver": n.csi_driver,
+        "registrySecret": n.registry_secret,
+        "nodeSecret": n.node_secret,
+        "serviceAccount": n.service_account,
+        "provisionerRole": n.provisioner_role,
+        "provisionerRoleBinding": n.provisioner_role_binding,
+        "provisionerClusterRole": n.provisioner_cluster_role,
+        "provisionerClusterRoleBinding": n.provisioner_cluster_role_binding,
+        "controllerService": n.controller_service,
+        "metricsService": n.metrics_service,
+        "controllerStatefulSet": n.controller_driver,
+        "nodeDaemonSet": n.node_driver,
+    }
+    if cfg.reporter.enabled:
+        out["reporter"] = n.reporter
+    return out

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pmem_components.certs import validate_driver_certificates
+from reporter.certcheck import Validator, default_verifier
 from reporter.model import (
     DAEMON_SET,
     SECRET,
@@ -152,7 +152,10 @@ def _problem_field(problem: Any, name: str) -> str:
 
 
 def _certs_verified(
-    observed: Observed, decoded: dict[str, dict[str, str]] | None, now: datetime
+    observed: Observed,
+    decoded: dict[str, dict[str, str]] | None,
+    now: datetime,
+    verify: Validator,
 ) -> Obj:
     gen = observed.generation
     if decoded is None:
@@ -168,7 +171,7 @@ def _certs_verified(
     node = decoded[names.node_secret]
     try:
         problems = list(
-            validate_driver_certificates(
+            verify(
                 registry["ca.crt"],
                 registry["tls.crt"],
                 registry["tls.key"],
@@ -445,18 +448,26 @@ def _summary(conditions: Iterable[Obj], components: Iterable[Obj]) -> str:
     return "; ".join(parts)
 
 
-def compute_status(observed: Observed, now: datetime) -> Obj:
+def _utc(t: datetime) -> datetime:
+    return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
+
+
+def compute_status(
+    observed: Observed, now: datetime, *, verify_certs: Validator | None = None
+) -> Obj:
     """The full desired ``.status`` of the CR in ``observed``.
 
     Always yields phase Running or Failed; ``""`` (PHASE_NEW) only exists before the first
     write. Timestamps of unchanged parts are taken from the CR's current status.
+    ``verify_certs`` defaults to the process-wide memoized verifier (reporter.certcheck).
     """
+    now = _utc(now)
     old = observed.current_status
     now_s = format_time(now)
     certs_ready, decoded = _certs_ready(observed)
     conditions = [
         certs_ready,
-        _certs_verified(observed, decoded, now),
+        _certs_verified(observed, decoded, now, verify_certs or default_verifier),
         _driver_deployed(observed),
     ]
     _carry_condition_times(conditions, old, now_s)

@@ -1,0 +1,100 @@
+"""Memoized certificate verification for the reporter.
+
+``pmem_components.certs.validate_driver_certificates`` loads RSA keys (with the costly
+consistency checks) and runs a real TLS handshake: close to a second per call. The reporter
+recomputes a CR's status on every watch event and resync, and the certificates almost never
+change, so it remembers each verdict for as long as it provably holds: until the Secrets'
+contents change or the clock crosses a point where a certificate becomes valid, enters its
+30-day expiry warning, or expires. Within such an interval the verifier's answer cannot differ,
+so caching changes no result, only the cost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cryptography import x509
+
+from pmem_components import certs
+
+_MAX_ENTRIES = 128
+
+Validator = Callable[..., list[certs.CertProblem]]
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    problems: tuple[certs.CertProblem, ...]
+    valid_from: dt.datetime | None  # None: since forever
+    valid_until: dt.datetime | None  # None: forever
+
+    def holds_at(self, now: dt.datetime) -> bool:
+        return (self.valid_from is None or self.valid_from <= now) and (
+            self.valid_until is None or now < self.valid_until
+        )
+
+
+def _time_boundaries(pems: tuple[str, ...]) -> list[dt.datetime]:
+    """Instants at which the verifier's time-dependent checks can change their answer."""
+    points: list[dt.datetime] = []
+    for pem in pems:
+        try:
+            loaded = x509.load_pem_x509_certificates(pem.encode())
+        except ValueError:
+            continue  # unparsable input yields the same problem at any time
+        for cert in loaded:
+            after = cert.not_valid_after_utc
+            points += [cert.not_valid_before_utc, after - certs.EXPIRY_WARNING, after]
+    return sorted(points)
+
+
+class CertVerifier:
+    """``validate_driver_certificates`` with a bounded, time-aware memo; thread-safe."""
+
+    def __init__(self, validate: Validator = certs.validate_driver_certificates) -> None:
+        self._validate = validate
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[str, _Verdict] = OrderedDict()
+        self.calls = 0  # how often the real verifier ran (observable in tests)
+
+    def __call__(
+        self,
+        ca_cert: str,
+        registry_cert: str,
+        registry_key: str,
+        node_controller_cert: str,
+        node_controller_key: str,
+        *,
+        now: dt.datetime,
+    ) -> list[certs.CertProblem]:
+        args = (ca_cert, registry_cert, registry_key, node_controller_cert, node_controller_key)
+        # A digest, not the PEM text, is the key: no second copy of private keys in memory.
+        key = hashlib.sha256("\0".join(args).encode()).hexdigest()
+        with self._lock:
+            verdict = self._entries.get(key)
+            if verdict is not None and verdict.holds_at(now):
+                self._entries.move_to_end(key)
+                return list(verdict.problems)
+        problems = tuple(self._validate(*args, now=now))
+        self.calls += 1
+        points = _time_boundaries((ca_cert, registry_cert, node_controller_cert))
+        verdict = _Verdict(
+            problems,
+            valid_from=max((p for p in points if p <= now), default=None),
+            valid_until=min((p for p in points if p > now), default=None),
+        )
+        with self._lock:
+            self._entries[key] = verdict
+            self._entries.move_to_end(key)
+            while len(self._entries) > _MAX_ENTRIES:
+                self._entries.popitem(last=False)
+        return list(problems)
+
+
+# The process-wide instance compute_status uses by default.
+default_verifier = CertVerifier()

@@ -1,0 +1,251 @@
+"""``python -m reporter`` / ``pmem-csi-reporter``: wire caches, election, writer and probes.
+
+The main thread only waits for dirty CRs (or the resync timer) and reconciles them one at a
+time: a single writer means no two patches for one CR race inside one process, and the work
+per change (a few dict lookups, two Secret GETs and a status computation) is far below what
+one thread can do for many CRs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+from pmem_components.names import DeploymentNames
+from reporter.health import HealthServer
+from reporter.kubeapi import RawApi, load_api_client
+from reporter.leader import LeaderElector
+from reporter.metrics import Metrics
+from reporter.observe import Observer
+from reporter.write import KubeStatusApi, StatusWriter
+
+log = logging.getLogger("reporter")
+
+NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+FALLBACK_NAMESPACE = "pmem-csi"
+DEFAULT_LEASE = "pmem-csi-reporter"
+# Coalesce a burst of watch events (a rollout touches many pods) into one reconcile.
+DEBOUNCE_SECONDS = 0.05
+
+
+def default_namespace() -> str:
+    try:
+        with open(NAMESPACE_FILE, encoding="utf-8") as f:
+            return f.read().strip() or FALLBACK_NAMESPACE
+    except OSError:
+        return FALLBACK_NAMESPACE
+
+
+def log_level(value: str) -> int:
+    """A Python level name, or a klog-style verbosity like the driver's (0 quiet ... 5 debug)."""
+    if value.isdigit():
+        verbosity = int(value)
+        if verbosity == 0:
+            return logging.WARNING
+        return logging.INFO if verbosity < 4 else logging.DEBUG
+    level = logging.getLevelName(value.upper())
+    if not isinstance(level, int):
+        raise argparse.ArgumentTypeError(f"unknown log level {value!r}")
+    return level
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="pmem-csi-reporter",
+        description="Write the status of deployments.pmem-csi.intel.com objects.",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="kubeconfig file (default: in-cluster config, else $KUBECONFIG or ~/.kube/config)",
+    )
+    p.add_argument(
+        "--deployment",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Deployment CR to report on; repeatable (default: every CR)",
+    )
+    p.add_argument(
+        "--namespace",
+        default=None,
+        help="namespace of the Lease and the Events (default: the pod's namespace, else "
+        f"{FALLBACK_NAMESPACE})",
+    )
+    p.add_argument(
+        "--lease-name",
+        default=None,
+        help="Lease name (default: <deployment>-reporter for one --deployment, else "
+        f"{DEFAULT_LEASE})",
+    )
+    p.add_argument("--identity", default=None, help="leader election identity (default: host_pid)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        help="port of /healthz, /readyz and /metrics; 0 picks a free one and prints it",
+    )
+    p.add_argument("--resync-seconds", type=float, default=60.0, help="full recompute period")
+    p.add_argument(
+        "--secret-poll-seconds",
+        type=float,
+        default=10.0,
+        help="how often the Secrets (which may only be read by name) are re-read; 0 = at resync",
+    )
+    p.add_argument("--lease-duration", type=float, default=10.0, help="Lease duration (seconds)")
+    p.add_argument(
+        "--log-level", type=log_level, default=logging.INFO, help="level name or 0-5 verbosity"
+    )
+    return p.parse_args(argv)
+
+
+def merge_dirty(into: dict[str, float | None], more: dict[str, float | None]) -> None:
+    """Union of two dirty sets, keeping each CR's earliest known change time."""
+    for name, changed_at in more.items():
+        known = [t for t in (into.get(name), changed_at) if t is not None]
+        into[name] = min(known) if known else None
+
+
+class Reporter:
+    """The assembled service; ``run`` blocks until ``stop`` is set."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.stop = threading.Event()
+        namespace = args.namespace or default_namespace()
+        if args.lease_name:
+            lease = args.lease_name
+        elif len(set(args.deployment)) == 1:
+            lease = DeploymentNames(args.deployment[0]).reporter
+        else:
+            lease = DEFAULT_LEASE
+        identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
+        self.raw = RawApi(load_api_client(args.kubeconfig))
+        self.metrics = Metrics()
+        self.observer = Observer(
+            self.raw,
+            self.metrics,
+            deployments=args.deployment or None,
+            secret_poll_seconds=args.secret_poll_seconds,
+        )
+        self.elector = LeaderElector(
+            self.raw,
+            namespace,
+            lease,
+            identity,
+            lease_duration=args.lease_duration,
+            renew_deadline=args.lease_duration * 0.7,
+            on_started_leading=self._started_leading,
+            on_stopped_leading=lambda: self.metrics.is_leader.set(0),
+        )
+        self.writer = StatusWriter(
+            KubeStatusApi(self.raw),
+            self.observer,
+            self.metrics,
+            is_leader=self.elector.is_leader,
+            event_namespace=namespace,
+        )
+        self.http = HealthServer(
+            args.metrics_port,
+            healthy=self.healthy,
+            ready=lambda: self.observer.synced,
+            registry=self.metrics.registry,
+        )
+        self._leader_thread: threading.Thread | None = None
+        log.info(
+            "reporter %s: deployments=%s lease=%s/%s",
+            identity,
+            ",".join(args.deployment) or "<all>",
+            namespace,
+            lease,
+        )
+
+    def _started_leading(self) -> None:
+        self.metrics.is_leader.set(1)
+        # Whatever changed while nobody (or another replica) was leading gets looked at now.
+        self.observer.mark_all_dirty()
+
+    def healthy(self) -> bool:
+        return (
+            not self.stop.is_set()
+            and self.observer.healthy
+            and self._leader_thread is not None
+            and self._leader_thread.is_alive()
+        )
+
+    def run(self) -> None:
+        self.http.start()
+        print(
+            f"pmem-csi-reporter: serving /healthz /readyz /metrics on port {self.http.port}",
+            flush=True,
+        )
+        self.observer.start()
+        self._leader_thread = self.elector.start(self.stop)
+        resync = max(self.args.resync_seconds, 1.0)
+        next_resync = time.monotonic() + resync
+        while not self.stop.is_set():
+            dirty = self.observer.take_dirty(max(0.0, next_resync - time.monotonic()))
+            if self.stop.is_set():
+                break
+            if time.monotonic() >= next_resync:
+                next_resync = time.monotonic() + resync
+                for cr in self.observer.crs():
+                    name = (cr.get("metadata") or {}).get("name")
+                    if name:
+                        dirty.setdefault(name, None)
+            if not dirty or not self.elector.is_leader():
+                continue  # non-leaders keep caches warm; leading again marks everything dirty
+            time.sleep(DEBOUNCE_SECONDS)
+            merge_dirty(dirty, self.observer.take_dirty(0))
+            for name, changed_at in sorted(dirty.items()):
+                if self.stop.is_set():
+                    break
+                try:
+                    self.writer.reconcile(name, changed_at)
+                except Exception:
+                    log.exception("%s: reconcile failed", name)
+                    self.observer.mark_dirty(name, changed_at)
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.observer.shutdown()
+        if self._leader_thread is not None:
+            self._leader_thread.join(timeout=5)
+        self.http.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # The HTTP client logs request/response bodies at DEBUG; those may hold Secret data.
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    reporter = Reporter(args)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: shutting down", signum)
+        reporter.stop.set()
+        reporter.observer.shutdown()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        reporter.run()
+    finally:
+        reporter.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

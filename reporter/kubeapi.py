@@ -1,0 +1,235 @@
+"""Raw JSON access to the Kubernetes API: list, watch, get, create and patch by resource path.
+
+The reporter works on plain camelCase dicts (see ``reporter.model``), for every kind alike.
+The generated typed client would turn each object into a model class and back, per kind and per
+event; going through ``ApiClient.param_serialize``/``call_api`` keeps the official client's
+configuration, TLS and token handling (in-cluster token refresh included) while returning the
+API server's JSON unchanged. ``RawApi`` is also the seam the unit tests replace with fakes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Resource:
+    """Where a kind lives in the API: enough to build its collection and object paths."""
+
+    kind: str
+    api_version: str  # "v1" or "group/version"
+    plural: str
+    namespaced: bool
+
+    def path(self, namespace: str | None = None, name: str | None = None) -> str:
+        """The REST path of the collection (name None) or of one object."""
+        prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            prefix += f"/namespaces/{namespace}"
+        prefix += f"/{self.plural}"
+        return f"{prefix}/{name}" if name else prefix
+
+
+class WatchStream(Protocol):
+    """An open watch: iterate for decoded events, close to abort from another thread."""
+
+    def __iter__(self) -> Iterator[Obj]: ...
+
+    def close(self) -> None: ...
+
+
+class Api(Protocol):
+    """What the informers and writers need from the API server (fakes implement this)."""
+
+    def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[Obj], str]: ...
+
+    def watch(
+        self,
+        res: Resource,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> WatchStream: ...
+
+    def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj | None: ...
+
+
+class _HttpWatchStream:
+    """Newline-delimited JSON events from a streaming HTTP response."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+
+    def __iter__(self) -> Iterator[Obj]:
+        buffer = b""
+        try:
+            for chunk in self._response.stream(amt=None, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+            if buffer.strip():
+                yield json.loads(buffer)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self._response.close()
+            self._response.release_conn()
+        except Exception:  # closing a half-dead connection may fail; nothing to do about it
+            log.debug("closing watch response failed", exc_info=True)
+
+
+class RawApi:
+    """The real ``Api``, on top of one ``kubernetes.client.ApiClient``."""
+
+    def __init__(self, api_client: client.ApiClient, request_timeout: float = 30.0) -> None:
+        self.api_client = api_client
+        self.request_timeout = request_timeout
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, Any]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: Any = None,
+    ) -> Any:
+        """Send one request; return the raw streaming response, raise ApiException on non-2xx."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type
+        req = self.api_client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api_client.call_api(
+            *req, _request_timeout=timeout if timeout is not None else self.request_timeout
+        )
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        return resp
+
+    def request_json(self, method: str, path: str, **kwargs: Any) -> Obj:
+        resp = self.request(method, path, **kwargs)
+        return json.loads(resp.read() or b"{}")
+
+    @staticmethod
+    def _selectors(label_selector: str | None, field_selector: str | None) -> list[tuple[str, Any]]:
+        query: list[tuple[str, Any]] = []
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        return query
+
+    def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> tuple[list[Obj], str]:
+        """All matching objects and the list's resourceVersion, following ``continue``."""
+        items: list[Obj] = []
+        cont: str | None = None
+        while True:
+            query = self._selectors(label_selector, field_selector)
+            query.append(("limit", 500))
+            if cont:
+                query.append(("continue", cont))
+            data = self.request_json("GET", res.path(namespace), query=query)
+            for item in data.get("items") or []:
+                # List items carry neither kind nor apiVersion; add them so cached objects
+                # look the same whether they came from a list or a watch event.
+                item.setdefault("kind", res.kind)
+                item.setdefault("apiVersion", res.api_version)
+                items.append(item)
+            meta = data.get("metadata") or {}
+            cont = meta.get("continue")
+            if not cont:
+                return items, str(meta.get("resourceVersion") or "")
+
+    def watch(
+        self,
+        res: Resource,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> WatchStream:
+        query = self._selectors(label_selector, field_selector)
+        query += [
+            ("watch", "true"),
+            ("allowWatchBookmarks", "true"),
+            ("resourceVersion", resource_version),
+            ("timeoutSeconds", timeout_seconds),
+        ]
+        # The server ends the watch after timeout_seconds; the client-side read timeout only
+        # catches a connection that died silently (no bookmark, no close) well after that.
+        resp = self.request(
+            "GET", res.path(namespace), query=query, timeout=(10.0, timeout_seconds + 30.0)
+        )
+        return _HttpWatchStream(resp.response)
+
+    def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj | None:
+        """The object, or None when it does not exist (404)."""
+        try:
+            obj = self.request_json("GET", res.path(namespace, name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        obj.setdefault("kind", res.kind)
+        obj.setdefault("apiVersion", res.api_version)
+        return obj
+
+    def create(self, res: Resource, body: Obj, namespace: str | None = None) -> Obj:
+        return self.request_json("POST", res.path(namespace), body=body)
+
+    def replace(self, res: Resource, name: str, body: Obj, namespace: str | None = None) -> Obj:
+        return self.request_json("PUT", res.path(namespace, name), body=body)
+
+
+def load_api_client(kubeconfig: str | None) -> client.ApiClient:
+    """An ApiClient from an explicit kubeconfig, else in-cluster config, else $KUBECONFIG.
+
+    Integration tests run the reporter as a subprocess with a token-based kubeconfig for its
+    ServiceAccount, so an explicit path always wins over the in-cluster environment.
+    """
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return client.ApiClient(configuration)
+    except config.ConfigException:
+        return config.new_client_from_config()

@@ -1,0 +1,297 @@
+"""Turn the caches into a CR status and write it, only when it means something new.
+
+Why so careful about not writing: every status patch wakes every watcher of the CR (kubectl,
+Pulumi refresh, the reporter's own replicas) and bumps resourceVersion. ``compute_status``
+carries timestamps over, and ``status_equal_ignoring_time`` compares without them, so at steady
+state, after a resync or after a restart, the reporter sends nothing.
+
+The patch is a JSON merge patch on ``/status`` holding the status difference plus
+``metadata.resourceVersion`` as a precondition: the status subresource ignores every metadata
+change, but the precondition makes the API server refuse (409) a patch computed from a stale
+copy, e.g. one whose lastTransitionTime bookkeeping missed another replica's last write. On a
+conflict the CR is read again and the status recomputed, so a retry never overwrites newer
+information. Spec and metadata are never modified.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from kubernetes.client.exceptions import ApiException
+
+from pmem_components.names import CRD_GROUP, CRD_KIND, CRD_PLURAL, CRD_STORAGE_VERSION
+from reporter import model, status
+from reporter.kubeapi import Obj, RawApi, Resource
+from reporter.metrics import Metrics
+from reporter.retry import (
+    CONFLICT,
+    Backoff,
+    GiveUp,
+    call_with_retry,
+    describe_error,
+    is_transient,
+)
+
+log = logging.getLogger(__name__)
+
+EVENTS = Resource("Event", "v1", "events", True)
+COMPONENT = "pmem-csi-reporter"
+_MISSING = object()
+
+
+class Cache(Protocol):
+    """What the writer reads from ``reporter.observe.Observer``."""
+
+    def cr(self, name: str) -> Obj | None: ...
+
+    def find(self, kind: str, name: str, namespace: str) -> Obj | None: ...
+
+    def pods(self, namespace: str) -> list[Obj]: ...
+
+    def namespace_synced(self, namespace: str) -> bool: ...
+
+    def ensure_namespace(self, namespace: str) -> None: ...
+
+    def refresh_secrets(self, cr: Obj, changed_at: float | None = None) -> bool: ...
+
+    def remember_cr(self, cr: Obj) -> None: ...
+
+
+class StatusApi(Protocol):
+    """The three writes and one read the writer makes (fakes implement this in tests)."""
+
+    def get_cr(self, name: str) -> Obj | None: ...
+
+    def patch_status(self, name: str, patch: Obj) -> Obj: ...
+
+    def create_event(self, namespace: str, event: Obj) -> Obj: ...
+
+
+class KubeStatusApi:
+    """``StatusApi`` on the official client: CustomObjectsApi for the CR, raw POST for Events."""
+
+    def __init__(self, raw: RawApi) -> None:
+        from kubernetes import client
+
+        self.raw = raw
+        self.custom = client.CustomObjectsApi(raw.api_client)
+
+    def get_cr(self, name: str) -> Obj | None:
+        try:
+            return self.custom.get_cluster_custom_object(
+                CRD_GROUP, CRD_STORAGE_VERSION, CRD_PLURAL, name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_status(self, name: str, patch: Obj) -> Obj:
+        return self.custom.patch_cluster_custom_object_status(
+            CRD_GROUP,
+            CRD_STORAGE_VERSION,
+            CRD_PLURAL,
+            name,
+            patch,
+            field_manager=COMPONENT,
+            _content_type="application/merge-patch+json",
+        )
+
+    def create_event(self, namespace: str, event: Obj) -> Obj:
+        return self.raw.create(EVENTS, event, namespace)
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The RFC 7386 merge patch that turns ``old`` into ``new`` (None keys delete)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key, _MISSING)
+        if isinstance(before, dict) and isinstance(value, dict):
+            sub = merge_patch(before, value)
+            if sub:
+                patch[key] = sub
+        elif before != value:
+            patch[key] = value
+    return patch
+
+
+def _owned_by(pod: Obj, kind: str, name: str) -> bool:
+    return any(
+        ref.get("kind") == kind and ref.get("name") == name
+        for ref in (pod.get("metadata") or {}).get("ownerReferences") or []
+    )
+
+
+def cr_namespace(cr: Obj) -> str:
+    return str((cr.get("spec") or {}).get("namespace") or model.DEFAULT_NAMESPACE)
+
+
+def build_observed(cache: Cache, cr: Obj) -> model.Observed:
+    """The snapshot ``compute_status`` needs, from the caches (pods split by owner)."""
+    observed = model.Observed(cr=cr)
+    names, namespace = observed.names, observed.namespace
+    objects: dict[str, dict[str, Obj | None]] = {}
+    for exp in model.expected_objects(names):
+        objects.setdefault(exp.kind, {})[exp.name] = cache.find(exp.kind, exp.name, namespace)
+    pods = cache.pods(namespace)
+    return model.Observed(
+        cr=cr,
+        objects=objects,
+        controller_pods=[p for p in pods if _owned_by(p, "StatefulSet", names.controller_driver)],
+        node_pods=[p for p in pods if _owned_by(p, "DaemonSet", names.node_driver)],
+        nodes=None,
+    )
+
+
+def build_event(
+    cr: Obj, namespace: str, etype: str, reason: str, message: str, now: datetime
+) -> Obj:
+    """A core/v1 Event about the (cluster-scoped) CR, named like client-go names them."""
+    meta = cr.get("metadata") or {}
+    stamp = status.format_time(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta.get('name')}.{time.time_ns():x}", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": f"{CRD_GROUP}/{CRD_STORAGE_VERSION}",
+            "kind": CRD_KIND,
+            "name": meta.get("name"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": etype,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+@dataclass
+class StatusWriter:
+    """Reconciles one CR at a time: compute, compare, patch if different, record an Event.
+
+    ``is_leader`` is asked before every write attempt, so a replica that lost its Lease stops
+    writing at once, even in the middle of retrying.
+    """
+
+    api: StatusApi
+    cache: Cache
+    metrics: Metrics
+    is_leader: Callable[[], bool]
+    event_namespace: str
+    backoff: Backoff = field(default_factory=Backoff)
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    monotonic: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+
+    def reconcile(self, name: str, changed_at: float | None = None) -> bool:
+        """Bring one CR's status up to date; True when a patch was written."""
+        cr = self.cache.cr(name)
+        if cr is None:
+            return False  # deleted (or not created yet): nothing to report on
+        namespace = cr_namespace(cr)
+        if not self.cache.namespace_synced(namespace):
+            # The namespace's caches mark the CR dirty again once they have listed.
+            self.cache.ensure_namespace(namespace)
+            return False
+        if not self.is_leader():
+            return False
+        self.metrics.reconciles.inc()
+        try:
+            self.cache.refresh_secrets(cr, changed_at)
+        except Exception as exc:
+            log.warning(
+                "%s: fetching Secrets failed, using last known: %s", name, describe_error(exc)
+            )
+        state: dict[str, Any] = {"cr": cr, "written": None}
+
+        def attempt(n: int) -> None:
+            if not self.is_leader():
+                raise GiveUp("leadership lost")
+            current = state["cr"]
+            if n > 0 and state.get("conflict"):
+                fresh = self.api.get_cr(name)
+                if fresh is None:
+                    raise GiveUp("CR deleted")
+                current = state["cr"] = fresh
+                state["conflict"] = False
+            old = dict(current.get("status") or {})
+            new = status.compute_status(build_observed(self.cache, current), self.now())
+            if status.status_equal_ignoring_time(old, new):
+                return
+            patch = {
+                "metadata": {
+                    "resourceVersion": (current.get("metadata") or {}).get("resourceVersion")
+                },
+                "status": merge_patch(old, new),
+            }
+            try:
+                result = self.api.patch_status(name, patch)
+            except ApiException as exc:
+                if exc.status == CONFLICT:
+                    state["conflict"] = True
+                elif exc.status == 404:
+                    raise GiveUp("CR deleted") from exc
+                raise
+            state["written"] = (current, old, new, result)
+
+        try:
+            call_with_retry(
+                attempt,
+                self.backoff,
+                self.sleep,
+                retryable=lambda e: is_transient(e) or getattr(e, "status", None) == CONFLICT,
+            )
+        except GiveUp as why:
+            log.info("%s: status not written: %s", name, why)
+            return False
+        except Exception as exc:
+            self.metrics.status_write_errors.inc()
+            log.error("%s: writing status failed: %s", name, describe_error(exc))
+            return False
+        if state["written"] is None:
+            return False
+        current, old, new, result = state["written"]
+        self.metrics.status_writes.inc()
+        if changed_at is not None:
+            self.metrics.change_to_write.observe(max(0.0, self.monotonic() - changed_at))
+        if isinstance(result, dict) and result.get("metadata"):
+            self.cache.remember_cr(result)
+        log.info("%s: status written: phase %r -> %r", name, old.get("phase", ""), new.get("phase"))
+        self._event(result if isinstance(result, dict) else current, old, new)
+        return True
+
+    def _event(self, cr: Obj, old: Obj, new: Obj) -> None:
+        spec = status.phase_event(old, new)
+        if spec is None:
+            return
+        etype, reason, message = spec
+        event = build_event(cr, self.event_namespace, etype, reason, message, self.now())
+
+        def attempt(_: int) -> None:
+            if not self.is_leader():
+                raise GiveUp("leadership lost")
+            self.api.create_event(self.event_namespace, event)
+
+        try:
+            call_with_retry(attempt, self.backoff, self.sleep)
+            self.metrics.events.inc()
+        except Exception as exc:  # an Event is a courtesy; the status is already written
+            log.warning(
+                "event %s on %s not created: %s",
+                reason,
+                event["involvedObject"]["name"],
+                describe_error(exc),
+            )

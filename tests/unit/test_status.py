@@ -18,6 +18,7 @@ import pytest
 from pmem_components import certs
 from pmem_components.names import DeploymentNames
 from reporter import status as st
+from reporter.certcheck import CertVerifier
 from reporter.model import (
     DAEMON_SET,
     SECRET,
@@ -761,3 +762,34 @@ def test_phase_event(old: Any, new: str, expected: tuple[str, str, str | None] |
 
 def test_no_event_for_unobserved_new_status() -> None:
     assert st.phase_event({"phase": "Running"}, {"phase": ""}) is None
+
+
+# ------------------------------------------------------------------------------ verifier memo
+
+
+def test_verifier_runs_once_per_content_and_time_interval() -> None:
+    verifier = CertVerifier()
+    o = observed(_node_secret_with("short_node"))
+    first = st.compute_status(o, NOW, verify_certs=verifier)
+    st.compute_status(o, LATER, verify_certs=verifier)
+    assert verifier.calls == 1
+    assert cond(first, "CertsVerified")["reason"] == "ExpiringSoon"
+    # Crossing the certificate's expiry re-runs the verifier and changes the answer.
+    expired = st.compute_status(o, NOW + dt.timedelta(days=11), verify_certs=verifier)
+    assert verifier.calls == 2
+    assert cond(expired, "CertsVerified")["reason"] == "Expired"
+    # Different Secret contents are a different entry.
+    st.compute_status(observed(), NOW, verify_certs=verifier)
+    assert verifier.calls == 3
+
+
+def test_verifier_crash_is_reported_not_raised() -> None:
+    def broken(*_: Any, **__: Any) -> list[certs.CertProblem]:
+        raise RuntimeError("boom")
+
+    verified = cond(
+        st.compute_status(observed(), NOW, verify_certs=CertVerifier(broken)), "CertsVerified"
+    )
+    assert verified["status"] == "False"
+    assert verified["reason"] == "VerificationFailed"
+    assert "boom" in verified["message"]

@@ -1,0 +1,225 @@
+"""The status reporter's Deployment, ServiceAccount and least-privilege RBAC.
+
+Each rule exists because ``reporter/`` makes exactly that call:
+- ClusterRole: get/list/watch on the one Deployment CR (resourceNames; the reporter lists and
+  watches it with ``fieldSelector=metadata.name=NAME``, which resourceNames authorize), patch on
+  its ``/status``; get/list/watch on the cluster-scoped kinds it checks (ClusterRoles,
+  ClusterRoleBindings, CSIDrivers), which it watches by label selector.
+- Role in the driver's namespace (where the reporter itself runs): get/list/watch on the
+  namespaced kinds it watches; ``get`` on the two certificate Secrets by name only (they are
+  read by name, never listed); create/patch on Events (Events about the cluster-scoped CR go
+  to the reporter's namespace, see ``reporter.write``); the Lease: ``create`` (cannot be limited
+  by name) and get/update on its own Lease by name.
+Nothing here grants writes on spec, deletes, or access to other Secrets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pmem_components import names as n
+
+RBAC_API = "rbac.authorization.k8s.io"
+COMPONENT_REPORTER = "reporter"
+METRICS_PORT = 8080
+# Matches the non-root user created in reporter/Dockerfile.
+REPORTER_UID = 10001
+READ = ["get", "list", "watch"]
+
+
+def _rule(
+    group: str, resources: list[str], verbs: list[str], names: list[str] | None = None
+) -> dict[str, Any]:
+    rule: dict[str, Any] = {"apiGroups": [group], "resources": resources, "verbs": list(verbs)}
+    if names:
+        rule["resourceNames"] = list(names)
+    return rule
+
+
+def reporter_labels(names: n.DeploymentNames, labels: dict[str, str]) -> dict[str, str]:
+    """Configured labels plus ours; ours win so selectors cannot be broken by configuration."""
+    return {
+        **labels,
+        **names.selector_labels(),
+        n.LABEL_NAME: "pmem-csi",
+        n.LABEL_COMPONENT: COMPONENT_REPORTER,
+        n.LABEL_MANAGED_BY: n.MANAGED_BY,
+    }
+
+
+def reporter_selector(names: n.DeploymentNames) -> dict[str, str]:
+    """Pod selector of the reporter's Deployment: this deployment's reporter pods only."""
+    return {**names.selector_labels(), n.LABEL_COMPONENT: COMPONENT_REPORTER}
+
+
+def cluster_role_rules(names: n.DeploymentNames, restrict_to_name: bool = True) -> list[dict]:
+    cr_names = [names.name] if restrict_to_name else None
+    return [
+        _rule(n.CRD_GROUP, [n.CRD_PLURAL], READ, cr_names),
+        _rule(n.CRD_GROUP, [f"{n.CRD_PLURAL}/status"], ["patch"], cr_names),
+        _rule(RBAC_API, ["clusterroles", "clusterrolebindings"], READ),
+        _rule("storage.k8s.io", ["csidrivers"], READ),
+    ]
+
+
+def role_rules(names: n.DeploymentNames) -> list[dict]:
+    return [
+        _rule("", ["pods", "services", "serviceaccounts"], READ),
+        _rule("apps", ["daemonsets", "statefulsets"], READ),
+        _rule(RBAC_API, ["roles", "rolebindings"], READ),
+        _rule("", ["secrets"], ["get"], [names.registry_secret, names.node_secret]),
+        _rule("", ["events"], ["create", "patch"]),
+        _rule("coordination.k8s.io", ["leases"], ["create"]),
+        _rule("coordination.k8s.io", ["leases"], ["get", "update"], [names.reporter]),
+    ]
+
+
+def build_reporter_objects(
+    names: n.DeploymentNames,
+    namespace: str,
+    image: str,
+    replicas: int = 2,
+    labels: dict[str, str] | None = None,
+    log_level: int = 3,
+    image_pull_policy: str = "IfNotPresent",
+) -> list[dict[str, Any]]:
+    """ServiceAccount, ClusterRole(+Binding), Role(+Binding) and Deployment of the reporter.
+
+    The reporter runs in the driver's namespace, which is where its Role grants access, where
+    its Lease lives and where it records Events.
+    """
+    lbls = reporter_labels(names, labels or {})
+    name = names.reporter
+
+    def meta(namespaced: bool = True) -> dict[str, Any]:
+        m: dict[str, Any] = {"name": name, "labels": dict(lbls)}
+        if namespaced:
+            m["namespace"] = namespace
+        return m
+
+    subjects = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+    service_account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()}
+    cluster_role = {
+        "apiVersion": f"{RBAC_API}/v1",
+        "kind": "ClusterRole",
+        "metadata": meta(namespaced=False),
+        "rules": cluster_role_rules(names),
+    }
+    cluster_role_binding = {
+        "apiVersion": f"{RBAC_API}/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": meta(namespaced=False),
+        "subjects": subjects,
+        "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": name},
+    }
+    role = {
+        "apiVersion": f"{RBAC_API}/v1",
+        "kind": "Role",
+        "metadata": meta(),
+        "rules": role_rules(names),
+    }
+    role_binding = {
+        "apiVersion": f"{RBAC_API}/v1",
+        "kind": "RoleBinding",
+        "metadata": meta(),
+        "subjects": subjects,
+        "roleRef": {"apiGroup": RBAC_API, "kind": "Role", "name": name},
+    }
+    return [
+        service_account,
+        cluster_role,
+        cluster_role_binding,
+        role,
+        role_binding,
+        build_reporter_deployment(
+            names, namespace, image, replicas, lbls, log_level, image_pull_policy
+        ),
+    ]
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "metrics"},
+        "periodSeconds": period,
+        "timeoutSeconds": 3,
+        "failureThreshold": failures,
+    }
+
+
+def build_reporter_deployment(
+    names: n.DeploymentNames,
+    namespace: str,
+    image: str,
+    replicas: int,
+    labels: dict[str, str],
+    log_level: int,
+    image_pull_policy: str,
+) -> dict[str, Any]:
+    selector = reporter_selector(names)
+    args = [
+        "--deployment",
+        names.name,
+        "--namespace",
+        namespace,
+        "--lease-name",
+        names.reporter,
+        "--log-level",
+        str(log_level),
+        "--metrics-port",
+        str(METRICS_PORT),
+    ]
+    container = {
+        "name": "reporter",
+        "image": image,
+        "imagePullPolicy": image_pull_policy,
+        "args": args,
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
+        "livenessProbe": _probe("/healthz", 10, 3),
+        "readinessProbe": _probe("/readyz", 5, 1),
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "64Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": names.reporter, "namespace": namespace, "labels": dict(labels)},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": dict(labels)},
+                "spec": {
+                    "serviceAccountName": names.reporter,
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "runAsUser": REPORTER_UID,
+                        "runAsGroup": REPORTER_UID,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    # Spread replicas so one node's death leaves a candidate for the Lease.
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "labelSelector": {"matchLabels": selector},
+                                        "topologyKey": "kubernetes.io/hostname",
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [container],
+                },
+            },
+        },
+    }

@@ -17,7 +17,7 @@ from typing import Any
 
 import pulumi
 
-from pmem_components import registry
+from pmem_components import cert_resource, registry
 from pmem_components.config import ConfigError, DeploymentConfig, certificate_problems
 from pmem_components.manifests import bundle
 from pmem_components.manifests.crd import load_crd
@@ -83,28 +83,31 @@ class NodeDriver(pulumi.ComponentResource):
         self.register_outputs({"daemonSet": cfg.names.node_driver, "namespace": cfg.namespace})
 
 
-def _generated_certificates(name: str, parent: pulumi.Resource) -> bundle.CertificateValues:
-    """Certificates generated once and kept in Pulumi state (``cert_resource``)."""
-    from pmem_components import cert_resource  # the certificates work package
-
-    generated = cert_resource.DriverCertificates(name, opts=pulumi.ResourceOptions(parent=parent))
-    return bundle.CertificateValues(
-        ca_cert=generated.ca_cert,
-        registry_cert=generated.registry_cert,
-        registry_key=pulumi.Output.secret(generated.registry_key),
-        node_controller_cert=generated.node_controller_cert,
-        node_controller_key=pulumi.Output.secret(generated.node_controller_key),
-    )
-
-
-def _provided_certificates(cfg: DeploymentConfig) -> bundle.CertificateValues:
+def _certificates(
+    name: str, cfg: DeploymentConfig, parent: pulumi.Resource
+) -> bundle.CertificateValues:
+    """The configured certificates, or a set generated once and kept in Pulumi state."""
     c = cfg.certificates
+    provided = (
+        cert_resource.ProvidedCertificates(
+            ca_cert=c.ca_cert or "",
+            registry_cert=c.registry_cert or "",
+            registry_key=pulumi.Output.secret(c.registry_key or ""),
+            node_controller_cert=c.node_controller_cert or "",
+            node_controller_key=pulumi.Output.secret(c.node_controller_key or ""),
+        )
+        if c.provided
+        else None
+    )
+    certs = cert_resource.DriverCertificates(
+        name, provided, opts=pulumi.ResourceOptions(parent=parent)
+    )
     return bundle.CertificateValues(
-        ca_cert=c.ca_cert,
-        registry_cert=c.registry_cert,
-        registry_key=pulumi.Output.secret(c.registry_key),
-        node_controller_cert=c.node_controller_cert,
-        node_controller_key=pulumi.Output.secret(c.node_controller_key),
+        ca_cert=certs.ca_cert,
+        registry_cert=certs.registry_cert,
+        registry_key=certs.registry_key,
+        node_controller_cert=certs.node_controller_cert,
+        node_controller_key=certs.node_controller_key,
     )
 
 
@@ -160,11 +163,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         self.object_names = bundle.object_names(cfg)
         h = cfg.names.hyphened
 
-        certs = (
-            _provided_certificates(cfg)
-            if cfg.certificates.provided
-            else _generated_certificates(f"{h}-certificates", self)
-        )
+        certs = _certificates(f"{h}-certificates", cfg, self)
         objs = bundle.build_deployment_objects(
             cfg, certs, create_namespace=cfg.create_namespace and namespace is None
         )

@@ -413,8 +413,9 @@ def validate_driver_certificates(
     ``now`` as the clock. Only when none of them found an error is the decisive check run: a
     real mutual-TLS handshake in memory, registry as server requiring a client certificate
     for ``pmem-node-controller``, node controller as client expecting ``pmem-registry`` --
-    what the reference operator did before accepting certificates. The handshake uses the real
-    clock (OpenSSL's), so it is skipped nowhere except through ``handshake=False``.
+    what the reference operator did before accepting certificates. The handshake runs on the
+    real clock (OpenSSL's), not on ``now``; ``handshake=False`` skips it (for "what if" checks
+    at another time).
     """
     now = now or _utcnow()
     problems: list[CertProblem] = []

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from certutil import DAY, NOW, good_set, make_ca, make_leaf, pem_key
@@ -250,3 +253,24 @@ def test_validation_skips_handshake_after_static_errors() -> None:
     s.registry_key = s.node_controller_key
     problems = certs.validate_driver_certificates(*s.args())
     assert "HandshakeFailed" not in {p.reason for p in problems}
+
+
+def test_handshake_reports_unloadable_input_instead_of_raising() -> None:
+    s = good_set()
+    s.registry_key = "not a key"
+    problems = certs.check_mutual_tls(*s.args())
+    assert [(p.field, p.reason) for p in problems] == [("registryCert", "HandshakeFailed")]
+
+
+def test_module_does_not_import_pulumi() -> None:
+    """The reporter imports certs and must not need the Pulumi SDK."""
+    code = "import sys, pmem_components.certs; print('pulumi' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert out.stdout.strip() == "False"

@@ -151,7 +151,12 @@ class LeaderElector:
 
     def _observe(self, lease: Obj) -> None:
         spec = lease.get("spec") or {}
-        record = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("acquireTime"))
+        # resourceVersion changes with every write, even one within the same microsecond.
+        record = (
+            spec.get("holderIdentity"),
+            spec.get("renewTime"),
+            (lease.get("metadata") or {}).get("resourceVersion"),
+        )
         if record != self._observed_record:
             self._observed_record = record
             self._observed_time = self.clock()

@@ -1,0 +1,196 @@
+"""Write-only-on-change, conflict/transient retries and phase Events, with a fake API."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime
+
+from kubernetes.client.exceptions import ApiException
+
+from reporter.metrics import Metrics
+from reporter.retry import Backoff
+from reporter.write import StatusWriter, build_observed, merge_patch
+
+NAME = "pmem-csi.intel.com"
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+class FakeCache:
+    def __init__(self, cr: dict) -> None:
+        self.crs = {NAME: cr}
+        self.synced = True
+
+    def cr(self, name):
+        return self.crs.get(name)
+
+    def find(self, kind, name, namespace):
+        return None  # everything missing: a Failed status, which is enough to test writing
+
+    def pods(self, namespace):
+        return []
+
+    def namespace_synced(self, namespace):
+        return self.synced
+
+    def ensure_namespace(self, namespace):
+        pass
+
+    def refresh_secrets(self, cr, changed_at=None):
+        return False
+
+    def remember_cr(self, cr):
+        self.crs[cr["metadata"]["name"]] = cr
+
+
+class FakeStatusApi:
+    def __init__(self, cache: FakeCache, failures: list | None = None) -> None:
+        self.cache = cache
+        self.failures = list(failures or [])
+        self.patches: list[dict] = []
+        self.events: list[tuple[str, dict]] = []
+        self.gets = 0
+
+    def get_cr(self, name):
+        self.gets += 1
+        return self.cache.crs.get(name)
+
+    def patch_status(self, name, patch):
+        if self.failures:
+            raise self.failures.pop(0)
+        self.patches.append(patch)
+        cr = self.cache.crs[name]
+        if patch["metadata"]["resourceVersion"] != cr["metadata"]["resourceVersion"]:
+            raise ApiException(status=409, reason="Conflict")
+        status = dict(cr.get("status") or {})
+        for key, value in patch["status"].items():
+            if value is None:
+                status.pop(key, None)
+            else:
+                status[key] = value
+        rv = str(int(cr["metadata"]["resourceVersion"]) + 1)
+        return {**cr, "metadata": {**cr["metadata"], "resourceVersion": rv}, "status": status}
+
+    def create_event(self, namespace, event):
+        self.events.append((namespace, event))
+        return event
+
+
+def setup(failures=None, leader=True):
+    cache = FakeCache(
+        {
+            "metadata": {"name": NAME, "resourceVersion": "1", "generation": 1, "uid": "u1"},
+            "spec": {},
+        }
+    )
+    api = FakeStatusApi(cache, failures)
+    sleeps: list[float] = []
+    writer = StatusWriter(
+        api,
+        cache,
+        Metrics(),
+        is_leader=lambda: leader,
+        event_namespace="pmem-csi",
+        backoff=Backoff(rng=random.Random(1)),
+        now=lambda: NOW,
+        monotonic=lambda: 12.5,
+        sleep=sleeps.append,
+    )
+    return cache, api, writer, sleeps
+
+
+def test_first_reconcile_writes_status_and_event_then_nothing():
+    _cache, api, writer, _ = setup()
+    assert writer.reconcile(NAME, changed_at=10.0)
+    assert len(api.patches) == 1
+    patch = api.patches[0]
+    assert set(patch) == {"metadata", "status"}
+    assert patch["metadata"] == {"resourceVersion": "1"}  # a precondition only
+    assert patch["status"]["phase"] == "Failed"
+    ns, event = api.events[0]
+    assert ns == "pmem-csi"
+    assert event["involvedObject"] == {
+        "apiVersion": "pmem-csi.intel.com/v1beta1",
+        "kind": "Deployment",
+        "name": NAME,
+        "uid": "u1",
+        "resourceVersion": "2",
+    }
+    assert (event["type"], event["reason"]) == ("Warning", "Failed")
+    m = writer.metrics
+    assert m.status_writes._value.get() == 1
+    assert m.change_to_write._sum.get() == 2.5
+    # Steady state: same inputs, later time -> no write, no event.
+    writer.now = lambda: datetime(2030, 1, 2, tzinfo=UTC)
+    assert not writer.reconcile(NAME)
+    assert len(api.patches) == 1 and len(api.events) == 1
+
+
+def test_non_leader_and_unsynced_caches_write_nothing():
+    cache, api, writer, _ = setup(leader=False)
+    assert not writer.reconcile(NAME)
+    cache.synced = False
+    writer.is_leader = lambda: True
+    assert not writer.reconcile(NAME)
+    assert not writer.reconcile("no-such-cr")
+    assert api.patches == []
+
+
+def test_conflict_rereads_the_cr_and_retries():
+    cache, api, writer, sleeps = setup()
+    stale = cache.crs[NAME]
+    cache.crs[NAME] = {**stale, "metadata": {**stale["metadata"], "resourceVersion": "7"}}
+    writer.cache = type("C", (FakeCache,), {})(stale)  # the writer's cache is behind
+    writer.cache.crs = {NAME: stale}
+    assert writer.reconcile(NAME)
+    assert [p["metadata"]["resourceVersion"] for p in api.patches] == ["1", "7"]
+    assert api.gets == 1 and len(sleeps) == 1
+
+
+def test_transient_errors_back_off_then_succeed():
+    errors = [ApiException(status=503), ApiException(status=429), ConnectionError("reset")]
+    _, api, writer, sleeps = setup(failures=errors)
+    assert writer.reconcile(NAME)
+    assert len(sleeps) == 3 and sleeps[0] < sleeps[2]
+    assert len(api.patches) == 1
+
+
+def test_permanent_error_gives_up_without_retry():
+    _, _api, writer, sleeps = setup(failures=[ApiException(status=422)])
+    assert not writer.reconcile(NAME)
+    assert sleeps == [] and writer.metrics.status_write_errors._value.get() == 1
+
+
+def test_losing_leadership_stops_retries():
+    _, api, writer, sleeps = setup(failures=[ApiException(status=503)])
+    calls = iter([True, True, False])
+    writer.is_leader = lambda: next(calls)
+    assert not writer.reconcile(NAME)
+    assert api.patches == [] and len(sleeps) == 1
+
+
+def test_merge_patch_deletes_removed_keys_and_keeps_equal_ones():
+    old = {"a": 1, "b": {"x": 1, "y": 2}, "c": [1], "gone": True}
+    new = {"a": 1, "b": {"x": 1, "y": 3}, "c": [1, 2]}
+    assert merge_patch(old, new) == {"gone": None, "b": {"y": 3}, "c": [1, 2]}
+
+
+def test_build_observed_splits_pods_by_owner():
+    def pod(name, kind, owner):
+        return {"metadata": {"name": name, "ownerReferences": [{"kind": kind, "name": owner}]}}
+
+    class Cache(FakeCache):
+        def pods(self, namespace):
+            return [
+                pod("c-0", "StatefulSet", "pmem-csi-intel-com-controller"),
+                pod("n-1", "DaemonSet", "pmem-csi-intel-com-node"),
+                pod("r-1", "ReplicaSet", "pmem-csi-intel-com-reporter-abc"),
+            ]
+
+    cr = {"metadata": {"name": NAME}, "spec": {"namespace": "drv"}}
+    observed = build_observed(Cache(cr), cr)
+    assert [p["metadata"]["name"] for p in observed.controller_pods] == ["c-0"]
+    assert [p["metadata"]["name"] for p in observed.node_pods] == ["n-1"]
+    assert observed.objects["Secret"] == {
+        "pmem-csi-intel-com-registry-secrets": None,
+        "pmem-csi-intel-com-node-secrets": None,
+    }

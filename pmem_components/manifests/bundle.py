@@ -8,7 +8,6 @@ the builders only place them, never inspect them.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,14 +82,22 @@ def node_objects(cfg: DeploymentConfig) -> list[dict[str, Any]]:
 
 
 def reporter_objects(cfg: DeploymentConfig) -> list[dict[str, Any]]:
-    """The status reporter's objects (``manifests.reporter``, owned by the reporter work)."""
+    """The status reporter's objects (built by ``manifests.reporter``), unless disabled."""
     if not cfg.reporter.enabled:
         return []
-    try:
-        module = importlib.import_module("pmem_components.manifests.reporter")
-    except ModuleNotFoundError:  # TODO(reporter): remove once manifests/reporter.py exists
-        return []
-    return list(module.build_reporter_objects(cfg))
+    from pmem_components.manifests import reporter
+
+    return list(
+        reporter.build_reporter_objects(
+            cfg.names,
+            cfg.namespace,
+            cfg.reporter.image,
+            replicas=cfg.reporter.replicas,
+            labels=dict(cfg.labels),
+            log_level=cfg.reporter.log_level,
+            image_pull_policy=cfg.image_pull_policy,
+        )
+    )
 
 
 def build_deployment_objects(

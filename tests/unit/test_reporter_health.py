@@ -1,0 +1,54 @@
+"""Probe and metrics endpoints, and the CLI's defaults."""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+
+from reporter.__main__ import log_level, merge_dirty, parse_args
+from reporter.health import HealthServer
+from reporter.metrics import Metrics
+
+
+def fetch(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_endpoints():
+    metrics = Metrics()
+    metrics.watch_restarts.labels(resource="pods").inc()
+    state = {"ready": False}
+    server = HealthServer(0, lambda: True, lambda: state["ready"], metrics.registry, "127.0.0.1")
+    server.start()
+    try:
+        assert fetch(server.port, "/healthz")[0] == 200
+        assert fetch(server.port, "/readyz")[0] == 503
+        state["ready"] = True
+        assert fetch(server.port, "/readyz")[0] == 200
+        code, text = fetch(server.port, "/metrics")
+        assert code == 200
+        assert 'pmem_csi_reporter_watch_restarts_total{resource="pods"} 1.0' in text
+        assert "pmem_csi_reporter_status_writes_total 0.0" in text
+        assert "pmem_csi_reporter_change_to_write_seconds_bucket" in text
+        assert fetch(server.port, "/nope")[0] == 404
+    finally:
+        server.stop()
+
+
+def test_cli_defaults_and_log_levels():
+    args = parse_args(["--deployment", "a", "--deployment", "b", "--metrics-port", "0"])
+    assert args.deployment == ["a", "b"] and args.metrics_port == 0
+    assert args.resync_seconds == 60 and args.kubeconfig is None and args.namespace is None
+    assert log_level("0") == logging.WARNING and log_level("3") == logging.INFO
+    assert log_level("5") == logging.DEBUG and log_level("debug") == logging.DEBUG
+
+
+def test_merge_dirty_keeps_earliest_change():
+    into = {"a": 5.0, "b": None}
+    merge_dirty(into, {"a": 3.0, "b": 4.0, "c": None})
+    assert into == {"a": 3.0, "b": 4.0, "c": None}

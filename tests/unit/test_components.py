@@ -1,0 +1,409 @@
+"""Components and program under Pulumi mocks: what gets registered, with which inputs.
+
+Mocks do not run an engine: no transforms, no API server. What they do show is the resource
+graph the program builds: types, names, inputs, secrecy of outputs and stack outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import pulumi
+import pytest
+from certutil import good_set
+from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
+
+from pmem_components import names
+from pmem_components.config import ConfigError, StackConfig, load_config
+from pmem_components.manifests import bundle, node
+
+FAKE_CERTS = {
+    "ca_cert": "GENERATED-CA",
+    "registry_cert": "GENERATED-RC",
+    "registry_key": "GENERATED-RK",
+    "node_controller_cert": "GENERATED-NC",
+    "node_controller_key": "GENERATED-NK",
+}
+
+
+class Mocks(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.resources: list[pulumi.runtime.MockResourceArgs] = []
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        self.resources.append(args)
+        outs = dict(args.inputs)
+        if args.typ.startswith("pulumi-python:dynamic"):
+            outs.update(FAKE_CERTS)
+        return f"{args.name}-id", outs
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        return {}
+
+    def of_type(self, typ: str) -> list[pulumi.runtime.MockResourceArgs]:
+        return [r for r in self.resources if r.typ == typ]
+
+    def one(self, typ: str, name: str | None = None) -> pulumi.runtime.MockResourceArgs:
+        found = [r for r in self.of_type(typ) if name is None or r.name == name]
+        assert len(found) == 1, (typ, name, [r.name for r in self.of_type(typ)])
+        return found[0]
+
+
+@pytest.fixture
+def mocks() -> Mocks:
+    m = Mocks()
+    pulumi.runtime.set_mocks(m, project="pmem-csi-pulumi", stack="unit", preview=False)
+    return m
+
+
+def stack(*deployments: dict[str, Any], manage_crd: bool = True) -> StackConfig:
+    return load_config({"deployments": list(deployments), "manageCrd": manage_crd})
+
+
+def deploy(s: StackConfig) -> dict[str, Any]:
+    from pmem_components.program import deploy as program_deploy
+
+    return program_deploy(s)
+
+
+def settle(value: Any, check: Callable[[Any], None]) -> Callable[[], None]:
+    """Resolve ``value``; ``check`` runs after every registration finished (see ``run``)."""
+    box: dict[str, Any] = {}
+    pulumi.Output.from_input(value).apply(lambda v: box.setdefault("v", v))
+    return lambda: check(box["v"])
+
+
+def run(program: Callable[[], Callable[[], None] | None]) -> None:
+    """Run ``program`` under the mocks, wait for all registrations, then run its check."""
+    after: list[Callable[[], None] | None] = []
+
+    @pulumi.runtime.test
+    def inner() -> None:
+        after.append(program())
+
+    inner()
+    if after and after[0] is not None:
+        after[0]()
+
+
+def secret_value(value: Any) -> Any:
+    """The payload of a value the SDK sent as secret; fails when it is not secret."""
+    assert is_rpc_secret(value), "expected a secret value"
+    return unwrap_rpc_secret(value)
+
+
+EXPECTED_TYPES = {
+    "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition": 1,
+    "kubernetes:core/v1:Namespace": 1,
+    "kubernetes:core/v1:Secret": 2,
+    "kubernetes:storage.k8s.io/v1:CSIDriver": 1,
+    "kubernetes:apps/v1:StatefulSet": 1,
+    "kubernetes:apps/v1:DaemonSet": 1,
+    "kubernetes:pmem-csi.intel.com/v1beta1:Deployment": 1,
+    "pmem-csi:index:PmemCsiDeployment": 1,
+    "pmem-csi:index:ControllerDriver": 1,
+    "pmem-csi:index:NodeDriver": 1,
+    "pmem-csi:index:DriverCertificates": 1,
+}
+
+
+def test_default_stack_registers_every_object(mocks: Mocks) -> None:
+    run(lambda: _test_default_stack_registers_every_object(mocks))
+
+
+def _test_default_stack_registers_every_object(mocks: Mocks) -> Any:
+    outputs = deploy(stack({}))
+
+    def check(_: Any) -> None:
+        counts: dict[str, int] = {}
+        for r in mocks.resources:
+            counts[r.typ] = counts.get(r.typ, 0) + 1
+        for typ, n in EXPECTED_TYPES.items():
+            assert counts.get(typ) == n, (typ, counts)
+        # Controller objects, reporter objects included, by kind and name.
+        got = {
+            (r.typ.rsplit(":", 1)[-1], r.inputs["metadata"]["name"])
+            for r in mocks.resources
+            if r.typ.startswith("kubernetes:")
+        }
+        h = "pmem-csi-intel-com"
+        for kind, name in [
+            ("ServiceAccount", f"{h}-controller"),
+            ("Role", f"{h}-external-provisioner-cfg"),
+            ("RoleBinding", f"{h}-csi-provisioner-role-cfg"),
+            ("ClusterRole", f"{h}-external-provisioner-runner"),
+            ("ClusterRoleBinding", f"{h}-csi-provisioner-role"),
+            ("Service", f"{h}-controller"),
+            ("Service", f"{h}-metrics"),
+            ("StatefulSet", f"{h}-controller"),
+            ("DaemonSet", f"{h}-node"),
+            ("Secret", f"{h}-registry-secrets"),
+            ("Secret", f"{h}-node-secrets"),
+            ("CSIDriver", "pmem-csi.intel.com"),
+            ("Deployment", "pmem-csi.intel.com"),
+            ("Deployment", f"{h}-reporter"),
+            ("Namespace", "pmem-csi"),
+            ("CustomResourceDefinition", names.CRD_NAME),
+        ]:
+            assert (kind, name) in got, (kind, name)
+
+    return settle(outputs, check)
+
+
+def test_resources_get_exactly_the_builder_dicts(mocks: Mocks) -> None:
+    run(lambda: _test_resources_get_exactly_the_builder_dicts(mocks))
+
+
+def _test_resources_get_exactly_the_builder_dicts(mocks: Mocks) -> Any:
+    s = stack({"name": "a.b", "namespace": "ns1", "labels": {"t": "1"}, "deviceMode": "direct"})
+    outputs = deploy(s)
+
+    def check(_: Any) -> None:
+        ds = mocks.one("kubernetes:apps/v1:DaemonSet")
+        expected = node.build_node_daemonset(s.deployments[0])
+        assert ds.name == "ns1/a-b-node"
+        assert ds.inputs["metadata"] == expected["metadata"]
+        assert ds.inputs["spec"] == expected["spec"]
+        cr = mocks.one("kubernetes:pmem-csi.intel.com/v1beta1:Deployment")
+        assert cr.inputs["spec"]["deviceMode"] == "direct"
+        assert cr.inputs["spec"]["namespace"] == "ns1"
+        assert cr.inputs["metadata"]["name"] == "a.b"
+
+    return settle(outputs, check)
+
+
+def test_generated_certificates_fill_the_secrets(mocks: Mocks) -> None:
+    run(lambda: _test_generated_certificates_fill_the_secrets(mocks))
+
+
+def _test_generated_certificates_fill_the_secrets(mocks: Mocks) -> Any:
+    outputs = deploy(stack({}))
+
+    def check(resolved: Any) -> None:
+        reg = mocks.one("kubernetes:core/v1:Secret", "pmem-csi/pmem-csi-intel-com-registry-secrets")
+        nod = mocks.one("kubernetes:core/v1:Secret", "pmem-csi/pmem-csi-intel-com-node-secrets")
+        assert reg.inputs["type"] == "kubernetes.io/tls"
+        assert secret_value(reg.inputs["stringData"]) == {
+            "ca.crt": "GENERATED-CA",
+            "tls.crt": "GENERATED-RC",
+            "tls.key": "GENERATED-RK",
+        }
+        assert secret_value(nod.inputs["stringData"])["tls.key"] == "GENERATED-NK"
+        text = json.dumps(resolved)
+        assert "GENERATED-RK" not in text and "GENERATED-NK" not in text
+        assert "GENERATED-CA" in text
+        cr = mocks.one("kubernetes:pmem-csi.intel.com/v1beta1:Deployment")
+        assert "caCert" not in cr.inputs["spec"]
+
+    return settle(outputs, check)
+
+
+def test_stack_outputs(mocks: Mocks) -> None:
+    run(lambda: _test_stack_outputs(mocks))
+
+
+def _test_stack_outputs(mocks: Mocks) -> Any:
+    outputs = deploy(stack({}, {"name": "second.example", "namespace": "other"}))
+
+    def check(resolved: dict[str, Any]) -> None:
+        assert set(resolved) == {"pmem-csi.intel.com", "second.example"}
+        first = resolved["pmem-csi.intel.com"]
+        assert first["namespace"] == "pmem-csi"
+        assert first["caCert"] == "GENERATED-CA"
+        assert first["objectNames"] == bundle.object_names(stack({}).deployments[0])
+        assert resolved["second.example"]["objectNames"]["nodeDaemonSet"] == "second-example-node"
+
+    return settle(outputs, check)
+
+
+def test_provided_certificates_are_used_and_public_parts_recorded(mocks: Mocks) -> None:
+    run(lambda: _test_provided_certificates_are_used_and_public_parts_recorded(mocks))
+
+
+def _test_provided_certificates_are_used_and_public_parts_recorded(mocks: Mocks) -> Any:
+    cs = good_set()
+    certs = {
+        "caCert": cs.ca_cert,
+        "registryCert": cs.registry_cert,
+        "registryKey": cs.registry_key,
+        "nodeControllerCert": cs.node_controller_cert,
+        "nodeControllerKey": cs.node_controller_key,
+    }
+    outputs = deploy(stack({"certificates": certs}))
+
+    def check(resolved: dict[str, Any]) -> None:
+        assert not mocks.of_type("pulumi-python:dynamic:Resource")
+        reg = mocks.one("kubernetes:core/v1:Secret", "pmem-csi/pmem-csi-intel-com-registry-secrets")
+        assert secret_value(reg.inputs["stringData"]) == {
+            "ca.crt": cs.ca_cert,
+            "tls.crt": cs.registry_cert,
+            "tls.key": cs.registry_key,
+        }
+        cr = mocks.one("kubernetes:pmem-csi.intel.com/v1beta1:Deployment")
+        assert "caCert" in cr.inputs["spec"] and "registryKey" not in cr.inputs["spec"]
+        assert cs.registry_key not in json.dumps(cr.inputs)
+        assert resolved["pmem-csi.intel.com"]["caCert"] == cs.ca_cert
+
+    return settle(outputs, check)
+
+
+def test_crd_left_alone_when_managed_elsewhere(mocks: Mocks) -> None:
+    run(lambda: _test_crd_left_alone_when_managed_elsewhere(mocks))
+
+
+def _test_crd_left_alone_when_managed_elsewhere(mocks: Mocks) -> Any:
+    outputs = deploy(stack({}, manage_crd=False))
+
+    def check(_: Any) -> None:
+        assert not mocks.of_type("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
+        assert mocks.of_type("kubernetes:pmem-csi.intel.com/v1beta1:Deployment")
+
+    return settle(outputs, check)
+
+
+def test_shared_namespace_is_created_once(mocks: Mocks) -> None:
+    run(lambda: _test_shared_namespace_is_created_once(mocks))
+
+
+def _test_shared_namespace_is_created_once(mocks: Mocks) -> Any:
+    outputs = deploy(stack({"name": "a"}, {"name": "b"}, {"name": "c", "namespace": "x"}))
+
+    def check(_: Any) -> None:
+        names_ = sorted(r.name for r in mocks.of_type("kubernetes:core/v1:Namespace"))
+        assert names_ == ["pmem-csi", "x"]
+        assert len(mocks.of_type("kubernetes:apps/v1:DaemonSet")) == 3
+
+    return settle(outputs, check)
+
+
+def test_no_namespace_when_not_wanted_and_no_reporter_when_disabled(mocks: Mocks) -> None:
+    run(lambda: _test_no_namespace_when_not_wanted_and_no_reporter_when_disabled(mocks))
+
+
+def _test_no_namespace_when_not_wanted_and_no_reporter_when_disabled(mocks: Mocks) -> Any:
+    outputs = deploy(stack({"createNamespace": False, "reporter": {"enabled": False}}))
+
+    def check(_: Any) -> None:
+        assert not mocks.of_type("kubernetes:core/v1:Namespace")
+        deployments = mocks.of_type("kubernetes:apps/v1:Deployment")
+        assert deployments == []
+
+    return settle(outputs, check)
+
+
+def test_patch_that_selects_nothing_fails_before_registration(mocks: Mocks) -> None:
+    run(lambda: _test_patch_that_selects_nothing_fails_before_registration(mocks))
+
+
+def _test_patch_that_selects_nothing_fails_before_registration(mocks: Mocks) -> Any:
+    from pmem_components.components import PmemCsiDeployment
+
+    s = stack({"patches": [{"kind": "CronJob", "mergePatch": {"a": 1}}]})
+    with pytest.raises(ConfigError) as info:
+        PmemCsiDeployment(s.deployments[0])
+    assert "pmem-csi:deployments[0].patches[0]: selects no object" in str(info.value)
+    assert mocks.resources == []
+
+
+def test_bad_provided_certificates_fail_before_registration(mocks: Mocks) -> None:
+    run(lambda: _test_bad_provided_certificates_fail_before_registration(mocks))
+
+
+def _test_bad_provided_certificates_fail_before_registration(mocks: Mocks) -> Any:
+    from pmem_components.components import PmemCsiDeployment
+
+    cs = good_set()
+    dep = load_config(
+        {
+            "deployments": [
+                {
+                    "certificates": {
+                        "caCert": cs.ca_cert,
+                        "registryCert": cs.node_controller_cert,  # wrong name
+                        "registryKey": cs.node_controller_key,
+                        "nodeControllerCert": cs.node_controller_cert,
+                        "nodeControllerKey": cs.node_controller_key,
+                    }
+                }
+            ]
+        },
+        check_certificates=False,
+    ).deployments[0]
+    with pytest.raises(ConfigError) as info:
+        PmemCsiDeployment(dep)
+    assert "pmem-csi:deployments[0].certificates.registryCert" in str(info.value)
+    assert mocks.resources == []
+
+
+# ------------------------------------------------------------------------------ program
+
+
+def test_read_config_reports_all_problems_including_patches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pmem_components import program
+
+    config = {
+        "pmem-csi:deployments": json.dumps(
+            [
+                {"deviceMode": "foo"},
+                {"name": "b", "patches": [{"kind": "CronJob", "mergePatch": {"x": 1}}]},
+            ]
+        ),
+        "pmem-csi:manageCrd": "true",
+        "pmem-csi:typo": "1",
+    }
+    monkeypatch.setattr(program.runtime_config, "get_config", config.get)
+    monkeypatch.setattr(program, "_unknown_keys", lambda: ["typo"])
+    with pytest.raises(ConfigError) as info:
+        program.read_config()
+    text = str(info.value)
+    assert "pmem-csi:typo: is not a known setting" in text
+    assert "pmem-csi:deployments[0].deviceMode: must be one of lvm, direct" in text
+    # Patches are only dry-run once the config itself is valid.
+    config["pmem-csi:deployments"] = json.dumps(
+        [{}, {"name": "b", "patches": [{"kind": "CronJob", "mergePatch": {"x": 1}}]}]
+    )
+    monkeypatch.setattr(program, "_unknown_keys", lambda: [])
+    with pytest.raises(ConfigError) as info:
+        program.read_config()
+    assert "pmem-csi:deployments[1].patches[0]: selects no object" in str(info.value)
+
+
+def test_read_config_parses_pulumi_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pmem_components import program
+
+    config = {
+        "pmem-csi:deployments": json.dumps([{"deviceMode": "direct"}]),
+        "pmem-csi:manageCrd": "false",
+    }
+    monkeypatch.setattr(program.runtime_config, "get_config", config.get)
+    monkeypatch.setattr(program, "_unknown_keys", lambda: [])
+    s = program.read_config()
+    assert s.manage_crd is False and s.deployments[0].device_mode == "direct"
+
+
+def test_unknown_keys_come_from_the_pulumi_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pmem_components import program
+
+    fake = SimpleNamespace(
+        CONFIG=SimpleNamespace(
+            get=lambda: {"pmem-csi:deployments": "[]", "pmem-csi:foo": "1", "kubernetes:x": "y"}
+        ),
+        get_config_env=lambda: {"pmem-csi:bar": "2"},
+    )
+    monkeypatch.setattr(program, "runtime_config", fake)
+    assert program._unknown_keys() == ["bar", "foo"]
+
+
+def test_main_turns_config_errors_into_run_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pmem_components import program
+
+    config = {"pmem-csi:deployments": json.dumps([{"deviceMode": "foo"}])}
+    monkeypatch.setattr(program.runtime_config, "get_config", config.get)
+    monkeypatch.setattr(program, "_unknown_keys", lambda: [])
+    with pytest.raises(pulumi.RunError, match=r"deployments\[0\].deviceMode"):
+        program.main()

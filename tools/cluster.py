@@ -86,12 +86,6 @@ def node_manifest(name: str, labels: dict[str, str]) -> dict:
         "status": {
             "allocatable": {"cpu": "32", "memory": "256Gi", "pods": "110"},
             "capacity": {"cpu": "32", "memory": "256Gi", "pods": "110"},
-            "nodeInfo": {
-                "architecture": "amd64",
-                "kubeletVersion": "fake",
-                "kubeProxyVersion": "fake",
-                "operatingSystem": "linux",
-            },
         },
     }
 

@@ -61,6 +61,10 @@ def pulumi_env() -> dict[str, str]:
         "PULUMI_COPILOT": "false",
         "KUBECONFIG": str(kubeconfig_path()),
         "PATH": os.pathsep.join(path),
+        # The dynamic-provider process unpickles classes from pmem_components by module name.
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(PROJECT_DIR), os.environ.get("PYTHONPATH", "")) if p
+        ),
     }
 
 

@@ -18,7 +18,12 @@ from typing import Any
 import pulumi
 
 from pmem_components import cert_resource, registry
-from pmem_components.config import ConfigError, DeploymentConfig, certificate_problems
+from pmem_components.config import (
+    ConfigError,
+    DeploymentConfig,
+    certificate_problems,
+    deployment_problems,
+)
 from pmem_components.manifests import bundle
 from pmem_components.manifests.crd import load_crd
 from pmem_components.patches import PatchError, PatchSet
@@ -151,7 +156,9 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         validate: bool = True,
     ) -> None:
         if validate:
-            problems = certificate_problems(cfg, index)[0] + check_patches(cfg, index)
+            problems = deployment_problems(cfg, index)
+            if not problems:
+                problems = certificate_problems(cfg, index)[0] + check_patches(cfg, index)
             if problems:
                 raise ConfigError(problems)
         transforms = []

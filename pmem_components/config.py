@@ -468,6 +468,16 @@ def _check_unique(deployments: list[Any]) -> list[str]:
 # --------------------------------------------------------------------------- entry point
 
 
+def deployment_problems(dep: DeploymentConfig, index: int = 0) -> list[str]:
+    """The cross-field checks of :func:`load_config` for a model built in code.
+
+    Library users may construct :class:`DeploymentConfig` directly; pydantic then checks the
+    field types but not the rules between fields (e.g. pmemPercentage with direct mode).
+    """
+    raw = dep.model_dump(by_alias=True, exclude_none=True)
+    return _check_deployment(raw, ("deployments", index))
+
+
 def certificate_problems(
     dep: DeploymentConfig, index: int, *, handshake: bool = True
 ) -> tuple[list[str], list[str]]:

@@ -338,6 +338,21 @@ def _test_bad_provided_certificates_fail_before_registration(mocks: Mocks) -> An
     assert mocks.resources == []
 
 
+def test_models_built_in_code_get_the_cross_field_checks(mocks: Mocks) -> None:
+    run(lambda: _test_models_built_in_code_get_the_cross_field_checks(mocks))
+
+
+def _test_models_built_in_code_get_the_cross_field_checks(mocks: Mocks) -> Any:
+    from pmem_components.components import PmemCsiDeployment
+    from pmem_components.config import DeploymentConfig
+
+    dep = DeploymentConfig(name="lib.example", device_mode="direct", pmem_percentage=50)
+    with pytest.raises(ConfigError, match=r"deployments\[0\]\.pmemPercentage: is only valid"):
+        PmemCsiDeployment(dep)
+    assert mocks.resources == []
+    PmemCsiDeployment(DeploymentConfig(name="lib.example", device_mode="direct"))
+
+
 # ------------------------------------------------------------------------------ program
 
 

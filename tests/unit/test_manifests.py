@@ -25,6 +25,9 @@ from pmem_components.manifests import (
     secrets,
     services,
 )
+from pmem_components.manifests.crd import CRD_FILE
+
+CRD_ROOT = CRD_FILE.parent.parent
 
 
 def cfg(**fields: Any) -> DeploymentConfig:
@@ -544,3 +547,18 @@ def test_cr_spec_validates_against_crd_enum(mode: str) -> None:
     spec = deployment_cr.build_spec(cfg(deviceMode=mode))
     assert set(spec) <= set(props)
     assert spec["deviceMode"] in props["deviceMode"]["enum"]
+
+
+def test_config_and_builders_do_not_import_pulumi() -> None:
+    """The reporter and tools use these modules without the Pulumi SDK."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pmem_components.config import load_config\n"
+        "from pmem_components.manifests import bundle\n"
+        "bundle.build_deployment_objects(load_config({}).deployments[0])\n"
+        "assert 'pulumi' not in sys.modules and 'pulumi_kubernetes' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(CRD_ROOT))

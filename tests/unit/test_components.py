@@ -308,6 +308,58 @@ def _test_patch_that_selects_nothing_fails_before_registration(mocks: Mocks) -> 
     assert mocks.resources == []
 
 
+def test_valid_patches_register_a_transform(mocks: Mocks) -> None:
+    run(lambda: _test_valid_patches_register_a_transform(mocks))
+
+
+def _test_valid_patches_register_a_transform(mocks: Mocks) -> Any:
+    patch = {"kind": "DaemonSet", "mergePatch": {"spec": {"minReadySeconds": 5}}}
+    outputs = deploy(stack({"patches": [patch]}))
+
+    def check(_: Any) -> None:
+        # Mocks run no transforms; the engine does (tests/e2e). Registration must still work.
+        ds = mocks.one("kubernetes:apps/v1:DaemonSet")
+        assert "minReadySeconds" not in ds.inputs["spec"]
+
+    return settle(outputs, check)
+
+
+def test_patch_transform_is_on_the_top_component(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The transform reaches the component's options (the engine applies it to children)."""
+    from pmem_components import components
+
+    seen: list[pulumi.ResourceOptions | None] = []
+    original = pulumi.ComponentResource.__init__
+
+    def spy(self: Any, t: str, name: str, props: Any = None, opts: Any = None, *a: Any) -> None:
+        if t.endswith("PmemCsiDeployment"):
+            seen.append(opts)
+        original(self, t, name, props, opts, *a)
+
+    monkeypatch.setattr(pulumi.ComponentResource, "__init__", spy)
+    pulumi.runtime.set_mocks(Mocks(), preview=False)
+    patch = {"kind": "DaemonSet", "mergePatch": {"spec": {"minReadySeconds": 5}}}
+    dep = stack({"patches": [patch]}).deployments[0]
+
+    @pulumi.runtime.test
+    def body() -> None:
+        components.PmemCsiDeployment(dep)
+
+    body()
+    (opts,) = seen
+    assert opts is not None and opts.transforms and len(opts.transforms) == 1
+    transform = opts.transforms[0]
+    args = pulumi.ResourceTransformArgs(
+        custom=True,
+        type_="kubernetes:apps/v1:DaemonSet",
+        name="x",
+        props=node.build_node_daemonset(dep),
+        opts=pulumi.ResourceOptions(),
+    )
+    result = transform(args)
+    assert result is not None and result.props["spec"]["minReadySeconds"] == 5
+
+
 def test_bad_provided_certificates_fail_before_registration(mocks: Mocks) -> None:
     run(lambda: _test_bad_provided_certificates_fail_before_registration(mocks))
 

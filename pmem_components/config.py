@@ -157,7 +157,7 @@ class Patch(_Model):
     """One patch entry: which objects to change (kind, optional name/namespace) and how.
 
     Applied by ``pmem_components.patches`` through Pulumi transforms; exactly one of
-    ``mergePatch`` (RFC 7386) and ``jsonPatch`` (RFC 6902 operations) must be given.
+    ``mergePatch`` (RFC 7396) and ``jsonPatch`` (RFC 6902 operations) must be given.
     """
 
     kind: str = Field(min_length=1)

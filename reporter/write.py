@@ -107,7 +107,7 @@ class KubeStatusApi:
 
 
 def merge_patch(old: Any, new: Any) -> Any:
-    """The RFC 7386 merge patch that turns ``old`` into ``new`` (None keys delete)."""
+    """The RFC 7396 merge patch that turns ``old`` into ``new`` (None keys delete)."""
     if not isinstance(old, dict) or not isinstance(new, dict):
         return new
     patch: dict[str, Any] = {key: None for key in old if key not in new}

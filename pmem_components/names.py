@@ -26,6 +26,11 @@ CRD_PLURAL = "deployments"
 CRD_NAME = f"{CRD_PLURAL}.{CRD_GROUP}"
 CRD_KIND = "Deployment"
 CRD_STORAGE_VERSION = "v1beta1"
+# Events about a cluster-scoped object (our CR) must live here: the API server rejects a
+# core/v1 Event whose involvedObject has no namespace in any namespace but "default" (and
+# kube-system for new-style events), and ``kubectl describe`` looks for them with an empty
+# involvedObject.namespace. client-go's recorder does the same.
+CLUSTER_EVENT_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,11 @@ class DeploymentNames:
     def reporter(self) -> str:
         """The reporter's Deployment, ServiceAccount, Role(s) and Lease."""
         return f"{self.hyphened}-reporter"
+
+    @property
+    def reporter_events(self) -> str:
+        """The reporter's Role(Binding) for Events in ``CLUSTER_EVENT_NAMESPACE``."""
+        return f"{self.reporter}-events"
 
     def selector_labels(self) -> dict[str, str]:
         """Labels that select every object of this deployment (and nothing else)."""

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from pmem_components.names import DeploymentNames
+from pmem_components.names import CLUSTER_EVENT_NAMESPACE, DeploymentNames
 from reporter.health import HealthServer
 from reporter.kubeapi import RawApi, load_api_client
 from reporter.leader import LeaderElector
@@ -76,8 +76,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--namespace",
         default=None,
-        help="namespace of the Lease and the Events (default: the pod's namespace, else "
-        f"{FALLBACK_NAMESPACE})",
+        help="namespace of the Lease (default: the pod's namespace, else "
+        f"{FALLBACK_NAMESPACE}); Events about the cluster-scoped CRs go to "
+        f"{CLUSTER_EVENT_NAMESPACE}",
     )
     p.add_argument(
         "--lease-name",
@@ -150,7 +151,8 @@ class Reporter:
             self.observer,
             self.metrics,
             is_leader=self.elector.is_leader,
-            event_namespace=namespace,
+            # The API server accepts Events about cluster-scoped objects only there.
+            event_namespace=CLUSTER_EVENT_NAMESPACE,
         )
         self.http = HealthServer(
             args.metrics_port,

@@ -7,9 +7,12 @@ Each rule exists because ``reporter/`` makes exactly that call:
   ClusterRoleBindings, CSIDrivers), which it watches by label selector.
 - Role in the driver's namespace (where the reporter itself runs): get/list/watch on the
   namespaced kinds it watches; ``get`` on the two certificate Secrets by name only (they are
-  read by name, never listed); create/patch on Events (Events about the cluster-scoped CR go
-  to the reporter's namespace, see ``reporter.write``); the Lease: ``create`` (cannot be limited
-  by name) and get/update on its own Lease by name.
+  read by name, never listed); the Lease: ``create`` (cannot be limited by name) and
+  get/update on its own Lease by name.
+- Role in ``default`` (``names.CLUSTER_EVENT_NAMESPACE``): create/patch on Events. Events
+  about the cluster-scoped CR are only accepted there (see ``reporter.write``), and a Role
+  there grants less than the same rule in the ClusterRole would. When the driver's namespace
+  is ``default`` itself, the rule goes into the main Role instead.
 Nothing here grants writes on spec, deletes, or access to other Secrets.
 """
 
@@ -62,16 +65,22 @@ def cluster_role_rules(names: n.DeploymentNames, restrict_to_name: bool = True) 
     ]
 
 
-def role_rules(names: n.DeploymentNames) -> list[dict]:
-    return [
+EVENT_RULE = _rule("", ["events"], ["create", "patch"])
+
+
+def role_rules(names: n.DeploymentNames, with_events: bool = False) -> list[dict]:
+    """Rules in the driver's namespace; ``with_events`` when that is the Events' namespace."""
+    rules = [
         _rule("", ["pods", "services", "serviceaccounts"], READ),
         _rule("apps", ["daemonsets", "statefulsets"], READ),
         _rule(RBAC_API, ["roles", "rolebindings"], READ),
         _rule("", ["secrets"], ["get"], [names.registry_secret, names.node_secret]),
-        _rule("", ["events"], ["create", "patch"]),
         _rule("coordination.k8s.io", ["leases"], ["create"]),
         _rule("coordination.k8s.io", ["leases"], ["get", "update"], [names.reporter]),
     ]
+    if with_events:
+        rules.insert(4, dict(EVENT_RULE))
+    return rules
 
 
 def build_reporter_objects(
@@ -83,10 +92,11 @@ def build_reporter_objects(
     log_level: int = 3,
     image_pull_policy: str = "IfNotPresent",
 ) -> list[dict[str, Any]]:
-    """ServiceAccount, ClusterRole(+Binding), Role(+Binding) and Deployment of the reporter.
+    """ServiceAccount, ClusterRole(+Binding), Role(+Binding), Events Role(+Binding) and
+    Deployment of the reporter.
 
-    The reporter runs in the driver's namespace, which is where its Role grants access, where
-    its Lease lives and where it records Events.
+    The reporter runs in the driver's namespace, which is where its Role grants access and
+    where its Lease lives; its Events go to ``names.CLUSTER_EVENT_NAMESPACE``.
     """
     lbls = reporter_labels(names, labels or {})
     name = names.reporter
@@ -112,11 +122,12 @@ def build_reporter_objects(
         "subjects": subjects,
         "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": name},
     }
+    events_here = namespace == n.CLUSTER_EVENT_NAMESPACE
     role = {
         "apiVersion": f"{RBAC_API}/v1",
         "kind": "Role",
         "metadata": meta(),
-        "rules": role_rules(names),
+        "rules": role_rules(names, with_events=events_here),
     }
     role_binding = {
         "apiVersion": f"{RBAC_API}/v1",
@@ -125,12 +136,35 @@ def build_reporter_objects(
         "subjects": subjects,
         "roleRef": {"apiGroup": RBAC_API, "kind": "Role", "name": name},
     }
+    event_objects: list[dict[str, Any]] = []
+    if not events_here:
+        event_meta = {
+            "name": names.reporter_events,
+            "namespace": n.CLUSTER_EVENT_NAMESPACE,
+            "labels": dict(lbls),
+        }
+        event_objects = [
+            {
+                "apiVersion": f"{RBAC_API}/v1",
+                "kind": "Role",
+                "metadata": dict(event_meta),
+                "rules": [dict(EVENT_RULE)],
+            },
+            {
+                "apiVersion": f"{RBAC_API}/v1",
+                "kind": "RoleBinding",
+                "metadata": dict(event_meta),
+                "subjects": subjects,
+                "roleRef": {"apiGroup": RBAC_API, "kind": "Role", "name": names.reporter_events},
+            },
+        ]
     return [
         service_account,
         cluster_role,
         cluster_role_binding,
         role,
         role_binding,
+        *event_objects,
         build_reporter_deployment(
             names, namespace, image, replicas, lbls, log_level, image_pull_policy
         ),

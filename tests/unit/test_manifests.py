@@ -370,6 +370,9 @@ def test_name_and_namespace() -> None:
             assert "namespace" not in meta
         elif obj["kind"] == "Deployment" and obj["apiVersion"].startswith("pmem-csi"):
             assert "namespace" not in meta and meta["name"] == "pmem.example.org"
+        elif meta["name"] == "pmem-example-org-reporter-events":
+            # Events about the cluster-scoped CR are only accepted in "default".
+            assert meta["namespace"] == "default", obj["kind"]
         else:
             assert meta["namespace"] == "storage", obj["kind"]
     ds = node.build_node_daemonset(c)

@@ -8,7 +8,7 @@ from pmem_components.names import DeploymentNames
 NAMES = DeploymentNames("pmem-csi.intel.com")
 
 
-def objects(**kw):
+def all_objects(**kw):
     args = {
         "names": NAMES,
         "namespace": "drv",
@@ -19,7 +19,16 @@ def objects(**kw):
         "image_pull_policy": "Always",
     }
     args.update(kw)
-    return {o["kind"]: o for o in build_reporter_objects(**args)}
+    return build_reporter_objects(**args)
+
+
+def objects(**kw):
+    """The objects in the reporter's namespace and the cluster-scoped ones, by kind."""
+    return {
+        o["kind"]: o
+        for o in all_objects(**kw)
+        if o["metadata"].get("namespace") != "default" or kw.get("namespace") == "default"
+    }
 
 
 def verbs_for(rules, group, resource):
@@ -76,7 +85,7 @@ def test_role_secrets_by_name_events_and_lease():
     assert verbs_for(rules, "", "secrets") == [
         (["get"], ["pmem-csi-intel-com-registry-secrets", "pmem-csi-intel-com-node-secrets"])
     ]
-    assert verbs_for(rules, "", "events") == [(["create", "patch"], None)]
+    assert verbs_for(rules, "", "events") == []  # they go to "default", see below
     assert verbs_for(rules, "coordination.k8s.io", "leases") == [
         (["create"], None),
         (["get", "update"], ["pmem-csi-intel-com-reporter"]),
@@ -117,3 +126,24 @@ def test_deployment():
     labels = spec["template"]["metadata"]["labels"]
     assert all(labels[k] == v for k, v in selector.items())
     assert selector["app.kubernetes.io/component"] == "reporter"
+
+
+def test_events_role_in_default_namespace():
+    """Events about the cluster-scoped CR are only accepted in "default"; grant exactly that."""
+    extra = [o for o in all_objects() if o["metadata"].get("namespace") == "default"]
+    assert [o["kind"] for o in extra] == ["Role", "RoleBinding"]
+    role, binding = extra
+    assert role["metadata"]["name"] == "pmem-csi-intel-com-reporter-events"
+    assert verbs_for(role["rules"], "", "events") == [(["create", "patch"], None)]
+    assert len(role["rules"]) == 1
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pmem-csi-intel-com-reporter", "namespace": "drv"}
+    ]
+    assert binding["roleRef"]["name"] == "pmem-csi-intel-com-reporter-events"
+
+
+def test_driver_in_default_namespace_gets_events_rule_in_its_role():
+    objs = all_objects(namespace="default")
+    assert [o["kind"] for o in objs].count("Role") == 1
+    (role,) = [o for o in objs if o["kind"] == "Role"]
+    assert verbs_for(role["rules"], "", "events") == [(["create", "patch"], None)]

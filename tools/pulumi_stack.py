@@ -49,9 +49,7 @@ def select_stack(
             yaml.safe_dump({"name": PROJECT_NAME, "runtime": "python"})
         )
     if config is not None:
-        (work_dir / f"Pulumi.{stack_name}.yaml").write_text(
-            yaml.safe_dump({"config": config}, sort_keys=False)
-        )
+        write_stack_config(work_dir, stack_name, config)
     workspace_opts = auto.LocalWorkspaceOptions(
         work_dir=str(work_dir),
         pulumi_home=env["PULUMI_HOME"],
@@ -65,6 +63,20 @@ def select_stack(
     for key, value in (secret_config or {}).items():
         stack.set_config(key, auto.ConfigValue(value=value, secret=True), path=True)
     return stack
+
+
+def write_stack_config(work_dir: Path, stack_name: str, config: dict[str, Any]) -> None:
+    """Replace the plain ``config`` of ``Pulumi.<stack>.yaml``, as an administrator edits it.
+
+    Other top-level keys are kept: for passphrase stacks the file also holds the
+    ``encryptionsalt``, without which the stack's existing secrets could not be decrypted.
+    Secret values set with :func:`select_stack`'s ``secret_config`` live under ``config`` too,
+    so callers that change config of a stack with secrets must pass them again.
+    """
+    path = work_dir / f"Pulumi.{stack_name}.yaml"
+    settings = (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}
+    settings["config"] = config
+    path.write_text(yaml.safe_dump(settings, sort_keys=False))
 
 
 def printer(prefix: str = "") -> Callable[[str], None]:

@@ -1,0 +1,379 @@
+"""The status reporter on the local cluster, under its own ServiceAccount's credentials.
+
+Each test deploys its own driver (unique CR name and namespace) from the pure builders, runs
+``python -m reporter`` as a subprocess with a TokenRequest token of the reporter's
+ServiceAccount (so the least-privilege RBAC we ship is what the API server enforces), changes
+something, and polls the CR until the status says what the issue promises. Every object is
+deleted afterwards. See ``reporter_helpers`` for why the objects are not deployed with Pulumi.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from pmem_components import certs as certs_mod
+from pmem_components.certs import DriverCertificates
+from pmem_components.names import CLUSTER_EVENT_NAMESPACE
+from reporter.kubeapi import RawApi, Resource
+from reporter.leader import LEASE
+from reporter.observe import POD
+from tests.e2e.reporter_helpers import (
+    Driver,
+    ReporterProcess,
+    component,
+    condition,
+    delete_object,
+    deploy_driver,
+    driver_config,
+    ensure_crd,
+    token_kubeconfig,
+    wait_for,
+)
+from tools import cluster
+
+# Reporter start + first list + first write; kwok makes pods Ready within a second or two.
+STATUS_TIMEOUT = 60.0
+# The issue: a new leader within 15 s of the old one's death.
+TAKEOVER_SECONDS = 15.0
+CONDITIONS = ("CertsReady", "CertsVerified", "DriverDeployed")
+WRITES = "pmem_csi_reporter_status_writes_total"
+RECONCILES = "pmem_csi_reporter_reconciles_total"
+APPS_DAEMONSET = Resource("DaemonSet", "apps/v1", "daemonsets", True)
+SERVICE = Resource("Service", "v1", "services", True)
+
+
+@pytest.fixture(scope="module")
+def raw(api_client: Any) -> RawApi:
+    return RawApi(api_client)
+
+
+@pytest.fixture(scope="module")
+def driver_certs() -> DriverCertificates:
+    """One certificate set for all tests: RSA-3072 generation costs about a second."""
+    return certs_mod.generate_driver_certificates()
+
+
+@pytest.fixture(scope="module")
+def crd(raw: RawApi) -> None:
+    ensure_crd(raw)
+
+
+@pytest.fixture
+def driver(raw: RawApi, crd: None, driver_certs: DriverCertificates) -> Iterator[Driver]:
+    """A fresh driver deployment per test; destructive tests cannot affect each other."""
+    suffix = uuid.uuid4().hex[:6]
+    cfg = driver_config(f"rt-{suffix}.pmem-csi.intel.com", f"rt-{suffix}")
+    drv = deploy_driver(raw, cfg, driver_certs)
+    try:
+        yield drv
+    finally:
+        drv.delete()
+
+
+@pytest.fixture
+def start_reporter(
+    api_client: Any, local_cluster: Path, driver: Driver, tmp_path: Path
+) -> Iterator[Callable[..., ReporterProcess]]:
+    """Factory starting reporter processes for ``driver``; all are stopped afterwards.
+
+    On failure the reporters' logs are printed, which is where the reason usually is.
+    """
+    started: list[ReporterProcess] = []
+
+    def start(identity: str = "r1", resync_seconds: float = 5.0) -> ReporterProcess:
+        kubeconfig = token_kubeconfig(
+            api_client,
+            local_cluster,
+            driver.names.reporter,
+            driver.namespace,
+            tmp_path / f"kubeconfig-{identity}-{len(started)}",
+        )
+        proc = ReporterProcess(
+            kubeconfig,
+            driver.name,
+            driver.namespace,
+            identity,
+            tmp_path / f"reporter-{identity}-{len(started)}.log",
+            resync_seconds=resync_seconds,
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+    for proc in started:
+        print(f"===== reporter {proc.identity} (pid {proc.pid}) log =====")
+        print(proc.log()[-20000:])
+
+
+def _running(driver: Driver) -> dict[str, Any]:
+    """The status once it says Running (falsy until then)."""
+    status = driver.status()
+    return status if status.get("phase") == "Running" else {}
+
+
+def wait_running(driver: Driver) -> dict[str, Any]:
+    return wait_for(lambda: _running(driver), STATUS_TIMEOUT, f"{driver.name} phase Running")
+
+
+def test_after_deploy_all_conditions_true_components_ready_and_kubectl_shows_running(
+    driver: Driver, start_reporter: Callable[..., ReporterProcess], kubectl: Callable[..., Any]
+) -> None:
+    start_reporter()
+    status = wait_running(driver)
+    for ctype in CONDITIONS:
+        cond = condition(status, ctype)
+        assert cond.get("status") == "True", cond
+        assert cond.get("lastTransitionTime"), cond
+    assert component(status, "Controller")["status"] == "Ready"
+    assert (
+        component(status, "Controller")["reason"]
+        == "1 instance(s) of controller driver is running successfully"
+    )
+    assert component(status, "Node")["status"] == "Ready"
+    assert component(status, "Node")["reason"] == "All 3 node driver pod(s) running successfully"
+    assert status["reason"] == "All driver components are deployed successfully"
+
+    out = kubectl("get", "deployments.pmem-csi.intel.com", driver.name, "--no-headers").stdout
+    columns = out.split()
+    # NAME DEVICEMODE NODESELECTOR IMAGE STATUS AGE
+    assert columns[0] == driver.name
+    assert columns[1] == driver.cfg.device_mode == "lvm"
+    assert columns[2] == '{"storage":"pmem"}'
+    assert columns[3] == driver.cfg.image
+    assert columns[4] == "Running"
+
+
+def test_adding_a_labelled_node_changes_node_message_to_four_pods(
+    driver: Driver, start_reporter: Callable[..., ReporterProcess], api_client: Any
+) -> None:
+    start_reporter()
+    wait_running(driver)
+    node = f"rt-node-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(api_client)
+    cluster.add_node(node, dict(cluster.PMEM_LABEL))
+    try:
+        wait_for(
+            lambda: component(driver.status(), "Node").get("reason")
+            == "All 4 node driver pod(s) running successfully",
+            STATUS_TIMEOUT,
+            "Node message naming 4 pods",
+        )
+        assert component(driver.status(), "Node")["status"] == "Ready"
+    finally:
+        # Other tests count 3 PMEM nodes: remove the node and, without waiting for the pod
+        # garbage collector, the pods bound to it.
+        core.delete_node(node)
+        for pod in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}").items:
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(
+                    pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0
+                )
+
+
+def _break_pod(api_client: Any, pod: dict[str, Any], reason: str) -> None:
+    """Make a Running pod not Ready with a waiting container, as a crash-looping one looks.
+
+    The phase stays Running on purpose: kwok's pod-ready stage only selects Pending pods whose
+    Ready condition is not True, so it leaves this status alone (a Failed phase would make
+    the DaemonSet controller replace the pod instead).
+    """
+    core = client.CoreV1Api(api_client)
+    spec_containers = pod["spec"]["containers"]
+    patch = {
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
+                {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
+            ],
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 5,
+                    "state": {
+                        "running": None,
+                        "waiting": {"reason": reason, "message": "back-off restarting"},
+                    },
+                }
+                for c in spec_containers
+            ],
+        }
+    }
+    core.patch_namespaced_pod_status(pod["metadata"]["name"], pod["metadata"]["namespace"], patch)
+
+
+def test_node_pod_not_ready_makes_node_not_ready_naming_pod_and_node(
+    driver: Driver, start_reporter: Callable[..., ReporterProcess], api_client: Any
+) -> None:
+    reporter = start_reporter(resync_seconds=1.0)
+    wait_running(driver)
+    pod = sorted(driver.node_pods(), key=lambda p: p["metadata"]["name"])[0]
+    pod_name, node_name = pod["metadata"]["name"], pod["spec"]["nodeName"]
+    _break_pod(api_client, pod, "CrashLoopBackOff")
+
+    def node_not_ready() -> dict[str, Any]:
+        comp = component(driver.status(), "Node")
+        return comp if comp.get("status") == "NotReady" and pod_name in comp["reason"] else {}
+
+    comp = wait_for(node_not_ready, STATUS_TIMEOUT, f"Node NotReady naming {pod_name}")
+    assert f"{pod_name} on {node_name}: CrashLoopBackOff" in comp["reason"], comp
+    assert "2 out of 3 driver pods are ready" in comp["reason"], comp
+    assert driver.status()["phase"] == "Failed"
+    # kwok does not flip the pod back (see _break_pod): two resyncs later nothing changed.
+    seen = reporter.metric(RECONCILES)
+    wait_for(lambda: reporter.metric(RECONCILES) >= seen + 2, 30, "two more reconciles")
+    pod_now = driver.raw.get(POD, pod_name, driver.namespace) or {}
+    ready = [c for c in pod_now["status"]["conditions"] if c.get("type") == "Ready"]
+    assert [c["status"] for c in ready] == ["False"]
+    assert component(driver.status(), "Node") == comp
+
+
+def test_deleting_daemonset_makes_driver_deployed_false_naming_it(
+    driver: Driver, start_reporter: Callable[..., ReporterProcess], raw: RawApi
+) -> None:
+    start_reporter()
+    wait_running(driver)
+    delete_object(raw, APPS_DAEMONSET, driver.names.node_driver, driver.namespace)
+
+    def deployed_false() -> dict[str, Any]:
+        cond = condition(driver.status(), "DriverDeployed")
+        return cond if cond.get("status") == "False" else {}
+
+    cond = wait_for(deployed_false, STATUS_TIMEOUT, "DriverDeployed False")
+    assert f"DaemonSet/{driver.names.node_driver}" in cond["message"], cond
+    assert "pulumi up --refresh" in cond["message"], cond
+    assert cond["reason"] == "ObjectsMissing"
+    assert driver.status()["phase"] == "Failed"
+
+
+def test_certificate_from_another_ca_makes_certs_verified_false_wrong_ca(
+    driver: Driver, start_reporter: Callable[..., ReporterProcess], api_client: Any
+) -> None:
+    start_reporter()
+    wait_running(driver)
+    other = certs_mod.generate_driver_certificates()
+    client.CoreV1Api(api_client).patch_namespaced_secret(
+        driver.names.node_secret,
+        driver.namespace,
+        {
+            "stringData": {
+                "tls.crt": other.node_controller_cert,
+                "tls.key": other.node_controller_key,
+            }
+        },
+    )
+
+    def verified_false() -> dict[str, Any]:
+        cond = condition(driver.status(), "CertsVerified")
+        return cond if cond.get("status") == "False" else {}
+
+    cond = wait_for(verified_false, STATUS_TIMEOUT, "CertsVerified False")
+    assert cond["reason"] == "WrongCA", cond
+    assert condition(driver.status(), "CertsReady")["status"] == "True"
+
+
+def test_restarting_reporter_with_nothing_changed_writes_no_status(
+    driver: Driver, start_reporter: Callable[..., ReporterProcess], raw: RawApi
+) -> None:
+    first = start_reporter("first", resync_seconds=1.0)
+    wait_running(driver)
+    wait_for(lambda: first.metric(WRITES) >= 1, 10, "first reporter's status write metric")
+    first.stop()
+    before = driver.cr()
+
+    second = start_reporter("second", resync_seconds=1.0)
+    # Leading, caches synced, and several full recomputes (each resync reconciles the CR).
+    wait_for(lambda: _lease_holder(raw, driver) == "second", 30, "second reporter leading")
+    wait_for(lambda: second.metric(RECONCILES) >= 3, 30, "three reconciles by the new process")
+    after = driver.cr()
+    assert second.metric(WRITES) == 0
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert after["metadata"].get("managedFields") == before["metadata"].get("managedFields")
+    assert after["status"] == before["status"]
+
+
+def _lease_holder(raw: RawApi, driver: Driver) -> str:
+    lease = raw.get(LEASE, driver.names.reporter, driver.namespace) or {}
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+def test_killing_the_leader_hands_over_to_the_other_replica(
+    driver: Driver, start_reporter: Callable[..., ReporterProcess], raw: RawApi
+) -> None:
+    replicas = {p.identity: p for p in (start_reporter("replica-a"), start_reporter("replica-b"))}
+    wait_running(driver)
+    leader = wait_for(
+        lambda: _lease_holder(raw, driver) if _lease_holder(raw, driver) in replicas else "",
+        30,
+        "a lease holder",
+    )
+    (follower,) = set(replicas) - {leader}
+    assert replicas[follower].metric("pmem_csi_reporter_is_leader") == 0
+
+    replicas[leader].kill()
+    killed_at = time.monotonic()
+    wait_for(
+        lambda: _lease_holder(raw, driver) == follower,
+        TAKEOVER_SECONDS + 5,
+        f"{follower} holding the lease",
+        interval=0.1,
+    )
+    took = time.monotonic() - killed_at
+    assert took <= TAKEOVER_SECONDS, f"takeover took {took:.1f}s"
+
+    # The new leader reports a change made after the takeover.
+    delete_object(raw, SERVICE, driver.names.metrics_service, driver.namespace)
+
+    def deployed_false() -> dict[str, Any]:
+        cond = condition(driver.status(), "DriverDeployed")
+        return cond if cond.get("status") == "False" else {}
+
+    cond = wait_for(deployed_false, STATUS_TIMEOUT, "DriverDeployed False after takeover")
+    assert f"Service/{driver.names.metrics_service}" in cond["message"], cond
+    assert replicas[follower].metric(WRITES) >= 1
+
+
+def _events(api_client: Any, driver: Driver) -> list[tuple[str, str]]:
+    items = (
+        client.CoreV1Api(api_client)
+        .list_namespaced_event(
+            CLUSTER_EVENT_NAMESPACE, field_selector=f"involvedObject.name={driver.name}"
+        )
+        .items
+    )
+    return [(e.type, e.reason) for e in items if e.involved_object.kind == "Deployment"]
+
+
+def test_phase_changes_produce_events_on_the_cr(
+    driver: Driver,
+    start_reporter: Callable[..., ReporterProcess],
+    raw: RawApi,
+    api_client: Any,
+) -> None:
+    start_reporter()
+    wait_running(driver)
+    wait_for(
+        lambda: ("Normal", "Running") in _events(api_client, driver),
+        STATUS_TIMEOUT,
+        "a Normal/Running Event",
+    )
+    delete_object(raw, SERVICE, driver.names.controller_service, driver.namespace)
+    wait_for(
+        lambda: ("Warning", "Failed") in _events(api_client, driver),
+        STATUS_TIMEOUT,
+        "a Warning/Failed Event",
+    )
+    assert driver.status()["phase"] == "Failed"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from pmem_components.names import CLUSTER_EVENT_NAMESPACE, DeploymentNames
 from reporter.health import HealthServer
-from reporter.kubeapi import RawApi, load_api_client
+from reporter.kubeapi import KubeconfigError, RawApi, load_api_client
 from reporter.leader import LeaderElector
 from reporter.metrics import Metrics
 from reporter.observe import Observer
@@ -233,7 +233,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The HTTP client logs request/response bodies at DEBUG; those may hold Secret data.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    reporter = Reporter(args)
+    try:
+        reporter = Reporter(args)
+    except KubeconfigError as exc:
+        print(f"pmem-csi-reporter: error: {exc}", file=sys.stderr)
+        return 2
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("signal %d: shutting down", signum)

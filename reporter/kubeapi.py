@@ -219,17 +219,46 @@ class RawApi:
         return self.request_json("PUT", res.path(namespace, name), body=body)
 
 
+class KubeconfigError(Exception):
+    """No usable cluster configuration; the message is one line meant for the operator."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())
+
+
 def load_api_client(kubeconfig: str | None) -> client.ApiClient:
     """An ApiClient from an explicit kubeconfig, else in-cluster config, else $KUBECONFIG.
 
     Integration tests run the reporter as a subprocess with a token-based kubeconfig for its
     ServiceAccount, so an explicit path always wins over the in-cluster environment.
+    Failures raise ``KubeconfigError`` with a one-line reason: the client's own messages are
+    misleading (a missing file reads "Invalid kube-config file. No configuration found.") and
+    a traceback from a start-up mistake only hides the reason in a crash-looping pod's log.
     """
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
+        try:
+            with open(kubeconfig, encoding="utf-8") as f:
+                f.read(1)
+        except OSError as exc:
+            raise KubeconfigError(
+                f"cannot read kubeconfig {kubeconfig}: {exc.strerror or exc}"
+            ) from exc
+        try:
+            return config.new_client_from_config(config_file=kubeconfig)
+        except Exception as exc:  # ConfigException, YAML errors, wrongly shaped documents
+            raise KubeconfigError(f"invalid kubeconfig {kubeconfig}: {_first_line(exc)}") from exc
     try:
         configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)
         return client.ApiClient(configuration)
     except config.ConfigException:
+        pass
+    try:
         return config.new_client_from_config()
+    except Exception as exc:
+        raise KubeconfigError(
+            "not running in a cluster and no usable kubeconfig ($KUBECONFIG or ~/.kube/config): "
+            f"{_first_line(exc)}; pass --kubeconfig"
+        ) from exc

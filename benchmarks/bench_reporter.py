@@ -429,13 +429,13 @@ class Bench:
             started[drv.name] = time.monotonic()
             change(drv)
         client_side = [watcher.wait(d.name, mark, expect).at - started[d.name] for d in drivers]
-        # The write that produced the event is counted before the patch returns; give the
-        # scrape a moment in case the event overtook the counter update.
-        wait_for(
-            lambda: histogram(proc.metrics(), H)[1] >= c0 + len(drivers),
-            10,
-            "histogram to count the writes",
-        )
+        # The histogram is updated after the patch returns, so our watch event may overtake
+        # it: give the scrape a moment. It may also never count a write: when a resync
+        # reconciled the CR (with no change time) before the change's own event was taken,
+        # that write has no change-to-write sample (see BENCHMARKS.md), so do not insist.
+        deadline = time.monotonic() + 3.0
+        while histogram(proc.metrics(), H)[1] < c0 + len(drivers) and (time.monotonic() < deadline):
+            time.sleep(0.1)
         s1, c1, b1 = histogram(proc.metrics(), H)
         reporter_side = [s1 - s0] if c1 - c0 == 1 else []
         return client_side, reporter_side, {"sum": s1 - s0, "count": c1 - c0, **_b(b0, b1)}
@@ -639,6 +639,7 @@ def many_crs(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
         }
         out["reporter_histogram"] = {
             "writes": total_count,
+            "writes_expected": 2 * args.crs * args.burst_reps,
             "mean_seconds": total_sum / total_count if total_count else None,
         }
         out["latency_samples"] = {"delete": client_del, "create": client_add, "hist": hist}
@@ -678,14 +679,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write all results and samples to this file")
     args = p.parse_args(argv)
     report: dict[str, Any] = {"machine": machine(), "args": vars(args)}
+
+    def save() -> None:
+        # After each scenario, so a later failure does not lose the earlier results.
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2, default=str), "utf-8")
+
     with bench_session(args) as bench:
         if not args.skip_single:
             report["single"] = single_cr(bench, args)
+            save()
         if args.crs > 0:
             report["many"] = many_crs(bench, args)
+            save()
     report["finished"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    save()
     print_report(report)
     return 0
 

@@ -39,8 +39,9 @@ def deploy() -> list[str]:
     from tools import pulumi_stack
 
     stack = pulumi_stack.select_stack(STACK, program, toolchain.PROJECT_DIR)
-    _log(f"pulumi up --stack {STACK}")
-    result = stack.up(on_output=pulumi_stack.printer("  "))
+    # --refresh: after `make cluster-stop` the state still lists objects of the old cluster.
+    _log(f"pulumi up --refresh --stack {STACK}")
+    result = stack.up(refresh=True, on_output=pulumi_stack.printer("  "))
     _log(f"pulumi up: {result.summary.result}, changes {result.summary.resource_changes}")
     outputs = result.outputs
     return [name for name in outputs.get("deployments", {}).value or {}]

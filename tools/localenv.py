@@ -46,7 +46,10 @@ def pulumi_env() -> dict[str, str]:
     backend = state_dir() / "pulumi-backend"
     backend.mkdir(parents=True, exist_ok=True)
     venv_bin = PROJECT_DIR / ".venv" / "bin"
-    path = [str(p) for p in toolchain.path_dirs()]
+    # Only the CLI's own directory: it also holds pulumi-resource-pulumi-python. The Kubernetes
+    # provider is registered with `pulumi plugin install` instead (a provider found on PATH
+    # makes the CLI warn on every run).
+    path = [str(toolchain.GROUPS["pulumi"].install_dir() / "bin")]
     if venv_bin.is_dir():
         # pulumi-resource-pulumi-python (dynamic providers) runs `python3` from PATH.
         path.append(str(venv_bin))

@@ -9,9 +9,13 @@ CR's status. Run it with ``make demo``; ``make cluster-stop`` removes the cluste
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import yaml
 
 from tools import cluster, localenv, toolchain
 
@@ -33,12 +37,32 @@ def _kubectl(*args: str) -> str:
     ).stdout
 
 
+def _project_copy() -> Path:
+    """Pulumi.yaml and Pulumi.local.yaml copied into the state directory.
+
+    Selecting a stack with passphrase secrets writes an ``encryptionsalt`` (tied to this state
+    directory's random passphrase) into the stack file; that must not end up in the committed
+    Pulumi.local.yaml, where it would break every other clone. The copy keeps its salt.
+    """
+    work = localenv.state_dir() / "local-project"
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(toolchain.PROJECT_DIR / "Pulumi.yaml", work / "Pulumi.yaml")
+    stack_file = f"Pulumi.{STACK}.yaml"
+    settings = yaml.safe_load((toolchain.PROJECT_DIR / stack_file).read_text())
+    if (work / stack_file).exists():
+        salt = (yaml.safe_load((work / stack_file).read_text()) or {}).get("encryptionsalt")
+        if salt:
+            settings["encryptionsalt"] = salt
+    (work / stack_file).write_text(yaml.safe_dump(settings, sort_keys=False))
+    return work
+
+
 def deploy() -> list[str]:
     """`pulumi up` the local stack; return the names of the Deployment CRs it manages."""
     from pmem_components.program import main as program
     from tools import pulumi_stack
 
-    stack = pulumi_stack.select_stack(STACK, program, toolchain.PROJECT_DIR)
+    stack = pulumi_stack.select_stack(STACK, program, _project_copy())
     # --refresh: after `make cluster-stop` the state still lists objects of the old cluster.
     _log(f"pulumi up --refresh --stack {STACK}")
     result = stack.up(refresh=True, on_output=pulumi_stack.printer("  "))

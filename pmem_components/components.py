@@ -213,6 +213,20 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         )
 
 
+# pulumi-kubernetes' annotation: resolve server-side apply conflicts in this stack's favour.
+PATCH_FORCE_ANNOTATION = "pulumi.com/patchForce"
+
+
 def install_crd(opts: pulumi.ResourceOptions | None = None) -> pulumi.CustomResource:
-    """The ``deployments.pmem-csi.intel.com`` CRD from ``crd/`` as a stack resource."""
-    return registry.register(load_crd(), opts or pulumi.ResourceOptions())
+    """The ``deployments.pmem-csi.intel.com`` CRD from ``crd/`` as a stack resource.
+
+    With ``manageCrd: true`` the stack is the CRD's owner, so it takes over fields that another
+    field manager set: the provider creates by server-side apply, and a CRD applied earlier
+    with ``kubectl`` from an older ``crd/`` file (the documented way for ``manageCrd: false``)
+    would otherwise fail ``pulumi up`` with a field conflict on ``.spec.versions`` instead
+    of being upgraded to the file in this repository.
+    """
+    crd = load_crd()
+    meta = crd.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), PATCH_FORCE_ANNOTATION: "true"}
+    return registry.register(crd, opts or pulumi.ResourceOptions())

@@ -19,6 +19,7 @@ from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
 from pmem_components import names
 from pmem_components.config import ConfigError, StackConfig, load_config
 from pmem_components.manifests import bundle, node
+from pmem_components.manifests.crd import load_crd
 
 FAKE_CERTS = {
     "ca_cert": "GENERATED-CA",
@@ -149,6 +150,21 @@ def _test_default_stack_registers_every_object(mocks: Mocks) -> Any:
             ("CustomResourceDefinition", names.CRD_NAME),
         ]:
             assert (kind, name) in got, (kind, name)
+
+    return settle(outputs, check)
+
+
+def test_crd_takes_over_conflicting_fields_when_managed_here(mocks: Mocks) -> None:
+    run(lambda: _test_crd_takes_over_conflicting_fields_when_managed_here(mocks))
+
+
+def _test_crd_takes_over_conflicting_fields_when_managed_here(mocks: Mocks) -> Any:
+    outputs = deploy(stack({}))
+
+    def check(_: Any) -> None:
+        crd = mocks.one("kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
+        assert crd.inputs["metadata"]["annotations"] == {"pulumi.com/patchForce": "true"}
+        assert crd.inputs["spec"] == load_crd()["spec"]
 
     return settle(outputs, check)
 

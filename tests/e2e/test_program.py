@@ -296,9 +296,10 @@ def deployed(
         dispose(stack)
         # The durations belong in the run's output (the issue asks for them), not only in -s.
         line = ", ".join(f"{k}: {v:.1f}s" for k, v in timings.items())
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"\n[pulumi timings] {line}")
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if capture is not None:
+            with capture.global_and_fixture_disabled():
+                print(f"\npulumi timings (shared stack): {line}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -65,8 +65,8 @@ from tests.e2e.reporter_helpers import (
     deploy_driver,
     ensure_crd,
     resource_of,
-    wait_for,
 )
+from tests.e2e.waiting import wait_for
 from tools import cluster
 
 Obj = dict[str, Any]

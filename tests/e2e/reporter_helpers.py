@@ -17,10 +17,9 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from pmem_components.manifests.bundle import CertificateValues, build_deployment
 from pmem_components.manifests.crd import load_crd
 from reporter import model
 from reporter.kubeapi import RawApi, Resource
+from tests.e2e.waiting import wait_for
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
@@ -63,29 +63,6 @@ def resource_of(obj: dict[str, Any]) -> Resource:
     if res is None or res.api_version != api_version:
         raise KeyError(f"no API table entry for {api_version} {kind}")
     return res
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.2) -> Any:
-    """Poll until ``predicate`` returns something truthy; fail with the last value seen.
-
-    Every assertion about eventually-consistent state goes through this, so a test waits only
-    as long as needed and its failure message shows what the cluster looked like at the end.
-    """
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = predicate()
-        except AssertionError as exc:  # predicates may assert to explain themselves
-            last = f"AssertionError: {exc}"
-        else:
-            if last:
-                return last
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}"
-            )
-        time.sleep(interval)
 
 
 # --------------------------------------------------------------------------- cluster objects

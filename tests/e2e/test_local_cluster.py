@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -11,18 +10,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.e2e.waiting import wait_for
 from tools import cluster
-
-
-def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture
@@ -67,7 +56,7 @@ def test_daemonset_gets_one_ready_pod_per_pmem_node(api_client: Any, namespace: 
         ds = apps.read_namespaced_daemon_set_status("smoke-ds", namespace)
         return ds.status.number_ready == len(expected) and ds.status.number_ready
 
-    assert _wait(ready_count, 90, "DaemonSet numberReady") == len(expected)
+    assert wait_for(ready_count, 90, "DaemonSet numberReady") == len(expected)
     pods = core.list_namespaced_pod(namespace, label_selector="app=smoke-ds").items
     ready_nodes = [
         p.spec.node_name
@@ -100,7 +89,7 @@ def test_statefulset_with_one_replica_becomes_ready(api_client: Any, namespace: 
         sts = apps.read_namespaced_stateful_set_status("smoke-sts", namespace)
         return sts.status.ready_replicas == 1
 
-    _wait(ready, 90, "StatefulSet readyReplicas == 1")
+    wait_for(ready, 90, "StatefulSet readyReplicas == 1")
 
 
 def _configmap_program() -> None:
@@ -188,7 +177,7 @@ def test_crd_with_status_subresource_and_printer_columns(
                 for c in crd.status.conditions or []
             )
 
-        _wait(established, 30, "CRD Established")
+        wait_for(established, 30, "CRD Established")
         custom.create_cluster_custom_object(
             "smoke.example.com",
             "v1",

@@ -44,6 +44,7 @@ from pmem_components.manifests import bundle
 from pmem_components.manifests.crd import load_crd
 from pmem_components.manifests.deployment_cr import build_spec
 from pmem_components.program import main as program
+from tests.e2e.waiting import wait_for
 from tools import cluster, localenv
 from tools import pulumi_stack as ps
 
@@ -58,17 +59,6 @@ SECRET_SIG = "4dabf18193072939515e22adb298388d"
 
 # --------------------------------------------------------------------------------------------
 # helpers
-
-
-def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def unique_deployment(**extra: Any) -> dict[str, Any]:
@@ -252,7 +242,7 @@ def crd(api_client: Any) -> None:
             c.type == "Established" and c.status == "True" for c in obj.status.conditions or []
         )
 
-    _wait(established, 30, "CRD Established")
+    wait_for(established, 30, "CRD Established")
 
 
 @pytest.fixture(scope="module")

@@ -36,8 +36,8 @@ from tests.e2e.reporter_helpers import (
     driver_config,
     ensure_crd,
     token_kubeconfig,
-    wait_for,
 )
+from tests.e2e.waiting import wait_for
 from tools import cluster
 
 # Reporter start + first list + first write; kwok makes pods Ready within a second or two.

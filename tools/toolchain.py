@@ -59,17 +59,23 @@ def _version_ldflags(pkg: str, version: str) -> list[str]:
 
 
 def _module_dir(group_dir: Path, module: str) -> Path:
+    """Source directory of a module at the version the wrapper requires, downloading it.
+
+    (``go list -m`` alone prints an empty directory for a module not yet in the module cache,
+    which is the case on a fresh machine before the first build.)
+    """
     out = subprocess.run(
-        ["go", "list", "-m", "-f", "{{.Dir}}", module],
+        ["go", "mod", "download", "-json", module],
         cwd=group_dir,
         env=go_env(),
         check=True,
         capture_output=True,
         text=True,
-    ).stdout.strip()
-    if not out:
-        raise RuntimeError(f"go list found no directory for {module}; run 'go mod download'")
-    return Path(out)
+    ).stdout
+    directory = json.loads(out).get("Dir")
+    if not directory:
+        raise RuntimeError(f"go mod download gave no directory for {module}: {out}")
+    return Path(directory)
 
 
 def _prepare_provider(group_dir: Path) -> None:

@@ -85,7 +85,8 @@ def run_reporter(names: list[str], timeout: float = 90) -> None:
     for name in names:
         cmd += ["--deployment", name]
     _log("starting the reporter: " + " ".join(cmd[1:]))
-    proc = subprocess.Popen(cmd, cwd=toolchain.PROJECT_DIR)
+    # The reporter's own output goes to stderr: stdout carries only the demo's result.
+    proc = subprocess.Popen(cmd, cwd=toolchain.PROJECT_DIR, stdout=sys.stderr)
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

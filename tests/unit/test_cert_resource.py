@@ -20,6 +20,7 @@ import pytest
 from certutil import NOW, make_ca, make_leaf
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime.mocks import MockMonitor
+from pulumi_mocks import RecordingMocks
 
 from pmem_components import cert_resource, certs
 from pmem_components.cert_resource import (
@@ -38,19 +39,9 @@ FAKE = {
 }
 
 
-class Mocks(pulumi.runtime.Mocks):
+class Mocks(RecordingMocks):
     def __init__(self) -> None:
-        self.resources: list[pulumi.runtime.MockResourceArgs] = []
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        self.resources.append(args)
-        outs = dict(args.inputs)
-        if args.typ.endswith("dynamic/pmem-csi:Certificates"):
-            outs.update(FAKE)
-        return f"{args.name}-id", outs
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> tuple[dict[str, Any], list[Any]]:
-        return {}, []
+        super().__init__(FAKE)
 
 
 class RecordingMonitor(MockMonitor):

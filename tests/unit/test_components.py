@@ -15,6 +15,7 @@ import pulumi
 import pytest
 from certutil import good_set
 from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
+from pulumi_mocks import RecordingMocks
 
 from pmem_components import names
 from pmem_components.config import ConfigError, StackConfig, load_config
@@ -30,19 +31,9 @@ FAKE_CERTS = {
 }
 
 
-class Mocks(pulumi.runtime.Mocks):
+class Mocks(RecordingMocks):
     def __init__(self) -> None:
-        self.resources: list[pulumi.runtime.MockResourceArgs] = []
-
-    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
-        self.resources.append(args)
-        outs = dict(args.inputs)
-        if args.typ.startswith("pulumi-python:dynamic"):
-            outs.update(FAKE_CERTS)
-        return f"{args.name}-id", outs
-
-    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
-        return {}
+        super().__init__(FAKE_CERTS)
 
     def of_type(self, typ: str) -> list[pulumi.runtime.MockResourceArgs]:
         return [r for r in self.resources if r.typ == typ]

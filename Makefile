@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 
 .PHONY: demo test unit lint tools cluster-start cluster-stop clean-state
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-dev.txt
 	# The project itself, editable and without dependencies (pinned above): this installs the

@@ -37,24 +37,19 @@ def _kubectl(*args: str) -> str:
     ).stdout
 
 
-def _project_copy() -> Path:
-    """Pulumi.yaml and Pulumi.local.yaml copied into the state directory.
+def _project_copy() -> tuple[Path, dict]:
+    """Pulumi.yaml copied into the state directory, and the config of Pulumi.local.yaml.
 
     Selecting a stack with passphrase secrets writes an ``encryptionsalt`` (tied to this state
     directory's random passphrase) into the stack file; that must not end up in the committed
-    Pulumi.local.yaml, where it would break every other clone. The copy keeps its salt.
+    Pulumi.local.yaml, where it would break every other clone. So the stack runs from a copy,
+    whose stack file ``pulumi_stack.select_stack`` rewrites keeping its salt.
     """
     work = localenv.state_dir() / "local-project"
     work.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(toolchain.PROJECT_DIR / "Pulumi.yaml", work / "Pulumi.yaml")
-    stack_file = f"Pulumi.{STACK}.yaml"
-    settings = yaml.safe_load((toolchain.PROJECT_DIR / stack_file).read_text())
-    if (work / stack_file).exists():
-        salt = (yaml.safe_load((work / stack_file).read_text()) or {}).get("encryptionsalt")
-        if salt:
-            settings["encryptionsalt"] = salt
-    (work / stack_file).write_text(yaml.safe_dump(settings, sort_keys=False))
-    return work
+    settings = yaml.safe_load((toolchain.PROJECT_DIR / f"Pulumi.{STACK}.yaml").read_text())
+    return work, settings["config"]
 
 
 def deploy() -> list[str]:
@@ -62,7 +57,8 @@ def deploy() -> list[str]:
     from pmem_components.program import main as program
     from tools import pulumi_stack
 
-    stack = pulumi_stack.select_stack(STACK, program, _project_copy())
+    work_dir, config = _project_copy()
+    stack = pulumi_stack.select_stack(STACK, program, work_dir, config)
     # --refresh: after `make cluster-stop` the state still lists objects of the old cluster.
     _log(f"pulumi up --refresh --stack {STACK}")
     result = stack.up(refresh=True, on_output=pulumi_stack.printer("  "))

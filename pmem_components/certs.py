@@ -120,20 +120,7 @@ def generate_ca(*, now: dt.datetime | None = None) -> IssuedCertificate:
         .not_valid_before(now - BACKDATE)
         .not_valid_after(now + VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(
             x509.SubjectAlternativeName([x509.DNSName(n) for n in CA_DNS_NAMES]), critical=False
         )
@@ -141,6 +128,21 @@ def generate_ca(*, now: dt.datetime | None = None) -> IssuedCertificate:
         .sign(key, hashes.SHA256())
     )
     return IssuedCertificate(cert=cert, key=key)
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """Key usage of our certificates: signing and key exchange; CAs also sign certs and CRLs."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=True,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
 
 
 def generate_leaf(
@@ -172,20 +174,7 @@ def generate_leaf(
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]

@@ -12,6 +12,7 @@ Usage: ``python -m tools.toolchain build [GROUP...]`` and ``python -m tools.tool
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -203,10 +204,27 @@ def _log(msg: str) -> None:
 
 
 def build(group: Group) -> Path:
-    """Build one group into the cache unless it is there; return its bin directory."""
+    """Build one group into the cache unless it is there; return its bin directory.
+
+    Several checkouts (worktrees, a CI clone next to a developer's tree) share the cache, so
+    a build holds a per-group file lock: a second caller waits and then finds the result.
+    """
     final = group.install_dir()
     if group.is_built():
         return final / "bin"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.parent / f".{final.name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _log(f"waiting for another process that builds {group.name}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if group.is_built():
+            return final / "bin"
+        return _build_locked(group, final)
+
+
+def _build_locked(group: Group, final: Path) -> Path:
     names = ", ".join(group.packages)
     _log(f"building {group.name} ({names}) into {final}")
     start = time.monotonic()

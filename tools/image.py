@@ -42,7 +42,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -75,7 +74,8 @@ PYTHON_VERSION = "3.11"
 SITE_PACKAGES = "usr/local/lib/python3.11/dist-packages"
 # Wheel tags pip may choose for the image: CPython 3.11, manylinux up to bookworm's glibc 2.36.
 WHEEL_ABIS = ("cp311", "abi3", "none")
-WHEEL_PLATFORMS = tuple(f"manylinux_2_{v}_x86_64" for v in range(36, 16, -1)) + (
+WHEEL_PLATFORMS = (
+    *(f"manylinux_2_{v}_x86_64" for v in range(36, 16, -1)),
     "manylinux2014_x86_64",
 )
 # Fixed time of every file, the image config and its history (2026-01-01T00:00:00Z), unless
@@ -498,8 +498,9 @@ def _populate(rootfs: Path, work: Path, packages: list[dict[str, str]], log: Pat
     # Byte code with hash-based invalidation: no mtimes inside, and nothing has to be
     # written at run time (the root filesystem is read-only in the pod).
     _run(
-        [shutil.which("chroot") or "/usr/sbin/chroot", rootfs, PYTHON, "-m", "compileall", "-q", "-j", "1",
-         "--invalidation-mode", "unchecked-hash", "/usr/lib/python3.11", f"/{SITE_PACKAGES}"],
+        [shutil.which("chroot") or "/usr/sbin/chroot", rootfs,
+         PYTHON, "-m", "compileall", "-q", "-j", "1", "--invalidation-mode", "unchecked-hash",
+         "/usr/lib/python3.11", f"/{SITE_PACKAGES}"],
         log,
         env={"PATH": "/usr/bin:/bin", "SOURCE_DATE_EPOCH": str(source_date_epoch())},
     )  # fmt: skip
@@ -613,7 +614,9 @@ def size_bytes(image: BuiltImage) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.image", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.image", description=(__doc__ or "").split("\n")[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build the reporter image unless cached")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")

@@ -25,8 +25,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -49,8 +51,9 @@ DEFAULT_CPU = "100m"
 DEFAULT_MEMORY = "250Mi"
 DEFAULT_NODE_SELECTOR: dict[str, str] = {"storage": "pmem"}
 
-# The status reporter is this project's replacement for the operator's status updates.
-DEFAULT_REPORTER_IMAGE = "pmem-csi-pulumi/reporter:latest"
+# The status reporter is this project's replacement for the operator's status updates. It has
+# no default image: no public one exists; `make image` builds it and README.md says how to push
+# it. Without ``reporter.image`` the reporter is not deployed (see ``Reporter``).
 DEFAULT_REPORTER_REPLICAS = 2
 DEFAULT_REPORTER_LOG_LEVEL = 3
 
@@ -168,12 +171,32 @@ class Patch(_Model):
 
 
 class Reporter(_Model):
-    """Settings of the status reporter that fills in the Deployment CR's status."""
+    """Settings of the status reporter that fills in the Deployment CR's status.
 
-    enabled: bool = True
-    image: str = Field(default=DEFAULT_REPORTER_IMAGE, min_length=1)
+    Deployed only when ``image`` is set: a default pointing at an image nobody published
+    would leave a first ``pulumi up`` on a real cluster waiting for pods stuck in
+    ImagePullBackOff. ``enabled`` unset means "when an image is configured"; after
+    validation it is always a bool. ``enabled: true`` without an image is a config error.
+    """
+
+    enabled: bool | None = None
+    image: str | None = Field(default=None, min_length=1)
     replicas: int = Field(default=DEFAULT_REPORTER_REPLICAS, ge=1, le=10)
     log_level: int = Field(default=DEFAULT_REPORTER_LOG_LEVEL, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _enabled_when_an_image_is_set(self) -> Reporter:
+        if self.enabled is None:
+            object.__setattr__(self, "enabled", self.image is not None)
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_image(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The CR spec records the settings; a null image is noise there (and not a string).
+        data = handler(self)
+        if self.image is None:
+            data.pop("image", None)
+        return data
 
 
 class DeploymentConfig(_Model):
@@ -399,6 +422,16 @@ def _check_patches(patches: Any, path: tuple[str | int, ...], problems: list[str
                 problems.append(f"{key_path((*op_path, 'from'))}: is required for {op['op']}")
 
 
+def _check_reporter(reporter: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
+    reporter = _dict_or_empty(reporter)
+    if reporter.get("enabled") is True and reporter.get("image") is None:
+        problems.append(
+            f"{key_path((*path, 'image'))}: is required when reporter.enabled is true: there is "
+            "no public reporter image; build it with `make image`, push it (see README.md) and "
+            "set its name here, or leave enabled unset"
+        )
+
+
 def _check_deployment(raw: Mapping[str, Any], path: tuple[str | int, ...]) -> list[str]:
     """Checks pydantic's field types cannot express; tolerant of wrongly typed values."""
     problems: list[str] = []
@@ -439,6 +472,7 @@ def _check_deployment(raw: Mapping[str, Any], path: tuple[str | int, ...]) -> li
         _check_resources(raw.get(res), (*path, res), problems)
     _check_certificates(raw.get("certificates"), (*path, "certificates"), problems)
     _check_patches(raw.get("patches"), (*path, "patches"), problems)
+    _check_reporter(raw.get("reporter"), (*path, "reporter"), problems)
     return problems
 
 

@@ -164,9 +164,16 @@ class Driver:
                 delete_object(self.raw, events, ev["metadata"]["name"], ns)
 
 
-def driver_config(name: str, namespace: str) -> DeploymentConfig:
+# The reporter's objects (ServiceAccount, RBAC) exist only with an image set; kwok's pods run
+# none, and tests/e2e/test_reporter_image.py runs the real one.
+REPORTER_IMAGE = "registry.example/pmem-csi-reporter:e2e"
+
+
+def driver_config(
+    name: str, namespace: str, reporter_image: str = REPORTER_IMAGE
+) -> DeploymentConfig:
     """The default config, renamed so concurrent tests do not share objects."""
-    return DeploymentConfig(name=name, namespace=namespace)
+    return DeploymentConfig(name=name, namespace=namespace, reporter={"image": reporter_image})
 
 
 def deploy_driver(raw: RawApi, cfg: DeploymentConfig, certs: DriverCertificates) -> Driver:

@@ -102,12 +102,13 @@ EXPECTED_TYPES = {
 }
 
 
-def test_default_stack_registers_every_object(mocks: Mocks) -> None:
-    run(lambda: _test_default_stack_registers_every_object(mocks))
+def test_stack_with_a_reporter_image_registers_every_object(mocks: Mocks) -> None:
+    run(lambda: _test_stack_with_a_reporter_image_registers_every_object(mocks))
 
 
-def _test_default_stack_registers_every_object(mocks: Mocks) -> Any:
-    outputs = deploy(stack({}))
+def _test_stack_with_a_reporter_image_registers_every_object(mocks: Mocks) -> Any:
+    # Defaults everywhere but the reporter's image, which has no default (see config.Reporter).
+    outputs = deploy(stack({"reporter": {"image": "registry.example/pmem-csi-reporter:1"}}))
 
     def check(_: Any) -> None:
         counts: dict[str, int] = {}

@@ -51,8 +51,9 @@ def test_defaults_are_the_reference_defaults() -> None:
     assert d.kubelet_dir == "/var/lib/kubelet"
     assert not d.certificates.provided
     assert d.patches == []
-    assert d.reporter.enabled is True
-    assert d.reporter.image == c.DEFAULT_REPORTER_IMAGE
+    # No public reporter image exists, so by default the reporter is not deployed.
+    assert d.reporter.enabled is False
+    assert d.reporter.image is None
     assert d.reporter.replicas == 2
 
 
@@ -99,6 +100,35 @@ def test_every_field_is_read() -> None:
         "replicas": 3,
         "logLevel": 4,
     }
+
+
+@pytest.mark.parametrize(
+    ("reporter", "enabled"),
+    [
+        ({}, False),
+        ({"image": "registry.example/pmem-csi-reporter:1"}, True),
+        ({"image": "registry.example/pmem-csi-reporter:1", "enabled": False}, False),
+        ({"enabled": False}, False),
+    ],
+)
+def test_reporter_is_enabled_exactly_when_an_image_is_set_and_not_disabled(
+    reporter: dict[str, Any], enabled: bool
+) -> None:
+    d = load_config(one_dep(reporter=reporter)).deployments[0]
+    assert d.reporter.enabled is enabled
+    # The CR spec (a model dump) never carries a null image.
+    dumped = d.reporter.model_dump(by_alias=True)
+    assert ("image" in dumped) is ("image" in reporter)
+    assert dumped["enabled"] is enabled
+
+
+def test_reporter_enabled_without_image_is_caught_for_models_built_in_code() -> None:
+    dep = c.DeploymentConfig(reporter=c.Reporter(enabled=True))
+    assert c.deployment_problems(dep) == [
+        "pmem-csi:deployments[0].reporter.image: is required when reporter.enabled is true: "
+        "there is no public reporter image; build it with `make image`, push it (see "
+        "README.md) and set its name here, or leave enabled unset"
+    ]
 
 
 def test_ndctl_is_an_alias_of_direct_and_direct_has_no_percentage() -> None:
@@ -183,6 +213,10 @@ def test_manage_crd_accepts_config_strings() -> None:
         ({"reporter": {"enabled": "x"}}, "deployments[0].reporter.enabled: must be true or false"),
         ({"reporter": {"image": ""}}, "deployments[0].reporter.image: must not be empty"),
         ({"reporter": {"other": 1}}, "deployments[0].reporter.other: is not a known setting"),
+        (
+            {"reporter": {"enabled": True}},
+            "deployments[0].reporter.image: is required when reporter.enabled is true",
+        ),
     ],
 )
 def test_field_errors_name_the_key(fields: dict[str, Any], expected: str) -> None:

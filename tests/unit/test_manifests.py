@@ -91,7 +91,18 @@ def test_namespace_can_be_left_out() -> None:
 def test_disabled_reporter_has_no_objects() -> None:
     assert bundle.reporter_objects(cfg(reporter={"enabled": False})) == []
     assert "reporter" not in bundle.object_names(cfg(reporter={"enabled": False}))
-    assert bundle.object_names(cfg())["reporter"] == "pmem-csi-intel-com-reporter"
+    with_image = cfg(reporter={"image": "registry.example/pmem-csi-reporter:1"})
+    assert bundle.object_names(with_image)["reporter"] == "pmem-csi-intel-com-reporter"
+
+
+def test_reporter_is_deployed_only_with_an_image_and_runs_that_image() -> None:
+    """No public reporter image exists: without ``reporter.image`` nothing is deployed."""
+    assert bundle.reporter_objects(cfg()) == []
+    assert "reporter" not in bundle.object_names(cfg())
+    image = "registry.example/pmem-csi-reporter@sha256:" + "0" * 64
+    objs = bundle.reporter_objects(cfg(reporter={"image": image}))
+    (dep,) = [o for o in objs if o["kind"] == "Deployment"]
+    assert container(dep, "reporter")["image"] == image
 
 
 def test_object_names_follow_the_driver_name() -> None:
@@ -506,8 +517,7 @@ def test_deployment_cr_mirrors_effective_config() -> None:
         "labels": {"t": "x"},
         "kubeletDir": "/var/lib/kubelet",
         "reporter": {
-            "enabled": True,
-            "image": "pmem-csi-pulumi/reporter:latest",
+            "enabled": False,
             "replicas": 2,
             "logLevel": 3,
         },

@@ -141,11 +141,24 @@ def reporter_uid() -> int:
 # --------------------------------------------------------------------------- inputs
 
 
-def _first_party_imports(path: Path) -> set[str]:
-    """Modules of ``pmem_components`` and ``reporter`` that ``path`` imports."""
+def _first_party_imports(path: Path, lazy: bool) -> set[str]:
+    """Modules of ``pmem_components`` and ``reporter`` that ``path`` imports.
+
+    ``lazy`` also follows imports inside functions; without it only module-level imports
+    count (``pmem_components/__init__.py`` imports its Pulumi components lazily precisely so
+    that the reporter does not need them).
+    """
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    nodes: list[ast.AST] = list(ast.walk(tree)) if lazy else []
+    if not lazy:
+        todo: list[ast.AST] = list(tree.body)
+        while todo:
+            node = todo.pop()
+            nodes.append(node)
+            if isinstance(node, ast.If | ast.Try):
+                todo.extend(ast.iter_child_nodes(node))
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -167,8 +180,9 @@ def reporter_sources() -> list[Path]:
     """Every first-party file the reporter imports, relative to the project.
 
     All of ``reporter/*.py`` plus the ``pmem_components`` modules they import, transitively
-    (with each package's ``__init__``): the image carries no config model, manifest builder
-    or Pulumi component, because the reporter never imports them.
+    (with each package's ``__init__``; see ``_first_party_imports`` for lazy imports): the
+    image carries no config model, manifest builder or Pulumi component, because the reporter
+    never imports them. The runc test proves the list is enough.
     """
     todo = sorted(REPORTER_DIR.glob("*.py"))
     seen: set[Path] = set()
@@ -182,7 +196,8 @@ def reporter_sources() -> list[Path]:
             init = PROJECT_DIR.joinpath(*rel.parts[:i], "__init__.py")
             if init.is_file():
                 todo.append(init)
-        for module in _first_party_imports(path):
+        lazy = rel.parts[0] == "reporter"
+        for module in _first_party_imports(path, lazy):
             found = _module_file(module)
             if found is not None:
                 todo.append(found)
@@ -537,16 +552,20 @@ def _manifest_digest(layout: Path) -> str:
     return str(manifest["digest"])
 
 
-def build(force: bool = False) -> BuiltImage:
-    """Build the image unless its cache entry exists; a file lock serializes builders."""
+def build(force: bool = False, root: Path | None = None) -> BuiltImage:
+    """Build the image unless its cache entry exists; a file lock serializes builders.
+
+    ``root`` puts the entry elsewhere than the cache (the reproducibility test builds a
+    second copy there); downloaded wheels are always shared in the cache.
+    """
     key = cache_key()
-    image = entry(key)
+    root = root or cache_root()
+    image = BuiltImage(root / f"reporter-{key}")
     if image.exists() and not force:
         return image
     if os.geteuid() != 0:
         raise ImageError("building the image needs root (mmdebstrap --mode=root, chroot)")
     ensure_host_tools()
-    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".reporter-{key}.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)

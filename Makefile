@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit lint tools cluster-start cluster-stop clean-state
+.PHONY: demo test unit lint tools image cluster-start cluster-stop clean-state
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,12 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefil
 tools: $(VENV)/.installed
 	$(PY) -m tools.toolchain build
 
+# The reporter's OCI image (layout + oci-archive) in ~/.cache/pmem-csi-pulumi/image, rebuilt
+# only when its inputs change; installs mmdebstrap, umoci, skopeo and runc with apt-get when
+# missing. See README.md, "The reporter image".
+image: $(VENV)/.installed
+	$(PY) -m tools.image build
+
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
 
@@ -26,7 +32,7 @@ unit: $(VENV)/.installed
 
 # The whole suite: unit tests, then the end-to-end tests on a local cluster with the real
 # Pulumi engine. PMEM_CSI_REQUIRE_CLUSTER makes a missing tool a failure, never a skip.
-test: $(VENV)/.installed lint tools
+test: $(VENV)/.installed lint tools image
 	PMEM_CSI_REQUIRE_CLUSTER=1 $(PY) -m pytest tests -v --timeout=900 --durations=15
 
 demo: $(VENV)/.installed tools

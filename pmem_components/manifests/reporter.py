@@ -25,7 +25,7 @@ from pmem_components import names as n
 RBAC_API = "rbac.authorization.k8s.io"
 COMPONENT_REPORTER = "reporter"
 METRICS_PORT = 8080
-# Matches the non-root user created in reporter/Dockerfile.
+# The image (tools/image.py) creates its non-root user with this uid and runs as it.
 REPORTER_UID = 10001
 READ = ["get", "list", "watch"]
 

@@ -82,6 +82,8 @@ WHEEL_PLATFORMS = (
 # SOURCE_DATE_EPOCH says otherwise (then the digest changes with it, as it should).
 DEFAULT_EPOCH = 1767225600
 TAG = "latest"
+# Cache entries kept (the newest); older ones are removed after a build.
+KEEP_ENTRIES = 3
 IMAGE_TITLE = "pmem-csi-reporter"
 METRICS_PORT = 8080
 # What the reporter does not need at run time; removed to keep the image small.
@@ -617,7 +619,19 @@ def _build_locked(image: BuiltImage) -> BuiltImage:
         shutil.rmtree(work, ignore_errors=True)
         raise
     _log(f"built {image.digest} in {time.monotonic() - started:.0f}s: {image.dir}")
+    _prune(image.dir.parent, keep=KEEP_ENTRIES)
     return image
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Drop all but the ``keep`` newest entries: each holds about 100 MB (layout + archive)."""
+    entries = sorted(
+        (p for p in root.glob("reporter-*") if (p / "digest").is_file()),
+        key=lambda p: (p / "digest").stat().st_mtime,
+        reverse=True,
+    )
+    for old in entries[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def size_bytes(image: BuiltImage) -> dict[str, int]:

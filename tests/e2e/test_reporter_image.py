@@ -255,11 +255,13 @@ def _still_running(pod: oci_pod.RuncContainer) -> dict[str, Any]:
 
 
 def _all_true(driver: Driver) -> dict[str, Any]:
+    """The status once every condition is True and the phase Running; else says what is not."""
     status = driver.status()
-    ok = status.get("phase") == "Running" and all(
-        condition(status, c).get("status") == "True" for c in CONDITIONS
-    )
-    return status if ok else {}
+    conds = {c: condition(status, c).get("status") for c in CONDITIONS}
+    if status.get("phase") == "Running" and set(conds.values()) == {"True"}:
+        return status
+    verified = condition(status, "CertsVerified").get("message")
+    raise AssertionError(f"phase={status.get('phase')!r} {conds} CertsVerified: {verified!r}")
 
 
 def test_reporter_in_its_pod_reaches_all_conditions_true_and_serves_its_endpoints(
@@ -267,7 +269,7 @@ def test_reporter_in_its_pod_reaches_all_conditions_true_and_serves_its_endpoint
 ) -> None:
     pod = first_pod
     status = wait_for(
-        lambda: _all_true(driver) or _still_running(pod),
+        lambda: _still_running(pod) or _all_true(driver),
         STATUS_TIMEOUT,
         "all conditions True, phase Running (from the reporter in runc)",
     )

@@ -274,10 +274,17 @@ def ensure_host_tools(names: Sequence[str] = tuple(HOST_PACKAGES)) -> None:
     _log(f"installing {' '.join(missing)} with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-q", *missing]
-    if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+
+    def apt(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+    if apt(install).returncode != 0:
         # A fresh machine has no package lists yet.
-        subprocess.run(["apt-get", "update", "-q"], env=env, check=True, capture_output=True)
-        subprocess.run(install, env=env, check=True, capture_output=True)
+        for cmd in (["apt-get", "update", "-q"], install):
+            done = apt(cmd)
+            if done.returncode != 0:
+                tail = "\n".join((done.stdout + done.stderr).splitlines()[-10:])
+                raise ImageError(f"{' '.join(cmd)} failed ({done.returncode}):\n{tail}")
     still = [n for n in names if shutil.which(n) is None]
     if still:
         raise ImageError(f"apt-get installed {' '.join(missing)} but {', '.join(still)} not found")
@@ -563,11 +570,12 @@ def build(force: bool = False, root: Path | None = None) -> BuiltImage:
     key = cache_key()
     root = root or cache_root()
     image = BuiltImage(root / f"reporter-{key}")
+    # Also when cached: pushing (skopeo) and the runc test need them.
+    ensure_host_tools()
     if image.exists() and not force:
         return image
     if os.geteuid() != 0:
         raise ImageError("building the image needs root (mmdebstrap --mode=root, chroot)")
-    ensure_host_tools()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f".reporter-{key}.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
@@ -589,9 +597,10 @@ def _build_locked(image: BuiltImage) -> BuiltImage:
         got = {p["Package"]: p["Version"] for p in packages}
         if got != pins:
             extra = sorted(set(got.items()) - set(pins.items()))
+            absent = sorted(set(pins.items()) - set(got.items()))
             raise ImageError(
-                f"the mirror resolved packages outside {PACKAGES_LOCK.name}: {extra}; "
-                "run `python -m tools.image lock`"
+                f"the packages resolved differ from {PACKAGES_LOCK.name}: not locked {extra}, "
+                f"locked but not resolved {absent}; run `python -m tools.image lock`"
             )
         _populate(rootfs, work, packages, log)
         layer = work / "layer.tar"

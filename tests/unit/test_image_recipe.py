@@ -7,6 +7,8 @@ stale lock or a cache key that would miss a change, without root or network.
 from __future__ import annotations
 
 import re
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,70 @@ def test_the_cache_key_covers_every_input_and_the_epoch(
 
 def test_the_image_user_is_the_pods_run_as_user() -> None:
     assert image.reporter_uid() == REPORTER_UID != 0
+
+
+class FakeHost:
+    """``shutil.which`` and ``subprocess.run`` of a host where apt-get installs packages."""
+
+    def __init__(self, present: set[str], lists_fresh: bool) -> None:
+        self.present = set(present)
+        self.lists_fresh = lists_fresh
+        self.calls: list[list[str]] = []
+
+    def which(self, name: str) -> str | None:
+        return f"/usr/bin/{name}" if name in self.present | {"apt-get"} else None
+
+    def run(self, cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        self.calls.append(list(cmd))
+        if cmd[:2] == ["apt-get", "update"]:
+            self.lists_fresh = True
+        elif cmd[:2] == ["apt-get", "install"]:
+            if not self.lists_fresh:
+                return subprocess.CompletedProcess(cmd, 100, "", "E: Unable to locate package")
+            self.present |= set(cmd[4:])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeHost]:
+    def make(present: set[str], lists_fresh: bool = True) -> FakeHost:
+        fake = FakeHost(present, lists_fresh)
+        monkeypatch.setattr(image.shutil, "which", fake.which)
+        monkeypatch.setattr(image.subprocess, "run", fake.run)
+        monkeypatch.setattr(image.os, "geteuid", lambda: 0)
+        return fake
+
+    return make
+
+
+def test_host_tools_present_means_no_apt_get(host: Callable[..., FakeHost]) -> None:
+    fake = host({"mmdebstrap", "umoci", "skopeo", "runc"})
+    image.ensure_host_tools()
+    assert fake.calls == []
+
+
+def test_only_missing_host_tools_are_installed(host: Callable[..., FakeHost]) -> None:
+    fake = host({"mmdebstrap", "runc"})
+    image.ensure_host_tools()
+    assert fake.calls == [["apt-get", "install", "-y", "-q", "umoci", "skopeo"]]
+
+
+def test_a_fresh_machine_gets_package_lists_first(host: Callable[..., FakeHost]) -> None:
+    fake = host(set(), lists_fresh=False)
+    image.ensure_host_tools()
+    assert [c[:2] for c in fake.calls] == [
+        ["apt-get", "install"],
+        ["apt-get", "update"],
+        ["apt-get", "install"],
+    ]
+    assert fake.present >= {"mmdebstrap", "umoci", "skopeo", "runc"}
+
+
+def test_missing_host_tools_without_root_name_the_packages(
+    host: Callable[..., FakeHost], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = host({"mmdebstrap"})
+    monkeypatch.setattr(image.os, "geteuid", lambda: 1000)
+    with pytest.raises(image.ImageError, match="umoci skopeo runc"):
+        image.ensure_host_tools()
+    assert fake.calls == []

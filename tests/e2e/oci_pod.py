@@ -23,21 +23,25 @@ What a kubelet does and this does too:
   pod's name; own PID, IPC and mount namespaces.
 - stop: SIGTERM, then SIGKILL after ``terminationGracePeriodSeconds``.
 
-Where it differs, stated: the container shares the host's **network namespace** (the local
-API server listens on the host's loopback, which a separate namespace cannot reach without a
-CNI setup), so the pod's port is the host's port; the ``RuntimeDefault`` seccomp profile is not
-applied (runc has none built in; the CRI runtimes ship their own); probes are not run
-periodically, the test requests their paths itself; the token is a TokenRequest token for the
-ServiceAccount, not bound to a pod object.
+Networking: the pod gets its own network namespace (only ``lo``), like a pod; the API
+server, which listens on the host's loopback, is made reachable at the same address inside
+it by a forwarder of the test (``netns.Forwarder``), and ``KUBERNETES_SERVICE_HOST``/``PORT``
+name that address (a real pod gets a ClusterIP; the local API server's certificate names
+127.0.0.1, not a service IP). The test reaches the pod's port from inside its namespace.
+
+Where it differs, stated: the ``RuntimeDefault`` seccomp profile is not applied (runc has
+none built in; the CRI runtimes ship their own); probes are not run periodically, the test
+requests their paths itself; the token is a TokenRequest token for the ServiceAccount, not
+bound to a pod object; no pod IP, Service or DNS.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import subprocess
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -47,6 +51,8 @@ from typing import Any
 
 import yaml
 from kubernetes import client
+
+from tests.e2e import netns
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # containerd's and CRI-O's default capability set; `drop: [ALL]` empties it.
@@ -79,7 +85,7 @@ CONTAINER_FIELDS = {
     "args": "process",
     "env": "process",
     "workingDir": "process",
-    "ports": "the port the test reaches (host network)",
+    "ports": "the port the test reaches (in the pod's network namespace)",
     "livenessProbe": "requested by the test",
     "readinessProbe": "requested by the test",
     "resources": "cgroup limits",
@@ -366,6 +372,7 @@ class PodRun:
     gid: int
     ports: dict[str, int]
     grace_seconds: float
+    api: ApiEndpoint
     probes: dict[str, str] = field(default_factory=dict)
 
 
@@ -412,8 +419,8 @@ def build_runtime_spec(
     spec["hostname"] = pod_name
     spec["mounts"] = spec["mounts"] + _mounts(pod, ctr, sa_volume, work, pod_name)
     linux = spec["linux"]
-    # The host's network namespace: see the module docstring.
-    linux["namespaces"] = [n for n in linux["namespaces"] if n["type"] != "network"]
+    # The pod's own network namespace (runc's default spec has one; runc brings up lo).
+    assert {"type": "network"} in linux["namespaces"]
     linux["resources"] = {**linux.get("resources", {}), **_resources(ctr)}
     ports = {p.get("name", str(p["containerPort"])): int(p["containerPort"])
              for p in ctr.get("ports") or []}  # fmt: skip
@@ -430,6 +437,7 @@ def build_runtime_spec(
         gid=gid,
         ports=ports,
         grace_seconds=float(pod.get("terminationGracePeriodSeconds", 30)),
+        api=endpoint,
         probes=probes,
     )
 
@@ -438,7 +446,13 @@ def build_runtime_spec(
 
 
 class RuncContainer:
-    """One container under runc (``runc run`` in the foreground, output to a log file)."""
+    """One pod's container under runc, with the API server reachable from its network.
+
+    ``runc create`` sets up the namespaces, then the forwarder starts listening at the API
+    server's address inside the pod's network namespace, then ``runc start`` runs the
+    process: the reporter never sees a network without its API server. Output goes to a log
+    file (runc passes its stdio through to the container).
+    """
 
     def __init__(self, run: PodRun, bundle: Path, state_root: Path) -> None:
         self.run = run
@@ -448,13 +462,23 @@ class RuncContainer:
         bundle.mkdir(parents=True, exist_ok=True)
         (bundle / "config.json").write_text(json.dumps(run.spec, indent=1), encoding="utf-8")
         self.log_path = bundle / "container.log"
-        self._log = self.log_path.open("w", encoding="utf-8")
-        self.proc = subprocess.Popen(
-            ["runc", "--root", str(state_root), "run", "--bundle", str(bundle), self.id],
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        self.forwarder: netns.Forwarder | None = None
+        with self.log_path.open("w", encoding="utf-8") as log:
+            subprocess.run(
+                ["runc", "--root", str(state_root), "create", "--bundle", str(bundle), self.id],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=True,
+                timeout=60,
+            )
+        try:
+            api = (run.api.host, run.api.port)
+            self.forwarder = netns.Forwarder(self.pid(), listen=api, target=api)
+            self._runc("start", self.id)
+        except BaseException:
+            self._delete()
+            raise
 
     def _runc(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -478,54 +502,52 @@ class RuncContainer:
         return self._runc("exec", self.id, *argv, check=False)
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.state().get("status") in ("created", "running")
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def get(self, path: str, port_name: str) -> tuple[int, str]:
-        """An HTTP GET on the pod's port (host network: the host's loopback)."""
+        """An HTTP GET on the pod's port, from inside the pod's network namespace."""
         url = f"http://127.0.0.1:{self.run.ports[port_name]}{path}"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read().decode()
+
+        def fetch() -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as err:
+                return err.code, err.read().decode()
+
+        return netns.run_in_netns(self.pid(), fetch)
+
+    def _wait_stopped(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self.alive():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
     def kill(self) -> None:
         """SIGKILL, as when a node dies: no Lease release, no cleanup."""
         if self.alive():
             self._runc("kill", self.id, "KILL", check=False)
-            self.proc.wait(30)
+            self._wait_stopped(30)
         self._delete()
 
     def stop(self) -> None:
         """SIGTERM, SIGKILL after the grace period (what a kubelet does on pod deletion)."""
         if self.alive():
             self._runc("kill", self.id, "TERM", check=False)
-            try:
-                self.proc.wait(self.run.grace_seconds)
-            except subprocess.TimeoutExpired:
+            if not self._wait_stopped(self.run.grace_seconds):
                 self._runc("kill", self.id, "KILL", check=False)
-                self.proc.wait(30)
+                self._wait_stopped(30)
         self._delete()
 
     def _delete(self) -> None:
+        if self.forwarder is not None:
+            self.forwarder.close()
         self._runc("delete", "--force", self.id, check=False)
-        with contextlib.suppress(Exception):
-            self._log.close()
-
-
-def port_is_free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def memory_limit_of(pid: int) -> int | None:

@@ -7,7 +7,8 @@ and ``oci_pod`` turns it into the runtime spec, so arguments, user, read-only ro
 environment and memory limit are the Deployment's, not copies. Credentials are the in-cluster
 ones: a TokenRequest token of the reporter's ServiceAccount, the CA and the namespace at
 /var/run/secrets/kubernetes.io/serviceaccount, ``KUBERNETES_SERVICE_HOST``/``PORT`` at the local
-API server. The container shares the host's network namespace (see ``oci_pod``).
+API server, reached from the pod's own network namespace through a forwarder (see
+``oci_pod``).
 """
 
 from __future__ import annotations
@@ -207,10 +208,6 @@ class Pods:
             self.deployment, CONTAINER, self.img, self.rootfs, pod_name, self.endpoint,
             sa_volume, work,
         )  # fmt: skip
-        for port in run.ports.values():
-            assert oci_pod.port_is_free(port), (
-                f"port {port} is in use on this host; the harness shares the host's network"
-            )
         ctr = oci_pod.RuncContainer(run, work / "bundle", self.work / "runc-state")
         self.started.append(ctr)
         return ctr
@@ -317,6 +314,9 @@ def test_the_pod_runs_with_the_deployments_user_read_only_root_memory_limit_and_
     )  # fmt: skip
     assert probe.returncode == 0, probe.stdout + probe.stderr
     assert probe.stdout.split() == ["EROFS"] * len(paths)
+    # Its own network namespace; the API server reached through the forwarder into it.
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    assert pod.forwarder is not None and pod.forwarder.connections >= 1
     limit = int(oci_pod.quantity(ctr["resources"]["limits"]["memory"]))
     assert oci_pod.memory_limit_of(pid) == limit
 

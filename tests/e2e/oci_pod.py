@@ -14,7 +14,7 @@ What a kubelet does and this does too:
 - user and group from the pod's and the container's ``securityContext`` (the container's
   wins), ``runAsNonRoot`` refused for uid 0, ``readOnlyRootFilesystem``,
   ``allowPrivilegeEscalation`` (no_new_privs), ``capabilities`` add/drop against the default
-  set of containerd/CRI-O.
+  set of containerd/CRI-O, ``seccompProfile``.
 - ``resources``: memory limit as the cgroup limit, CPU request as cpu shares, CPU limit as
   CFS quota.
 - volumes: the ServiceAccount token volume at /var/run/secrets/kubernetes.io/serviceaccount
@@ -29,10 +29,13 @@ it by a forwarder of the test (``netns.Forwarder``), and ``KUBERNETES_SERVICE_HO
 name that address (a real pod gets a ClusterIP; the local API server's certificate names
 127.0.0.1, not a service IP). The test reaches the pod's port from inside its namespace.
 
-Where it differs, stated: the ``RuntimeDefault`` seccomp profile is not applied (runc has
-none built in; the CRI runtimes ship their own); probes are not run periodically, the test
-requests their paths itself; the token is a TokenRequest token for the ServiceAccount, not
-bound to a pod object; no pod IP, Service or DNS.
+``seccompProfile: RuntimeDefault`` is the default profile of CRI-O and Podman
+(``/usr/share/containers/seccomp.json`` from containers-common, which comes with skopeo),
+resolved for amd64 and the container's capabilities as CRI-O does.
+
+Where it differs, stated: probes are not run periodically, the test requests their paths
+itself; the token is a TokenRequest token for the ServiceAccount, not bound to a pod object;
+no pod IP, Service or DNS.
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ from kubernetes import client
 from tests.e2e import netns
 
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The default seccomp profile of CRI-O and Podman (containers-common, installed with skopeo):
+# what a pod's `seccompProfile: RuntimeDefault` means on a CRI-O node.
+RUNTIME_DEFAULT_SECCOMP = Path("/usr/share/containers/seccomp.json")
+OCI_ARCH = "amd64"
 # containerd's and CRI-O's default capability set; `drop: [ALL]` empties it.
 DEFAULT_CAPABILITIES = (
     "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW",
@@ -309,6 +316,56 @@ def _capabilities(container: dict[str, Any]) -> list[str]:
     return have + [f"CAP_{c}" for c in caps.get("add") or [] if f"CAP_{c}" not in have]
 
 
+def _seccomp(pod: dict[str, Any], container: dict[str, Any], caps: list[str]) -> dict | None:
+    """The OCI seccomp section for the pod's/container's ``seccompProfile`` (container wins).
+
+    ``RuntimeDefault`` is the containers-common profile, resolved as CRI-O resolves it: rules
+    for this architecture and for the capabilities the container keeps.
+    """
+    profile = (container.get("securityContext") or {}).get("seccompProfile") or (
+        pod.get("securityContext") or {}
+    ).get("seccompProfile")
+    kind = (profile or {}).get("type", "Unconfined")
+    if kind == "Unconfined":
+        return None
+    if kind != "RuntimeDefault" or not RUNTIME_DEFAULT_SECCOMP.is_file():
+        raise Unsupported(f"seccompProfile {profile} (have {RUNTIME_DEFAULT_SECCOMP})")
+    src = json.loads(RUNTIME_DEFAULT_SECCOMP.read_text(encoding="utf-8"))
+    arches = next(
+        [m["architecture"], *m.get("subArchitectures", [])]
+        for m in src["archMap"]
+        if m["architecture"] == "SCMP_ARCH_X86_64"
+    )
+
+    def applies(rule: dict[str, Any]) -> bool:
+        inc, exc = rule.get("includes") or {}, rule.get("excludes") or {}
+        if inc.get("arches") and OCI_ARCH not in inc["arches"]:
+            return False
+        if any(c not in caps for c in inc.get("caps") or []):
+            return False
+        if OCI_ARCH in (exc.get("arches") or []):
+            return False
+        return not any(c in caps for c in exc.get("caps") or [])
+
+    syscalls = []
+    for rule in src["syscalls"]:
+        if applies(rule):
+            out = {"names": rule["names"], "action": rule["action"]}
+            if rule.get("args"):
+                out["args"] = rule["args"]
+            if rule.get("errnoRet") is not None:
+                out["errnoRet"] = rule["errnoRet"]
+            syscalls.append(out)
+    section: dict[str, Any] = {
+        "defaultAction": src["defaultAction"],
+        "architectures": arches,
+        "syscalls": syscalls,
+    }
+    if src.get("defaultErrnoRet") is not None:
+        section["defaultErrnoRet"] = src["defaultErrnoRet"]
+    return section
+
+
 def _resources(container: dict[str, Any]) -> dict[str, Any]:
     res = container.get("resources") or {}
     limits, requests = res.get("limits") or {}, res.get("requests") or {}
@@ -422,6 +479,9 @@ def build_runtime_spec(
     # The pod's own network namespace (runc's default spec has one; runc brings up lo).
     assert {"type": "network"} in linux["namespaces"]
     linux["resources"] = {**linux.get("resources", {}), **_resources(ctr)}
+    seccomp = _seccomp(pod, ctr, caps)
+    if seccomp is not None:
+        linux["seccomp"] = seccomp
     ports = {p.get("name", str(p["containerPort"])): int(p["containerPort"])
              for p in ctr.get("ports") or []}  # fmt: skip
     probes = {}

@@ -296,6 +296,9 @@ def test_the_pod_runs_with_the_deployments_user_read_only_root_memory_limit_and_
     # capabilities: drop: [ALL] leaves an empty bounding set.
     assert _proc_field(proc_status, "CapBnd") == ["0" * 16]
     assert _proc_field(proc_status, "NoNewPrivs") == ["1"]
+    # seccompProfile: RuntimeDefault: a syscall filter is installed (mode 2).
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert _proc_field(proc_status, "Seccomp") == ["2"]
     assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1] == [
         s.encode() for s in (*pod.run.spec["process"]["args"],)
     ]

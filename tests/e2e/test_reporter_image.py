@@ -13,6 +13,7 @@ API server, reached from the pod's own network namespace through a forwarder (se
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -141,6 +142,50 @@ def test_two_builds_from_the_same_inputs_give_the_same_digest(
 
 
 # --------------------------------------------------------------------------- run as a pod
+
+
+def test_the_runtime_spec_follows_the_deployment_dict_and_refuses_what_it_cannot_run(
+    built: image_tool.BuiltImage, img_config: dict[str, Any], tmp_path: Path
+) -> None:
+    """Change the builder's Deployment and the runtime spec changes with it: no copies."""
+    cfg = driver_config("spec.pmem-csi.intel.com", "spec", f"localhost/x@{built.digest}")
+    (dep,) = [o for o in bundle.reporter_objects(cfg) if o["kind"] == "Deployment"]
+    endpoint = oci_pod.ApiEndpoint("127.0.0.1", 6443, b"")
+    sa_dirs: list[tuple[str, str, int]] = []
+
+    def sa_volume(sa: str, namespace: str, uid: int) -> Path:
+        sa_dirs.append((sa, namespace, uid))
+        return tmp_path / "sa"
+
+    def spec_of(d: dict[str, Any]) -> oci_pod.PodRun:
+        return oci_pod.build_runtime_spec(
+            d, CONTAINER, img_config, tmp_path / "rootfs", "p", endpoint, sa_volume, tmp_path
+        )
+
+    run = spec_of(dep)
+    ctr = oci_pod.container_of(dep, CONTAINER)
+    assert run.spec["process"]["args"] == [*img_config["Entrypoint"], *ctr["args"]]
+    run_as = oci_pod.pod_spec(dep)["securityContext"]["runAsUser"]
+    assert sa_dirs == [(cfg.names.reporter, cfg.namespace, run_as)]
+    changed = copy.deepcopy(dep)
+    c2 = oci_pod.container_of(changed, CONTAINER)
+    c2["args"] = [*c2["args"], "--resync-seconds", "7"]
+    c2["resources"]["limits"]["memory"] = "300Mi"
+    c2["securityContext"]["readOnlyRootFilesystem"] = False
+    c2["env"] = [{"name": "X", "value": "1"}]
+    oci_pod.pod_spec(changed)["securityContext"]["runAsUser"] = 4242
+    run2 = spec_of(changed)
+    assert run2.spec["process"]["args"][-2:] == ["--resync-seconds", "7"]
+    assert run2.spec["linux"]["resources"]["memory"]["limit"] == 300 * 2**20
+    assert run2.spec["root"]["readonly"] is False
+    assert "X=1" in run2.spec["process"]["env"]
+    assert run2.spec["process"]["user"]["uid"] == 4242
+    for where, key in ((oci_pod.pod_spec(changed), "hostPID"), (c2, "lifecycle")):
+        where[key] = True
+        with pytest.raises(oci_pod.Unsupported, match=key):
+            spec_of(changed)
+        del where[key]
+
 
 
 @pytest.fixture(scope="module")

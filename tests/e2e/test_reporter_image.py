@@ -48,7 +48,7 @@ IN_CI = any(
 CONTAINER = "reporter"
 CONDITIONS = ("CertsReady", "CertsVerified", "DriverDeployed")
 # Start (imports in a 10m-CPU-request container on a shared machine), list, first write.
-STATUS_TIMEOUT = 120.0
+STATUS_TIMEOUT = 180.0
 # Lease duration 10 s plus a retry period: a fresh replica takes over a killed leader's Lease.
 TAKEOVER_TIMEOUT = 60.0
 SERVICE = Resource("Service", "v1", "services", True)

@@ -595,14 +595,20 @@ class RuncContainer:
             self._wait_stopped(30)
         self._delete()
 
-    def stop(self) -> None:
-        """SIGTERM, SIGKILL after the grace period (what a kubelet does on pod deletion)."""
+    def stop(self) -> bool:
+        """SIGTERM, SIGKILL after the grace period (what a kubelet does on pod deletion).
+
+        True when the container exited by itself within the grace period.
+        """
+        graceful = True
         if self.alive():
             self._runc("kill", self.id, "TERM", check=False)
             if not self._wait_stopped(self.run.grace_seconds):
+                graceful = False
                 self._runc("kill", self.id, "KILL", check=False)
                 self._wait_stopped(30)
         self._delete()
+        return graceful
 
     def _delete(self) -> None:
         if self.forwarder is not None:

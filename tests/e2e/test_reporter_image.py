@@ -187,7 +187,6 @@ def test_the_runtime_spec_follows_the_deployment_dict_and_refuses_what_it_cannot
         del where[key]
 
 
-
 @pytest.fixture(scope="module")
 def raw(api_client: Any) -> RawApi:
     return RawApi(api_client)
@@ -403,3 +402,17 @@ def test_a_second_pod_takes_the_lease_when_the_first_is_killed_and_reports_chang
     cond = wait_for(deployed_false, STATUS_TIMEOUT, "DriverDeployed False from the new leader")
     assert f"Service/{driver.names.metrics_service}" in cond["message"], cond
     assert "pmem_csi_reporter_is_leader 1.0" in second.get("/metrics", "metrics")[1]
+
+
+def test_the_pod_exits_on_sigterm_within_its_grace_period_and_releases_the_lease(
+    driver: Driver, raw: RawApi, pods: Pods
+) -> None:
+    """What a kubelet does on pod deletion: SIGTERM, and SIGKILL once the grace period is over."""
+    (leader,) = [p for p in pods.started if p.alive()]
+    assert _holder(raw, driver).startswith(f"{leader.id}_")
+    assert leader.stop(), (
+        f"the reporter did not exit within terminationGracePeriodSeconds "
+        f"({leader.run.grace_seconds:.0f} s) of SIGTERM and was killed; "
+        f"log:\n{leader.log()[-3000:]}"
+    )
+    assert _holder(raw, driver) == ""

@@ -42,6 +42,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -341,6 +342,23 @@ def _mmdebstrap(rootfs: Path, includes: Sequence[str], log: Path) -> list[dict[s
     (``--skip=cleanup/apt/cache``) to read their control data, then removed.
     """
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(source_date_epoch())}
+    try:
+        _mmdebstrap_run(rootfs, includes, log, env)
+    except ImageError as err:
+        if re.search(r"Version '[^']+' for '[^']+' was not found", str(err)):
+            raise ImageError(
+                f"{err}\nA pinned Debian version is gone from the mirror (a point release or "
+                f"security update replaced it): run `python -m tools.image lock` and commit "
+                f"{PACKAGES_LOCK.name}"
+            ) from err
+        raise
+    debs = sorted((rootfs / "var/cache/apt/archives").glob("*.deb"))
+    if not debs:
+        raise ImageError(f"mmdebstrap left no packages in {rootfs}/var/cache/apt/archives")
+    return [_deb_fields(d) for d in debs]
+
+
+def _mmdebstrap_run(rootfs: Path, includes: Sequence[str], log: Path, env: dict[str, str]) -> None:
     _run(
         [
             "mmdebstrap",
@@ -357,10 +375,6 @@ def _mmdebstrap(rootfs: Path, includes: Sequence[str], log: Path) -> list[dict[s
         log,
         env=env,
     )
-    debs = sorted((rootfs / "var/cache/apt/archives").glob("*.deb"))
-    if not debs:
-        raise ImageError(f"mmdebstrap left no packages in {rootfs}/var/cache/apt/archives")
-    return [_deb_fields(d) for d in debs]
 
 
 def _dpkg_status(packages: list[dict[str, str]]) -> str:

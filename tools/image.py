@@ -8,7 +8,7 @@ the reporter's sources are copied in, and ``umoci`` wraps the result into an OCI
 which is also written as an ``oci-archive`` tarball that ``skopeo`` copies to any registry.
 
 Reproducible: the Debian packages are pinned by version in ``reporter/image-packages.lock``
-(snapshot.debian.org is not reachable from these machines, so a dated snapshot cannot be
+(no Debian snapshot archive is reachable from these machines, so a dated snapshot cannot be
 used), the wheels by version and sha256 in ``reporter/requirements-image.txt`` (the full
 dependency closure of ``reporter/requirements.txt`` for CPython 3.11 on manylinux x86_64),
 every timestamp is ``SOURCE_DATE_EPOCH``, tar entries are sorted with numeric root ownership,
@@ -63,11 +63,50 @@ REQUIREMENTS = REPORTER_DIR / "requirements.txt"
 # version this project is tested with).
 SUITE = "bookworm"
 ARCH = "amd64"
-MIRRORS = (
-    "deb http://deb.debian.org/debian bookworm main",
-    "deb http://deb.debian.org/debian bookworm-updates main",
-    "deb http://deb.debian.org/debian-security bookworm-security main",
-)
+
+
+def host_mirrors(sources_dir: Path = Path("/etc/apt")) -> list[str]:
+    """The host's own apt sources for this suite, as one-line ``deb URI SUITE COMPONENTS``.
+
+    Why not a fixed mirror: the packages must come from wherever this machine's apt is set up
+    to fetch them (a site mirror or proxy on an administrator's machine), and that is already
+    configured and trusted there. Both the one-line ``sources.list`` format and deb822
+    ``*.sources`` files are read; suites of other releases are ignored.
+    """
+    entries: list[str] = []
+    files = [sources_dir / "sources.list", *sorted((sources_dir / "sources.list.d").glob("*"))]
+    for path in files:
+        if not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        if path.suffix == ".sources":
+            for stanza in re.split(r"\n\s*\n", text):
+                fields: dict[str, str] = {}
+                for line in stanza.splitlines():
+                    if line.startswith("#") or ":" not in line:
+                        continue
+                    key, _, value = line.partition(":")
+                    fields[key.strip().lower()] = value.strip()
+                if "deb" not in fields.get("types", "").split():
+                    continue
+                if fields.get("enabled", "yes").lower() == "no":
+                    continue
+                for uri in fields.get("uris", "").split():
+                    for suite in fields.get("suites", "").split():
+                        entries.append(f"deb {uri} {suite} {fields.get('components', 'main')}")
+        elif path.name == "sources.list" or path.suffix == ".list":
+            for line in text.splitlines():
+                words = line.split("#", 1)[0].split()
+                if len(words) >= 3 and words[0] == "deb":
+                    words = [w for w in words if not w.startswith("[")]
+                    entries.append(" ".join(words))
+    mine = [e for e in entries if e.split()[2].split("-")[0] == SUITE]
+    if not mine:
+        raise ImageError(
+            f"no apt source for Debian {SUITE} in {sources_dir}/sources.list(.d); the image is "
+            f"built from the host's configured Debian mirror"
+        )
+    return mine
 # The root of the dependency closure: the interpreter with its standard library.
 ROOT_PACKAGES = ("python3.11",)
 PYTHON = "/usr/bin/python3.11"
@@ -370,7 +409,7 @@ def _mmdebstrap_run(rootfs: Path, includes: Sequence[str], log: Path, env: dict[
             f"--include={','.join(includes)}",
             SUITE,
             rootfs,
-            *MIRRORS,
+            *host_mirrors(),
         ],
         log,
         env=env,

@@ -152,3 +152,28 @@ def test_missing_host_tools_without_root_name_the_packages(
     with pytest.raises(image.ImageError, match="umoci skopeo runc"):
         image.ensure_host_tools()
     assert fake.calls == []
+
+
+def test_mirrors_come_from_the_hosts_apt_sources_in_both_formats(tmp_path: Path) -> None:
+    """The image is built from the mirror the host's apt uses, not from a fixed host name."""
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list").write_text(
+        "# comment\ndeb [arch=amd64] http://mirror.example/debian bookworm-updates main\n"
+        "deb http://mirror.example/debian trixie main\n"
+    )
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n"
+        "Components: main contrib\n\nTypes: deb-src\nURIs: http://src.example\n"
+        "Suites: bookworm\nComponents: main\n\nTypes: deb\nURIs: http://off.example\n"
+        "Suites: bookworm\nComponents: main\nEnabled: no\n"
+    )
+    assert image.host_mirrors(tmp_path) == [
+        "deb http://mirror.example/debian bookworm-updates main",
+        "deb http://mirror.example/debian bookworm main contrib",
+    ]
+
+
+def test_no_source_for_the_suite_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "sources.list").write_text("deb http://mirror.example/debian trixie main\n")
+    with pytest.raises(image.ImageError, match="no apt source for Debian bookworm"):
+        image.host_mirrors(tmp_path)

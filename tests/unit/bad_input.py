@@ -9,7 +9,9 @@ syntax, quantities, absolute paths, unique names) is listed by hand, in ``SEMANT
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,7 +23,8 @@ from certutil import good_set
 from hypothesis import strategies as st
 from pulumi_mocks import RecordingMocks
 
-from pmem_components.config import ConfigError, StackConfig, key_path, load_config
+from pmem_components import config as config_module
+from pmem_components.config import ConfigError, StackConfig, key_path
 
 SCHEMA: dict[str, Any] = StackConfig.model_json_schema(by_alias=True, mode="validation")
 DEFS: dict[str, Any] = SCHEMA.get("$defs", {})
@@ -126,10 +129,13 @@ def deployment_base() -> dict[str, Any]:
 
 
 def stack_base() -> dict[str, Any]:
-    """Two deployments (the second with defaults but its name) so indices are checked too."""
+    """Every stack setting; two deployments (the second with defaults but its name), so
+    indices are checked too."""
     second = example(DEFS["DeploymentConfig"])
     second.update({"name": "second.example.com", "namespace": "second"})
-    return {"deployments": [deployment_base(), second], "manageCrd": True}
+    stack = example(SCHEMA)
+    stack["deployments"] = [deployment_base(), second]
+    return stack
 
 
 # --------------------------------------------------------------------------- slots
@@ -266,27 +272,45 @@ SEMANTIC: dict[str, st.SearchStrategy[Any]] = {
 # --------------------------------------------------------------------------- running the program
 
 
+@contextlib.contextmanager
+def stack_config(raw: dict[str, Any]) -> Iterator[None]:
+    """The program reads ``raw`` as its Pulumi config: every top-level key as JSON text."""
+    from pmem_components import program
+
+    config = {f"pmem-csi:{k}": json.dumps(v) for k, v in raw.items()}
+    known = getattr(config_module, "STACK_KEYS", ("deployments", "manageCrd"))
+    others = sorted(k for k in raw if k not in known)
+    with (
+        mock.patch.object(program.runtime_config, "get_config", config.get),
+        mock.patch.object(program, "_unknown_keys", lambda: others),
+        contextlib.ExitStack() as stack,
+    ):
+        if hasattr(program, "preflight"):  # reads the cluster; mocks have none
+            stack.enter_context(mock.patch.object(program, "preflight", lambda _s: {}))
+        yield
+
+
 def problems(raw: dict[str, Any]) -> list[str]:
-    """The problems ``load_config`` reports for ``raw`` (fails if it accepts it)."""
-    try:
-        load_config(raw)
-    except ConfigError as err:
-        return err.problems
+    """The problems the program's validation (config, certificates, patch dry run) reports."""
+    from pmem_components import program
+
+    with stack_config(raw):
+        try:
+            program.read_config()
+        except ConfigError as err:
+            return err.problems
     raise AssertionError(f"accepted: {json.dumps(raw)[:300]}")
 
 
 def run_program(raw: dict[str, Any]) -> tuple[str, list[Any]]:
     """Run ``program.main`` under recording Pulumi mocks with ``raw`` as the stack config.
 
-    Returns the error the program raised and the resources it registered. The config goes
-    through ``Config`` as Pulumi hands it over: every top-level key as JSON text.
+    Returns the error the program raised and the resources it registered.
     """
     from pmem_components import program
 
     mocks = RecordingMocks({})
     pulumi.runtime.set_mocks(mocks, project="pmem-csi-pulumi", stack="bad-input", preview=True)
-    config = {f"pmem-csi:{k}": json.dumps(v) for k, v in raw.items()}
-    others = sorted(k for k in raw if k not in ("deployments", "manageCrd"))
     error: list[str] = []
 
     @pulumi.runtime.test  # waits for every registration the program started
@@ -296,12 +320,20 @@ def run_program(raw: dict[str, Any]) -> tuple[str, list[Any]]:
         except pulumi.RunError as err:
             error.append(str(err))
 
-    with (
-        mock.patch.object(program.runtime_config, "get_config", config.get),
-        mock.patch.object(program, "_unknown_keys", lambda: others),
-    ):
+    with stack_config(raw):
         body()
     return (error[0] if error else ""), mocks.resources
+
+
+@contextlib.contextmanager
+def certificates_verified_once() -> Iterator[None]:
+    """The same certificates recur in many examples; verify each set (TLS handshake
+    included) once instead of once per example that breaks something else."""
+    from pmem_components import certs
+
+    real = certs.validate_driver_certificates
+    with mock.patch.object(certs, "validate_driver_certificates", functools.cache(real)):
+        yield
 
 
 def assert_one_error_naming(raw: dict[str, Any], key: str) -> str:

@@ -16,10 +16,8 @@ Certificates and patches, whose mistakes are about content rather than type, are
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import Any
-from unittest import mock
 
 import pytest
 from bad_input import (
@@ -29,6 +27,7 @@ from bad_input import (
     Slot,
     assert_one_error_naming,
     canonical_wrong_value,
+    certificates_verified_once,
     put,
     run_program,
     wrong_values,
@@ -36,7 +35,6 @@ from bad_input import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pmem_components import certs
 from pmem_components.config import key_path, load_config
 
 # Derandomized: CI runs the same examples every time, and nothing is written to disk.
@@ -51,10 +49,7 @@ FAST = settings(
 
 @pytest.fixture(autouse=True, scope="module")
 def _same_certificates_verified_once() -> Iterator[None]:
-    """The base's certificates are the same in every example; verify them (TLS handshake
-    included) once instead of for every example that breaks something else."""
-    real = certs.validate_driver_certificates
-    with mock.patch.object(certs, "validate_driver_certificates", functools.cache(real)):
+    with certificates_verified_once():
         yield
 
 

@@ -17,7 +17,7 @@ import binascii
 import copy
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from reporter.certcheck import Validator, default_verifier
@@ -406,6 +406,40 @@ def _controller_component(observed: Observed) -> tuple[str, str]:
 # --------------------------------------------------------------------------- status
 
 
+# Replicas' and the API server's clocks differ a little; a time further off is not ours.
+CLOCK_SKEW = timedelta(minutes=5)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    try:
+        return _utc(datetime.fromisoformat(str(value).replace("Z", "+00:00")))
+    except ValueError:
+        return None
+
+
+def without_implausible_times(old: Obj, cr: Obj, now: datetime) -> Obj:
+    """``old`` minus timestamps the reporter cannot have written, so they are not carried.
+
+    Another writer may have filled the status with garbage; a lastTransitionTime in the
+    future, before the CR existed, or not a time at all would otherwise survive every
+    rewrite of an otherwise correct condition.
+    """
+    created = _parse_time((cr.get("metadata") or {}).get("creationTimestamp"))
+    earliest = created - CLOCK_SKEW if created else None
+    clean = copy.deepcopy(old)
+    for entries, stamp in (
+        ("conditions", "lastTransitionTime"),
+        ("driverComponents", "lastUpdated"),
+    ):
+        for entry in clean.get(entries) or []:
+            if not isinstance(entry, dict) or stamp not in entry:
+                continue
+            t = _parse_time(entry[stamp])
+            if t is None or t > now + CLOCK_SKEW or (earliest is not None and t < earliest):
+                del entry[stamp]
+    return clean
+
+
 def _carry_condition_times(conditions: list[Obj], old: Obj, now_s: str) -> None:
     """lastTransitionTime moves only when a condition's status flips (KEP-1623)."""
     previous = {c.get("type"): c for c in old.get("conditions") or []}
@@ -462,7 +496,7 @@ def compute_status(
     ``verify_certs`` defaults to the process-wide memoized verifier (reporter.certcheck).
     """
     now = _utc(now)
-    old = observed.current_status
+    old = without_implausible_times(observed.current_status, observed.cr, now)
     now_s = format_time(now)
     certs_ready, decoded = _certs_ready(observed)
     conditions = [

@@ -17,7 +17,7 @@ import binascii
 import copy
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from reporter.certcheck import Validator, default_verifier
@@ -407,7 +407,7 @@ def _controller_component(observed: Observed) -> tuple[str, str]:
 
 
 # Replicas' and the API server's clocks differ a little; a time further off is not ours.
-CLOCK_SKEW = timedelta(minutes=5)
+CLOCK_SKEW_SECONDS = 300.0
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -425,7 +425,6 @@ def without_implausible_times(old: Obj, cr: Obj, now: datetime) -> Obj:
     rewrite of an otherwise correct condition.
     """
     created = _parse_time((cr.get("metadata") or {}).get("creationTimestamp"))
-    earliest = created - CLOCK_SKEW if created else None
     clean = copy.deepcopy(old)
     for entries, stamp in (
         ("conditions", "lastTransitionTime"),
@@ -435,7 +434,11 @@ def without_implausible_times(old: Obj, cr: Obj, now: datetime) -> Obj:
             if not isinstance(entry, dict) or stamp not in entry:
                 continue
             t = _parse_time(entry[stamp])
-            if t is None or t > now + CLOCK_SKEW or (earliest is not None and t < earliest):
+            if (
+                t is None
+                or (t - now).total_seconds() > CLOCK_SKEW_SECONDS
+                or (created is not None and (created - t).total_seconds() > CLOCK_SKEW_SECONDS)
+            ):
                 del entry[stamp]
     return clean
 

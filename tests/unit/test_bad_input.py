@@ -11,7 +11,7 @@ put one invalid value anywhere, and
 
 Certificates and patches, whose mistakes are about content rather than type, are in
 ``test_bad_input_certs_patches``. The end-to-end counterpart with the real engine is
-``tests/e2e/test_bad_input.py``.
+``tests/e2e/test_bad_input_and_leaks.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A status another writer filled with garbage is replaced by a clean one, timestamps included.
 
 The end-to-end counterpart (the reporter overwriting a garbage status in the cluster) is
-``tests/e2e/test_bad_input.py::test_reporter_overwrites_a_garbage_status_cleanly``.
+``tests/e2e/test_bad_input_and_leaks.py::test_reporter_overwrites_a_garbage_status_cleanly``.
 """
 
 from __future__ import annotations

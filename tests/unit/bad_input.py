@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from pulumi_mocks import RecordingMocks
 
 from pmem_components import config as config_module
-from pmem_components.config import ConfigError, StackConfig, key_path
+from pmem_components.config import ConfigError, StackConfig, key_path, load_config
 
 SCHEMA: dict[str, Any] = StackConfig.model_json_schema(by_alias=True, mode="validation")
 DEFS: dict[str, Any] = SCHEMA.get("$defs", {})
@@ -178,10 +178,6 @@ def slots(schema: dict[str, Any], value: Any, path: Path = ()) -> Iterator[Slot]
             yield from slots(s["items"], item, (*path, i))
 
 
-BASE = stack_base()
-SLOTS: list[Slot] = list(slots(SCHEMA, BASE))
-
-
 def put(raw: dict[str, Any], path: Path, value: Any) -> dict[str, Any]:
     """A deep copy of ``raw`` with ``value`` at ``path``."""
     out = copy.deepcopy(raw)
@@ -190,6 +186,52 @@ def put(raw: dict[str, Any], path: Path, value: Any) -> dict[str, Any]:
         here = here[part]
     here[path[-1]] = value
     return out
+
+
+def _accepted(raw: dict[str, Any]) -> bool:
+    """Does the program's validation (certificates aside) accept ``raw``?"""
+    from pmem_components.components import check_patches
+
+    try:
+        stack = load_config(raw, check_certificates=False)
+    except ConfigError:
+        return False
+    return not any(check_patches(d, i) for i, d in enumerate(stack.deployments))
+
+
+def with_optional_settings(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` plus an example value for every optional (default null) setting it lacks,
+    wherever that keeps it valid: such settings then get slots too, new ones included.
+    (Some cannot be added: a patch entry takes mergePatch or jsonPatch, not both.)"""
+
+    def walk(schema: dict[str, Any], path: Path) -> None:
+        nonlocal raw
+        s = resolve(schema)
+        if "properties" in s and isinstance(_get(raw, path), dict):
+            for key, sub in s["properties"].items():
+                if key not in _get(raw, path) and "default" in sub and sub["default"] is None:
+                    candidate = put(raw, (*path, key), example(sub))
+                    if _accepted(candidate):
+                        raw = candidate
+            for key, sub in s["properties"].items():
+                if key in _get(raw, path):
+                    walk(sub, (*path, key))
+        elif isinstance(s.get("items"), dict) and isinstance(_get(raw, path), list):
+            for i in range(len(_get(raw, path))):
+                walk(s["items"], (*path, i))
+
+    walk(SCHEMA, ())
+    return raw
+
+
+def _get(raw: Any, path: Path) -> Any:
+    for part in path:
+        raw = raw[part]
+    return raw
+
+
+BASE = with_optional_settings(stack_base())
+SLOTS: list[Slot] = list(slots(SCHEMA, BASE))
 
 
 # --------------------------------------------------------------------------- invalid values

@@ -19,6 +19,7 @@ from bad_input import (
     assert_one_error_naming,
     certificates_verified_once,
     put,
+    run_program,
 )
 from certutil import DAY, NOW, key, make_ca, make_leaf, pem_key
 from cryptography.hazmat.primitives import serialization
@@ -48,8 +49,6 @@ def _pkcs8(private_key: Any) -> str:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     ).decode()
-
-
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -304,3 +303,22 @@ def test_a_patch_for_the_wrong_api_version_is_named() -> None:
         assert "selects no object" in line, line
     else:
         assert line == f"{PATCH_KEY}.apiVersion: is not a known setting", line
+
+
+def test_patches_that_keep_identity_and_selectors_are_accepted() -> None:
+    """The identity/selector check is not over-broad: ordinary patches still deploy."""
+    patches = [
+        {
+            "kind": "DaemonSet",
+            "mergePatch": {"spec": {"template": {"metadata": {"labels": {"tier": "x"}}}}},
+        },
+        {"kind": "Service", "mergePatch": {"spec": {"selector": {"extra": "label"}}}},
+        {
+            "kind": "StatefulSet",
+            "jsonPatch": [{"op": "replace", "path": "/spec/replicas", "value": 1}],
+        },
+    ]
+    raw = put(BASE, ("deployments", 0, "patches"), patches)
+    message, registered = run_program(raw)
+    assert message == ""
+    assert len(registered) > 20

@@ -410,7 +410,7 @@ def _controller_component(observed: Observed) -> tuple[str, str]:
 CLOCK_SKEW_SECONDS = 300.0
 
 
-def _parse_time(value: Any) -> datetime | None:
+def _parse_stamp(value: Any) -> datetime | None:
     try:
         return _utc(datetime.fromisoformat(str(value).replace("Z", "+00:00")))
     except ValueError:
@@ -424,7 +424,7 @@ def without_implausible_times(old: Obj, cr: Obj, now: datetime) -> Obj:
     future, before the CR existed, or not a time at all would otherwise survive every
     rewrite of an otherwise correct condition.
     """
-    created = _parse_time((cr.get("metadata") or {}).get("creationTimestamp"))
+    created = _parse_stamp((cr.get("metadata") or {}).get("creationTimestamp"))
     clean = copy.deepcopy(old)
     for entries, stamp in (
         ("conditions", "lastTransitionTime"),
@@ -433,7 +433,7 @@ def without_implausible_times(old: Obj, cr: Obj, now: datetime) -> Obj:
         for entry in clean.get(entries) or []:
             if not isinstance(entry, dict) or stamp not in entry:
                 continue
-            t = _parse_time(entry[stamp])
+            t = _parse_stamp(entry[stamp])
             if (
                 t is None
                 or (t - now).total_seconds() > CLOCK_SKEW_SECONDS

@@ -547,7 +547,24 @@ def semantic_key(status: Mapping[str, Any] | None) -> str:
 
 
 def status_equal_ignoring_time(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
-    return semantic_key(a) == semantic_key(b)
+    """Same meaning, timestamps aside -- unless one of ``a``'s timestamps is missing, not a
+    time, or beyond ``b``'s lastUpdated (plus clock skew): garbage from another writer, which
+    ``compute_status`` does not carry and which must therefore be written over."""
+    return semantic_key(a) == semantic_key(b) and not _impossible_times(a, b)
+
+
+def _impossible_times(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    latest = _parse_stamp((b or {}).get("lastUpdated"))
+    if latest is None:
+        return False
+    stamps = [(a or {}).get("lastUpdated")]
+    stamps += [c.get("lastTransitionTime") for c in (a or {}).get("conditions") or []]
+    stamps += [c.get("lastUpdated") for c in (a or {}).get("driverComponents") or []]
+    for stamp in stamps:
+        t = _parse_stamp(stamp)
+        if t is None or (t - latest).total_seconds() > CLOCK_SKEW_SECONDS:
+            return True
+    return False
 
 
 def phase_event(

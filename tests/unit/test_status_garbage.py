@@ -6,6 +6,7 @@ The end-to-end counterpart (the reporter overwriting a garbage status in the clu
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from typing import Any
 
@@ -92,3 +93,31 @@ def test_small_clock_skew_is_tolerated() -> None:
         next(c for c in result["conditions"] if c["type"] == "CertsReady")["lastTransitionTime"]
         == ahead
     )
+
+
+def test_garbage_only_in_timestamps_is_written_over() -> None:
+    """Same meaning but impossible times: not "equal", so the writer patches them away."""
+    clean = st.compute_status(_observed({}), NOW)
+    garbage_times = copy.deepcopy(clean)
+    garbage_times["conditions"][0]["lastTransitionTime"] = "2999-01-01T00:00:00Z"
+    again = st.compute_status(_observed(garbage_times), NOW)
+    assert not st.status_equal_ignoring_time(garbage_times, again)
+    assert again["conditions"][0]["lastTransitionTime"] == NOW_S
+    # Once clean, the same status is "equal" again: no write loop.
+    assert st.status_equal_ignoring_time(again, st.compute_status(_observed(again), NOW))
+    unparseable = copy.deepcopy(clean)
+    unparseable["driverComponents"][0]["lastUpdated"] = "yesterday"
+    assert not st.status_equal_ignoring_time(unparseable, clean)
+
+
+def test_a_replica_clock_slightly_ahead_causes_no_write_loop() -> None:
+    ahead = copy.deepcopy(st.compute_status(_observed({}), NOW + dt.timedelta(minutes=2)))
+    again = st.compute_status(_observed(ahead), NOW)
+    assert st.status_equal_ignoring_time(ahead, again)
+
+
+def test_a_removed_timestamp_is_written_back() -> None:
+    clean = st.compute_status(_observed({}), NOW)
+    stripped = copy.deepcopy(clean)
+    del stripped["conditions"][1]["lastTransitionTime"]
+    assert not st.status_equal_ignoring_time(stripped, clean)

@@ -121,7 +121,8 @@ class _Model(BaseModel):
         """pydantic reads ``true`` as 1; for a number setting in YAML it is a mistake."""
         if isinstance(value, bool) and info.field_name:
             annotation = cls.model_fields[info.field_name].annotation
-            if annotation is int or int in get_args(annotation):
+            # Plain and optional integers; "str | int" settings check booleans themselves.
+            if annotation is int or set(get_args(annotation)) == {int, type(None)}:
                 raise PydanticCustomError("int_type", "Input should be a valid integer")
         return value
 

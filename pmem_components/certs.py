@@ -43,6 +43,8 @@ CA_DNS_NAMES = ("pmem-csi", "ca")
 
 # The reference used RSA-3072 for every key and one year of validity for CA and leaves.
 RSA_KEY_SIZE = 3072
+# Smallest RSA key accepted in provided certificates (OpenSSL's default security level 2).
+MIN_RSA_KEY_SIZE = 2048
 VALIDITY = dt.timedelta(days=365)
 # Backdating covers nodes whose clocks lag the machine that ran `pulumi up`; the reference
 # used "now" and could hand out certificates that were briefly not yet valid elsewhere.
@@ -473,6 +475,17 @@ def validate_driver_certificates(
                 )
             )
             key = None
+        if isinstance(key, rsa.RSAPrivateKey) and key.key_size < MIN_RSA_KEY_SIZE:
+            # Said here rather than left to the handshake, whose verdict (EE_KEY_TOO_SMALL)
+            # depends on the host's OpenSSL security level and names no setting clearly.
+            problems.append(
+                CertProblem(
+                    key_field,
+                    "KeyTooSmall",
+                    f"{key_field}: RSA key of {key.key_size} bits is too small; use at least "
+                    f"{MIN_RSA_KEY_SIZE} bits",
+                )
+            )
         if key is not None:
             loaded[key_field] = key
         if cert is None:

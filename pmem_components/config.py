@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     AliasGenerator,
@@ -27,11 +27,13 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from pmem_components import names
 
@@ -115,6 +117,17 @@ class _Model(BaseModel):
         alias_generator=AliasGenerator(validation_alias=to_camel, serialization_alias=to_camel),
         frozen=True,
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic reads ``true`` as 1; for a number setting in YAML it is a mistake."""
+        if isinstance(value, bool) and info.field_name:
+            annotation = cls.model_fields[info.field_name].annotation
+            # Plain and optional integers; "str | int" settings check booleans themselves.
+            if annotation is int or set(get_args(annotation)) == {int, type(None)}:
+                raise PydanticCustomError("int_type", "Input should be a valid integer")
+        return value
 
 
 class ResourceRequirements(_Model):
@@ -320,15 +333,28 @@ def _describe(err: Mapping[str, Any]) -> str:
 
 
 def _pydantic_problems(exc: ValidationError, prefix: tuple[str | int, ...]) -> list[str]:
-    problems = []
+    # One line per key: a value that fits no member of a union ("str | int") fails once per
+    # member; those become one "must be a string or an integer" line, not two problems.
+    by_key: dict[str, list[str]] = {}
     for err in exc.errors(include_url=False):
         # Union members add their type name to loc ("str", "int"); drop those.
         loc = tuple(p for p in err["loc"] if p not in ("str", "int", "function-after[...]"))
-        # Errors from a before-validator on a union (e.g. "str|int") are reported once.
-        line = f"{key_path(prefix + loc)}: {_describe(err)}"
-        if line not in problems:
-            problems.append(line)
-    return problems
+        described = _describe(err)
+        texts = by_key.setdefault(key_path(prefix + loc), [])
+        if described not in texts:
+            texts.append(described)
+    return [f"{key}: {_join_alternatives(texts)}" for key, texts in by_key.items()]
+
+
+def _join_alternatives(texts: list[str]) -> str:
+    """``["must be a string (got x)", "must be an integer (got x)"]`` -> one sentence."""
+    if len(texts) == 1:
+        return texts[0]
+    got = re.search(r" \(got .*\)$", texts[0])
+    suffix = got.group(0) if got and all(t.endswith(got.group(0)) for t in texts) else ""
+    parts = [t.removesuffix(suffix) for t in texts]
+    parts = [parts[0], *(p.removeprefix("must be ") for p in parts[1:])]
+    return " or ".join(parts) + suffix
 
 
 # --------------------------------------------------------------------------- semantic checks
@@ -361,8 +387,10 @@ def _check_labels(
 def _check_resources(res: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
     for part in ("limits", "requests"):
         for key, value in _dict_or_empty(_dict_or_empty(res).get(part)).items():
-            valid_type = isinstance(value, str | int) and not isinstance(value, bool)
-            if valid_type and not _QUANTITY.match(str(value)):
+            # pydantic takes true for 1; as a quantity it would reach the cluster as "True".
+            if isinstance(value, bool) or (
+                isinstance(value, str | int) and not _QUANTITY.match(str(value))
+            ):
                 problems.append(
                     f"{key_path((*path, part, key))}: is not a Kubernetes quantity "
                     f"(got {_show(value)})"

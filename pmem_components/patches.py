@@ -158,6 +158,41 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+# What a patch may not change. The identity (apiVersion, kind, name, namespace) ties an object
+# to its Pulumi resource and to the names the reporter looks for; a workload's selector is
+# immutable in the API (an update is refused half way through ``pulumi up``) and must keep
+# matching the pod template's labels, or the API server rejects the object on create.
+IDENTITY_FIELDS = (("apiVersion",), ("kind",), ("metadata", "name"), ("metadata", "namespace"))
+WORKLOAD_KINDS = frozenset({"DaemonSet", "StatefulSet", "Deployment", "ReplicaSet"})
+
+
+def _at(obj: Any, path: Sequence[str]) -> Any:
+    for part in path:
+        obj = obj.get(part) if isinstance(obj, Mapping) else None
+    return obj
+
+
+def fixed_field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """Why ``after`` (a patched ``before``) is not acceptable; empty when it is."""
+    problems = [
+        f"{'.'.join(path)} cannot be patched ({_at(before, path)!r} -> {_at(after, path)!r})"
+        for path in IDENTITY_FIELDS
+        if _at(before, path) != _at(after, path)
+    ]
+    if before.get("kind") not in WORKLOAD_KINDS:
+        return problems
+    selector = _at(after, ("spec", "selector"))
+    if selector != _at(before, ("spec", "selector")):
+        problems.append(f"spec.selector cannot be patched on a {before.get('kind')} (immutable)")
+    elif isinstance(selector, Mapping):
+        labels = _at(after, ("spec", "template", "metadata", "labels"))
+        labels = labels if isinstance(labels, Mapping) else {}
+        wanted = selector.get("matchLabels")
+        if isinstance(wanted, Mapping) and any(labels.get(k) != v for k, v in wanted.items()):
+            problems.append("spec.template.metadata.labels must keep matching spec.selector")
+    return problems
+
+
 def _plain_copy(value: Any) -> Any:
     """Copy containers, share leaves (which may be Outputs that must not be deep-copied)."""
     if isinstance(value, Mapping):
@@ -250,11 +285,16 @@ class PatchSet:
             for entry in self.entries:
                 if entry.selects(kind, current):
                     try:
-                        current = entry.apply(current)
+                        before, current = current, entry.apply(current)
                     except PatchError as e:
                         problems.append(str(e))
                         break
+                    problems += [
+                        f"{entry.label}: {p}" for p in fixed_field_changes(before, current)
+                    ]
         if problems:
+            # One line per mistake, not per object it hits (an entry may select several).
+            problems = list(dict.fromkeys(problems))
             raise PatchError("patches cannot be applied:\n  " + "\n  ".join(problems))
 
     # -- during registration ----------------------------------------------------------------

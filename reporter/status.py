@@ -406,6 +406,43 @@ def _controller_component(observed: Observed) -> tuple[str, str]:
 # --------------------------------------------------------------------------- status
 
 
+# Replicas' and the API server's clocks differ a little; a time further off is not ours.
+CLOCK_SKEW_SECONDS = 300.0
+
+
+def _parse_stamp(value: Any) -> datetime | None:
+    try:
+        return _utc(datetime.fromisoformat(str(value).replace("Z", "+00:00")))
+    except ValueError:
+        return None
+
+
+def without_implausible_times(old: Obj, cr: Obj, now: datetime) -> Obj:
+    """``old`` minus timestamps the reporter cannot have written, so they are not carried.
+
+    Another writer may have filled the status with garbage; a lastTransitionTime in the
+    future, before the CR existed, or not a time at all would otherwise survive every
+    rewrite of an otherwise correct condition.
+    """
+    created = _parse_stamp((cr.get("metadata") or {}).get("creationTimestamp"))
+    clean = copy.deepcopy(old)
+    for entries, stamp in (
+        ("conditions", "lastTransitionTime"),
+        ("driverComponents", "lastUpdated"),
+    ):
+        for entry in clean.get(entries) or []:
+            if not isinstance(entry, dict) or stamp not in entry:
+                continue
+            t = _parse_stamp(entry[stamp])
+            if (
+                t is None
+                or (t - now).total_seconds() > CLOCK_SKEW_SECONDS
+                or (created is not None and (created - t).total_seconds() > CLOCK_SKEW_SECONDS)
+            ):
+                del entry[stamp]
+    return clean
+
+
 def _carry_condition_times(conditions: list[Obj], old: Obj, now_s: str) -> None:
     """lastTransitionTime moves only when a condition's status flips (KEP-1623)."""
     previous = {c.get("type"): c for c in old.get("conditions") or []}
@@ -462,7 +499,7 @@ def compute_status(
     ``verify_certs`` defaults to the process-wide memoized verifier (reporter.certcheck).
     """
     now = _utc(now)
-    old = observed.current_status
+    old = without_implausible_times(observed.current_status, observed.cr, now)
     now_s = format_time(now)
     certs_ready, decoded = _certs_ready(observed)
     conditions = [
@@ -510,7 +547,24 @@ def semantic_key(status: Mapping[str, Any] | None) -> str:
 
 
 def status_equal_ignoring_time(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
-    return semantic_key(a) == semantic_key(b)
+    """Same meaning, timestamps aside -- unless one of ``a``'s timestamps is missing, not a
+    time, or beyond ``b``'s lastUpdated (plus clock skew): garbage from another writer, which
+    ``compute_status`` does not carry and which must therefore be written over."""
+    return semantic_key(a) == semantic_key(b) and not _impossible_times(a, b)
+
+
+def _impossible_times(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    latest = _parse_stamp((b or {}).get("lastUpdated"))
+    if latest is None:
+        return False
+    stamps = [(a or {}).get("lastUpdated")]
+    stamps += [c.get("lastTransitionTime") for c in (a or {}).get("conditions") or []]
+    stamps += [c.get("lastUpdated") for c in (a or {}).get("driverComponents") or []]
+    for stamp in stamps:
+        t = _parse_stamp(stamp)
+        if t is None or (t - latest).total_seconds() > CLOCK_SKEW_SECONDS:
+            return True
+    return False
 
 
 def phase_event(

@@ -28,7 +28,13 @@ def key(slot: int) -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
 
-def make_ca(slot: int = 0, *, cn: str = "test-ca") -> IssuedCertificate:
+def make_ca(
+    slot: int = 0,
+    *,
+    cn: str = "test-ca",
+    not_before: dt.datetime | None = None,
+    not_after: dt.datetime | None = None,
+) -> IssuedCertificate:
     k = key(slot)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
     cert = (
@@ -37,8 +43,8 @@ def make_ca(slot: int = 0, *, cn: str = "test-ca") -> IssuedCertificate:
         .issuer_name(name)
         .public_key(k.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(NOW - DAY)
-        .not_valid_after(NOW + 365 * DAY)
+        .not_valid_before(not_before or NOW - DAY)
+        .not_valid_after(not_after or NOW + 365 * DAY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(k, hashes.SHA256())
     )
@@ -53,8 +59,9 @@ def make_leaf(
     sans: list[str] | None = None,
     not_before: dt.datetime | None = None,
     not_after: dt.datetime | None = None,
+    leaf_key: rsa.RSAPrivateKey | None = None,
 ) -> IssuedCertificate:
-    k = key(slot)
+    k = leaf_key or key(slot)
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))

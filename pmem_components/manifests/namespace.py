@@ -1,10 +1,16 @@
 """The Namespace of a driver deployment, created by the program unless ``createNamespace``
-is false (for namespaces managed elsewhere, e.g. with their own quotas and policies)."""
+is false (for namespaces managed elsewhere, e.g. with their own quotas and policies).
+
+A namespace may hold several deployments, so the program registers it once per stack, not as
+part of whichever deployment names it first (removing that deployment would otherwise delete
+the namespace and with it every other deployment's objects): :func:`build_shared_namespace`.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from pmem_components import names
 from pmem_components.config import DeploymentConfig
 from pmem_components.manifests import labels as lbl
 
@@ -15,3 +21,20 @@ def build_namespace(cfg: DeploymentConfig) -> dict[str, Any]:
         "kind": "Namespace",
         "metadata": lbl.metadata(cfg, cfg.namespace, lbl.COMPONENT_NAMESPACE, namespaced=False),
     }
+
+
+def build_shared_namespace(name: str, deployments: list[DeploymentConfig]) -> dict[str, Any]:
+    """The stack-level Namespace ``name``: no instance label (it belongs to no single
+    deployment), the configured labels of every deployment in it, ours on top."""
+    labels: dict[str, str] = {}
+    for dep in deployments:
+        labels.update(dep.labels)
+    labels.update(
+        {
+            names.LABEL_PART_OF: names.PART_OF,
+            names.LABEL_NAME: lbl.APP_NAME,
+            names.LABEL_COMPONENT: lbl.COMPONENT_NAMESPACE,
+            names.LABEL_MANAGED_BY: names.MANAGED_BY,
+        }
+    )
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}

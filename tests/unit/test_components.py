@@ -172,7 +172,14 @@ def _test_resources_get_exactly_the_builder_dicts(mocks: Mocks) -> Any:
         ds = mocks.one("kubernetes:apps/v1:DaemonSet")
         expected = node.build_node_daemonset(s.deployments[0])
         assert ds.name == "ns1/a-b-node"
-        assert ds.inputs["metadata"] == expected["metadata"]
+        # The component adds what is Pulumi's business: foreground deletion of the workload
+        # and the certificates' fingerprint in the pod template.
+        policy = {"pulumi.com/deletionPropagationPolicy": "foreground"}
+        assert ds.inputs["metadata"] == {**expected["metadata"], "annotations": policy}
+        template = expected["spec"]["template"]["metadata"]
+        template["annotations"][bundle.CERTIFICATES_HASH_ANNOTATION] = (
+            bundle.certificates_fingerprint("GENERATED-CA", "GENERATED-RC", "GENERATED-NC")
+        )
         assert ds.inputs["spec"] == expected["spec"]
         cr = mocks.one("kubernetes:pmem-csi.intel.com/v1beta1:Deployment")
         assert cr.inputs["spec"]["deviceMode"] == "direct"

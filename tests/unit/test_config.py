@@ -315,3 +315,17 @@ def test_key_path_quotes_keys_that_are_not_identifiers() -> None:
         c.key_path(("deployments", 0, "labels", "a/b")) == 'pmem-csi:deployments[0].labels["a/b"]'
     )
     assert c.key_path(("manageCrd",)) == "pmem-csi:manageCrd"
+
+
+def test_the_longest_accepted_name_fits_every_derived_value() -> None:
+    """41 characters is the limit: the controller pod's controller-revision-hash label."""
+    from pmem_components import names
+
+    longest = "p" * 30 + ".example.o"  # 40
+    longest += "r"
+    assert len(longest) == c.MAX_NAME_LENGTH == 41
+    c.load_config({"deployments": [{"name": longest}]})
+    for value in names.derived_values(longest):
+        assert len(value.value) <= value.limit, value
+    with pytest.raises(c.ConfigError, match="controller-revision-hash"):
+        c.load_config({"deployments": [{"name": longest + "x"}]})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pmem_components import names
 from pmem_components.config import DeploymentConfig
 from pmem_components.manifests import labels as lbl
 
@@ -24,17 +23,10 @@ def build_namespace(cfg: DeploymentConfig) -> dict[str, Any]:
 
 
 def build_shared_namespace(name: str, deployments: list[DeploymentConfig]) -> dict[str, Any]:
-    """The stack-level Namespace ``name``: no instance label (it belongs to no single
-    deployment), the configured labels of every deployment in it, ours on top."""
-    labels: dict[str, str] = {}
-    for dep in deployments:
-        labels.update(dep.labels)
-    labels.update(
-        {
-            names.LABEL_PART_OF: names.PART_OF,
-            names.LABEL_NAME: lbl.APP_NAME,
-            names.LABEL_COMPONENT: lbl.COMPONENT_NAMESPACE,
-            names.LABEL_MANAGED_BY: names.MANAGED_BY,
-        }
-    )
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+    """The stack-level Namespace ``name``, labelled as the first deployment in it labels it.
+
+    The labels follow the first deployment (as they did when that deployment owned the
+    namespace); when it is removed they follow the next one, an in-place label update.
+    """
+    first = next(d for d in deployments if d.namespace == name)
+    return build_namespace(first)

@@ -134,10 +134,11 @@ def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
             )
 
     # This stack's deployments as the cluster records them.
+    # CRs made by this program before it annotated them count as this stack's.
     mine = {
         name: cr
         for name, cr in observed.crs.items()
-        if cr.annotations.get(names.STACK_ANNOTATION) == stack_id
+        if cr.annotations.get(names.STACK_ANNOTATION, stack_id if cr.ours else None) == stack_id
     }
     renamed = {d.renamed_from for d in deps if d.renamed_from}
     for i, d in enumerate(deps):
@@ -346,12 +347,16 @@ def api_client_from(kubeconfig: str | None, context: str | None) -> Any:
     ``kubeconfig`` is the ``kubernetes:kubeconfig`` config value (a path or the file's
     content), else ``KUBECONFIG`` / ``~/.kube/config``; ``context`` is ``kubernetes:context``.
     """
+    import os
+
     import yaml
     from kubernetes import config as kconfig
 
     if kubeconfig and kubeconfig.lstrip().startswith(("apiVersion", "{", "clusters", "kind")):
         return kconfig.new_client_from_config_dict(yaml.safe_load(kubeconfig), context=context)
-    return kconfig.new_client_from_config(config_file=kubeconfig or None, context=context)
+    # The client library reads KUBECONFIG when it is imported; read it now instead.
+    path = kubeconfig or os.environ.get("KUBECONFIG") or None
+    return kconfig.new_client_from_config(config_file=path, context=context)
 
 
 def run(stack: StackConfig, stack_id: str, api_client: Any) -> Plan:

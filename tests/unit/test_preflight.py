@@ -130,3 +130,16 @@ def test_a_node_driver_of_the_same_name_elsewhere_is_refused() -> None:
         crs={"pmem-csi.intel.com": cr("pmem-csi.intel.com", "operator-ns")}, daemon_sets=[ds]
     )
     assert plan(stack({"allowReinstall": True}), moving, ME).problems == []
+
+
+def test_crs_made_before_the_stack_annotation_count_as_this_stacks() -> None:
+    legacy = ObservedObject(
+        names.CRD_KIND,
+        "pmem-csi.intel.com",
+        labels={names.LABEL_MANAGED_BY: names.MANAGED_BY},
+        spec={"namespace": "old", "deviceMode": "lvm"},
+    )
+    observed = Observed(crs={"pmem-csi.intel.com": legacy})
+    (problem,) = plan(stack({}), observed, ME).problems
+    assert "namespace: changing it from 'old'" in problem
+    assert plan(stack({"namespace": "old"}), observed, ME).problems == []

@@ -256,6 +256,8 @@ _PLURALS = {
     "Deployment": "deployments",
     "CSIDriver": "csidrivers",
     "Lease": "leases",
+    "ConfigMap": "configmaps",
+    "PodDisruptionBudget": "poddisruptionbudgets",
 }
 
 
@@ -267,7 +269,7 @@ def _path(api_version: str, kind: str, namespace: str | None, name: str | None =
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     if namespace:
         base += f"/namespaces/{namespace}"
-    base += f"/{_PLURALS[kind]}"
+    base += f"/{_PLURALS.get(kind, kind.lower() + 's')}"
     return f"{base}/{name}" if name else base
 
 

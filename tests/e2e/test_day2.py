@@ -314,6 +314,11 @@ def test_device_mode_and_namespace_changes_are_refused_until_allowed(
     text = failed_up(shared.stack)
     assert f"pmem-csi:deployments[0].namespace: changing it from '{shared.namespace}'" in text
     assert "pmem-csi:deployments[0].allowReinstall: true" in text
+
+    renamed = {**shared.b, "name": f"r{shared.b['name'][1:]}"}
+    _write(shared, renamed)
+    text = failed_up(shared.stack)
+    assert f"pmem-csi:deployments[0].renamedFrom: '{b.name}'" in text
     assert snapshot(kube, core, b) == before  # refused before anything changed
 
 

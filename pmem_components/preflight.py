@@ -295,21 +295,24 @@ class _Reader:
         self.api = api_client
 
     def get(self, path: str) -> dict[str, Any] | None:
+        """GET ``path`` as JSON; None on 404 (through the client's auth and TLS settings)."""
+        import json
+
         from kubernetes.client.exceptions import ApiException
 
-        try:
-            return self.api.call_api(
-                path,
-                "GET",
-                response_type="object",
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _request_timeout=15,
-            )
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
+        req = self.api.param_serialize(
+            method="GET",
+            resource_path=path,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(*req, _request_timeout=15)
+        body = resp.read()
+        if resp.status == 404:
+            return None
+        if not 200 <= resp.status <= 299:
+            raise ApiException(status=resp.status, reason=resp.reason)
+        return json.loads(body or b"{}")
 
 
 def observe(api_client: Any, stack: StackConfig) -> Observed:

@@ -142,6 +142,8 @@ class NodeDriverWatch:
         self.live: set[str] = set()
         self.max_live = 0
         self.events: list[str] = []
+        self.stopped = False
+        self.error: Exception | None = None
         self._watch = watch.Watch()
         listed = self.apps.list_daemon_set_for_all_namespaces(label_selector=self.selector)
         self.live = {f"{d.metadata.namespace}/{d.metadata.name}" for d in listed.items}
@@ -151,22 +153,27 @@ class NodeDriverWatch:
         self._thread.start()
 
     def _run(self) -> None:
-        for event in self._watch.stream(
-            self.apps.list_daemon_set_for_all_namespaces,
-            label_selector=self.selector,
-            resource_version=self._rv,
-            timeout_seconds=600,
-        ):
-            obj = event["object"]
-            key = f"{obj.metadata.namespace}/{obj.metadata.name}"
-            self.events.append(f"{event['type']} {key}")
-            if event["type"] == "ADDED":
-                self.live.add(key)
-            elif event["type"] == "DELETED":
-                self.live.discard(key)
-            self.max_live = max(self.max_live, len(self.live))
+        try:
+            for event in self._watch.stream(
+                self.apps.list_daemon_set_for_all_namespaces,
+                label_selector=self.selector,
+                resource_version=self._rv,
+                timeout_seconds=600,
+            ):
+                obj = event["object"]
+                key = f"{obj.metadata.namespace}/{obj.metadata.name}"
+                self.events.append(f"{event['type']} {key}")
+                if event["type"] == "ADDED":
+                    self.live.add(key)
+                elif event["type"] == "DELETED":
+                    self.live.discard(key)
+                self.max_live = max(self.max_live, len(self.live))
+        except Exception as err:  # a watch that broke early would hide events
+            if not self.stopped:
+                self.error = err
 
     def stop(self) -> None:
+        self.stopped = True
         self._watch.stop()
 
 
@@ -257,7 +264,8 @@ def test_existing_namespace_is_adopted_only_when_asked(
     text = failed_up(shared.stack)
     assert f"pmem-csi:deployments[0].createNamespace: namespace '{shared.namespace}'" in text
     assert "pmem-csi:deployments[0].adoptNamespace: true" in text
-    assert kube.get(bundle.build_deployment_objects(cfg_of(shared.a)).deployment_cr) is None
+    assert get_cr(client.CustomObjectsApi(api_client), shared.a["name"]) is None
+    assert kube.get(bundle.build_deployment_objects(cfg_of(shared.a)).node[0]) is None
 
     shared.a = {**shared.a, "adoptNamespace": True}
     _write(shared, shared.a, shared.b)
@@ -338,6 +346,7 @@ def test_allowed_reinstall_never_runs_two_node_drivers(
         watcher.stop()
     assert result.summary.result == "succeeded"
     new = cfg_of(moved)
+    assert watcher.error is None, watcher.error
     assert watcher.events, "the watch saw the reinstall"
     assert watcher.max_live == 1, watcher.events
     assert f"ADDED {new.namespace}/{new.names.node_driver}" in watcher.events

@@ -103,6 +103,16 @@ def _driver_name_of(ds: ObservedObject) -> str | None:
     return None
 
 
+_WORKLOADS_FIRST = {"DaemonSet": 0, "StatefulSet": 1, "Deployment": 2}
+
+
+def _listing(objs: list[ObservedObject], most: int = 5) -> str:
+    """The objects for a message: workloads first, then the rest, at most ``most`` by name."""
+    ordered = sorted(objs, key=lambda o: _WORKLOADS_FIRST.get(o.kind, 9))
+    text = ", ".join(o.ref for o in ordered[:most])
+    return text + (f" and {len(ordered) - most} more" if len(ordered) > most else "")
+
+
 def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
     """Problems (by config key) and allowed moves for applying ``stack`` to the cluster."""
     out = Plan()
@@ -204,7 +214,7 @@ def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
         owned = [o for o in foreign if o.operator_owner]
         if owned:
             cr_name = owned[0].operator_owner
-            listed = ", ".join(o.ref for o in owned[:4]) + (" ..." if len(owned) > 4 else "")
+            listed = _listing(owned)
             out.problems.append(
                 f"{key_path(('deployments', i))}: {listed} belong to the PMEM-CSI operator "
                 f"(ownerReference to Deployment {cr_name!r}); deleting that CR would "
@@ -216,7 +226,7 @@ def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
                 f"again; {RUNBOOK}"
             )
         elif foreign and not d.adopt_existing:
-            listed = ", ".join(o.ref for o in foreign[:4]) + (" ..." if len(foreign) > 4 else "")
+            listed = _listing(foreign)
             out.problems.append(
                 f"{key_path(('deployments', i))}: {listed} already exist and were not created "
                 f"by pmem-csi-pulumi; set {key_path(('deployments', i, 'adoptExisting'))}: true "

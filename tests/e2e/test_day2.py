@@ -467,14 +467,11 @@ def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pod
                 }
             ),
         )
-        stack.set_config(
-            f"{prefix}.registryKey", auto.ConfigValue(provided.registry_key, secret=True), True
-        )
-        stack.set_config(
-            f"{prefix}.nodeControllerKey",
-            auto.ConfigValue(provided.node_controller_key, secret=True),
-            True,
-        )
+        for key, value in (
+            ("registryKey", provided.registry_key),
+            ("nodeControllerKey", provided.node_controller_key),
+        ):
+            stack.set_config(f"{prefix}.{key}", auto.ConfigValue(value, secret=True), path=True)
         assert up(stack, "certs: provided").summary.result == "succeeded"
         switched = changed_and_rolled(rotated)
         assert switched[0] == provided.ca_cert

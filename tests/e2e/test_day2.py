@@ -222,7 +222,14 @@ def shared(
     b_name = f"b-{sfx}.{'x' * (41 - len(sfx) - 3 - 17)}.pmem-csi.example"
     assert len(b_name) == 41
     a = {"name": f"a-{sfx}.pmem-csi.example", "namespace": ns, "reporter": NO_REPORTER}
-    b = {"name": b_name, "namespace": ns, "reporter": NO_REPORTER}
+    # A patch selecting the CR by apiVersion and kind (the reporter's apps/v1 Deployment has
+    # the same kind).
+    cr_patch = {
+        "kind": "Deployment",
+        "apiVersion": CR_API,
+        "mergePatch": {"metadata": {"annotations": {"e2e.example.com/patched": "cr"}}},
+    }
+    b = {"name": b_name, "namespace": ns, "reporter": NO_REPORTER, "patches": [cr_patch]}
     # The administrator's namespace, with a quota the stack must not lose.
     core.create_namespace({"metadata": {"name": ns}})
     core.create_namespaced_resource_quota(
@@ -280,6 +287,8 @@ def test_existing_namespace_is_adopted_only_when_asked(
     ports = [p.name for c in pod.spec.containers for p in c.ports or []]
     assert sorted(ports) == ["metrics", "prov-metrics"]
     assert len(pod.metadata.labels["controller-revision-hash"]) <= 63
+    cr = get_cr(client.CustomObjectsApi(api_client), b.name)
+    assert cr is not None and cr["metadata"]["annotations"]["e2e.example.com/patched"] == "cr"
 
 
 def test_removing_the_first_deployment_keeps_the_namespace_and_the_other_deployment(
@@ -323,6 +332,19 @@ def test_device_mode_and_namespace_changes_are_refused_until_allowed(
     assert f"pmem-csi:deployments[0].namespace: changing it from '{shared.namespace}'" in text
     assert "pmem-csi:deployments[0].allowReinstall: true" in text
 
+    # With the reporter on, `kind: Deployment` alone would select its Deployment and the CR.
+    ambiguous = {
+        **shared.b,
+        "reporter": {"enabled": True},
+        "patches": [{"kind": "Deployment", "mergePatch": {"metadata": {"labels": {"x": "y"}}}}],
+    }
+    _write(shared, ambiguous)
+    text = failed_up(shared.stack)
+    assert "pmem-csi:deployments[0].patches[0]: kind 'Deployment' selects objects of several" in (
+        text
+    )
+    assert "add apiVersion to choose" in text
+
     renamed = {**shared.b, "name": f"r{shared.b['name'][1:]}"}
     _write(shared, renamed)
     text = failed_up(shared.stack)
@@ -362,7 +384,7 @@ def test_allowed_reinstall_never_runs_two_node_drivers(
     shared.b = {k: v for k, v in moved.items() if k != "allowReinstall"}
 
 
-def test_manage_crd_false_and_destroy_keep_the_crd_and_other_crs(
+def test_upgrade_manage_crd_false_and_destroy_keep_the_crd_and_other_crs(
     shared: Shared, kube: Cluster, api_client: Any
 ) -> None:
     ext = client.ApiextensionsV1Api(api_client)
@@ -371,8 +393,18 @@ def test_manage_crd_false_and_destroy_keep_the_crd_and_other_crs(
     b = cfg_of(shared.b)
     crd_uid = ext.read_custom_resource_definition(names.CRD_NAME).metadata.uid
 
-    _write(shared, shared.b, manageCrd=False)
-    assert up(shared.stack, "manageCrd false").summary.result == "succeeded"
+    ds_obj = bundle.build_deployment_objects(b).node[0]
+    ds_uid = kube.get(ds_obj)["metadata"]["uid"]
+    pods_before = pod_uids(core, b)
+    # An upgrade (new driver image) in the same update: the workloads roll, nothing else.
+    upgraded = {**shared.b, "image": "intel/pmem-csi-driver:v1.0.0"}
+    _write(shared, upgraded, manageCrd=False)
+    assert up(shared.stack, "manageCrd false + upgrade").summary.result == "succeeded"
+    ds = kube.get(ds_obj)
+    assert ds["metadata"]["uid"] == ds_uid
+    images = {c["image"] for c in ds["spec"]["template"]["spec"]["containers"]}
+    assert "intel/pmem-csi-driver:v1.0.0" in images
+    assert not set(pod_uids(core, b)) & set(pods_before), "the driver pods rolled"
     assert ext.read_custom_resource_definition(names.CRD_NAME).metadata.uid == crd_uid
     assert get_cr(custom, b.name) is not None
     assert get_cr(custom, shared.other_cr) is not None

@@ -136,9 +136,11 @@ class NodeDriverWatch:
     would reach 2.
     """
 
-    def __init__(self, api_client: Any, instance: str) -> None:
+    def __init__(self, api_client: Any, *instances: str) -> None:
         self.apps = client.AppsV1Api(api_client)
-        self.selector = f"{names.LABEL_INSTANCE}={instance},{names.LABEL_COMPONENT}=node"
+        self.selector = (
+            f"{names.LABEL_INSTANCE} in ({','.join(instances)}),{names.LABEL_COMPONENT}=node"
+        )
         self.live: set[str] = set()
         self.max_live = 0
         self.events: list[str] = []
@@ -382,6 +384,33 @@ def test_allowed_reinstall_never_runs_two_node_drivers(
     # The old namespace stays (kept on delete), with the administrator's quota.
     assert core.read_namespaced_resource_quota("admin-quota", shared.namespace)
     shared.b = {k: v for k, v in moved.items() if k != "allowReinstall"}
+
+
+def test_allowed_rename_replaces_the_driver_without_overlap(
+    shared: Shared, kube: Cluster, api_client: Any
+) -> None:
+    core = client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    old = cfg_of(shared.b)
+    renamed = {**shared.b, "name": f"r{shared.b['name'][1:]}", "renamedFrom": old.name}
+    new = cfg_of(renamed)
+    ca_before = secret_data(core, old.names.registry_secret, old.namespace)["ca.crt"]
+    _write(shared, renamed)
+    watcher = NodeDriverWatch(api_client, old.names.hyphened, new.names.hyphened)
+    try:
+        result = up(shared.stack, "rename")
+    finally:
+        watcher.stop()
+    assert result.summary.result == "succeeded"
+    assert watcher.error is None, watcher.error
+    assert f"ADDED {new.namespace}/{new.names.node_driver}" in watcher.events
+    assert watcher.max_live == 1, watcher.events
+    assert get_cr(custom, old.name) is None and get_cr(custom, new.name) is not None
+    for obj in bundle.build_deployment_objects(old, create_namespace=False).all():
+        assert kube.get(obj) is None, f"{obj['kind']} {obj['metadata']['name']} left behind"
+    # The generated certificate set moved along with the deployment.
+    assert secret_data(core, new.names.registry_secret, new.namespace)["ca.crt"] == ca_before
+    shared.b = {k: v for k, v in renamed.items() if k != "renamedFrom"}
 
 
 def test_upgrade_manage_crd_false_and_destroy_keep_the_crd_and_other_crs(

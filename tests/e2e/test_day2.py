@@ -690,3 +690,58 @@ def test_migration_from_the_operator(
         for obj in bundle.build_deployment_objects(cfg).all():
             if not obj["metadata"].get("namespace") and kube.get(obj) is not None:
                 kube.resource(obj["apiVersion"], obj["kind"]).delete(name=obj["metadata"]["name"])
+
+
+# --------------------------------------------------------------------------------------------
+# stacks made before namespaces moved to stack level
+
+
+def test_a_stack_from_before_keeps_its_namespace(
+    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any
+) -> None:
+    """The namespace used to be a child of the first deployment's component. The upgraded
+    program registers it at stack level with an alias to that old URN, so the engine moves it
+    in the state instead of creating one and deleting the old one (and with it everything in
+    the namespace)."""
+    import pulumi_kubernetes as k8s
+
+    from pmem_components.components import COMPONENT_TYPE
+    from pmem_components.manifests import namespace as ns_builder
+    from pmem_components.program import main as program
+    from tools import pulumi_stack as ps
+
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    raw = {"name": f"old-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-old"}
+    raw["reporter"] = NO_REPORTER
+    cfg = cfg_of(raw)
+
+    def old_layout() -> None:
+        parent = pulumi.ComponentResource(COMPONENT_TYPE, cfg.name, None, None)
+        ns = ns_builder.build_namespace(cfg)
+        k8s.core.v1.Namespace(
+            cfg.namespace, metadata=ns["metadata"], opts=pulumi.ResourceOptions(parent=parent)
+        )
+
+    config = {
+        "pmem-csi:manageCrd": False,
+        "pmem-csi:retainNamespaces": False,
+        "pmem-csi:deployments": [raw],
+    }
+    name = f"o{sfx}"
+    old = ps.select_stack(name, old_layout, stacks_dir / name, config)
+    try:
+        assert up(old, "old layout").summary.result == "succeeded"
+        uid = core.read_namespace(cfg.namespace).metadata.uid
+        new = ps.select_stack(name, program, stacks_dir / name, config)
+        result = up(new, "upgraded program")
+        assert result.summary.result == "succeeded"
+        assert "delete" not in resource_changes(result.summary)
+        assert core.read_namespace(cfg.namespace).metadata.uid == uid
+        resources = new.export_stack().deployment["resources"]
+        (ns_state,) = [r for r in resources if r["type"] == "kubernetes:core/v1:Namespace"]
+        assert ns_state["urn"].endswith(f"::kubernetes:core/v1:Namespace::{cfg.namespace}")
+        assert COMPONENT_TYPE not in ns_state["urn"]
+    finally:
+        dispose(old)
+        delete_quietly(core.delete_namespace, cfg.namespace)

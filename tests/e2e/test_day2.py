@@ -425,14 +425,22 @@ def test_upgrade_manage_crd_false_and_destroy_keep_the_crd_and_other_crs(
     ds_obj = bundle.build_deployment_objects(b).node[0]
     ds_uid = kube.get(ds_obj)["metadata"]["uid"]
     pods_before = pod_uids(core, b)
-    # An upgrade (new driver image) in the same update: the workloads roll, nothing else.
-    upgraded = {**shared.b, "image": "intel/pmem-csi-driver:v1.0.0"}
+    # An upgrade (new driver image) and an allowed device mode change in the same update:
+    # the DaemonSet rolls in place (one pod per node at a time), nothing is re-created.
+    upgraded = {
+        **shared.b,
+        "image": "intel/pmem-csi-driver:v1.0.0",
+        "deviceMode": "direct",
+        "allowDeviceModeChange": True,
+    }
     _write(shared, upgraded, manageCrd=False)
     assert up(shared.stack, "manageCrd false + upgrade").summary.result == "succeeded"
     ds = kube.get(ds_obj)
     assert ds["metadata"]["uid"] == ds_uid
     images = {c["image"] for c in ds["spec"]["template"]["spec"]["containers"]}
     assert "intel/pmem-csi-driver:v1.0.0" in images
+    driver = ds["spec"]["template"]["spec"]["containers"][0]
+    assert "-deviceManager=direct" in driver["command"]
     assert not set(pod_uids(core, b)) & set(pods_before), "the driver pods rolled"
     assert ext.read_custom_resource_definition(names.CRD_NAME).metadata.uid == crd_uid
     assert get_cr(custom, b.name) is not None

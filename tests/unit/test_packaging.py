@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,9 +58,15 @@ def test_the_crd_ships_in_the_wheel_and_install_crd_finds_it(tmp_path: Path) -> 
     """Built with ``pip wheel --no-deps`` and imported straight from the zip (zipimport):
     nothing of the checkout is on the path, so the CRD can only come from package data."""
     root = Path(__file__).resolve().parents[2]
+    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(root / "pyproject.toml", src)
+    for part in ("pmem_components", "reporter", "crd"):
+        shutil.copytree(root / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-         "-w", str(tmp_path), str(root)],
+         "-w", str(tmp_path), str(src)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr

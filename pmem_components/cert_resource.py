@@ -70,11 +70,16 @@ class CertificateProvider(pulumi.dynamic.ResourceProvider):
     """
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        generated = certs.generate_driver_certificates()
+        validity = props.get("validityDays")
+        if isinstance(validity, int | float) and validity > 0:
+            generated = certs.generate_driver_certificates(dt.timedelta(days=float(validity)))
+        else:
+            generated = certs.generate_driver_certificates()
         ca = x509.load_pem_x509_certificate(generated.ca_cert.encode())
         outs = {
             "rotation": props.get("rotation", ""),
             "renewWithinDays": props.get("renewWithinDays", 0),
+            "validityDays": props.get("validityDays", 0),
             "ca_cert": generated.ca_cert,
             "registry_cert": generated.registry_cert,
             "registry_key": generated.registry_key,
@@ -98,15 +103,19 @@ class CertificateProvider(pulumi.dynamic.ResourceProvider):
             return pulumi.dynamic.DiffResult(
                 changes=True, replaces=replaces, delete_before_replace=False
             )
-        changed = _olds.get("renewWithinDays", 0) != _news.get("renewWithinDays", 0)
+        changed = any(
+            _olds.get(k, 0) != _news.get(k, 0) for k in ("renewWithinDays", "validityDays")
+        )
         return pulumi.dynamic.DiffResult(changes=changed, replaces=[])
 
     def update(
         self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]
     ) -> pulumi.dynamic.UpdateResult:
-        """Only the renewal setting can change in place; the certificates never do."""
+        """Only the settings change in place; the certificates never do (a new validity
+        applies from the next renewal or rotation on)."""
         outs = dict(_olds)
         outs["renewWithinDays"] = _news.get("renewWithinDays", 0)
+        outs["validityDays"] = _news.get("validityDays", 0)
         return pulumi.dynamic.UpdateResult(outs=outs)
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
@@ -135,12 +144,14 @@ class GeneratedCertificates(pulumi.dynamic.Resource, module="pmem-csi", name="Ce
         *,
         rotation: pulumi.Input[str] = "",
         renew_within_days: pulumi.Input[int] = 0,
+        validity_days: pulumi.Input[int] = 0,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         secret_opts = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_OUTPUTS))
         props: dict[str, Any] = {
             "rotation": rotation,
             "renewWithinDays": renew_within_days,
+            "validityDays": validity_days,
             **dict.fromkeys(PUBLIC_OUTPUTS + SECRET_OUTPUTS),
         }
         super().__init__(
@@ -191,6 +202,7 @@ class DriverCertificates(pulumi.ComponentResource):
         *,
         rotation: pulumi.Input[str] = "",
         renew_within_days: pulumi.Input[int] = 0,
+        validity_days: pulumi.Input[int] = 0,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(COMPONENT_TYPE, name, None, opts)
@@ -201,6 +213,7 @@ class DriverCertificates(pulumi.ComponentResource):
                 f"{name}-generated",
                 rotation=rotation,
                 renew_within_days=renew_within_days,
+                validity_days=validity_days,
                 opts=pulumi.ResourceOptions(parent=self),
             )
         else:

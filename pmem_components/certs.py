@@ -107,7 +107,9 @@ def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
-def generate_ca(*, now: dt.datetime | None = None) -> IssuedCertificate:
+def generate_ca(
+    *, now: dt.datetime | None = None, validity: dt.timedelta = VALIDITY
+) -> IssuedCertificate:
     """A self-signed CA like the reference's: CA:TRUE, may sign certificates, one year."""
     now = now or _utcnow()
     key = _new_key()
@@ -120,7 +122,7 @@ def generate_ca(*, now: dt.datetime | None = None) -> IssuedCertificate:
         .public_key(public)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + VALIDITY)
+        .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(
@@ -194,9 +196,12 @@ def generate_leaf(
     return IssuedCertificate(cert=cert, key=key)
 
 
-def generate_driver_certificates() -> DriverCertificates:
-    """A fresh CA plus the registry and node-controller certificates it signed."""
-    ca = generate_ca()
+def generate_driver_certificates(validity: dt.timedelta = VALIDITY) -> DriverCertificates:
+    """A fresh CA plus the registry and node-controller certificates it signed.
+
+    The leaves never outlive the CA (``generate_leaf``), so ``validity`` bounds all three.
+    """
+    ca = generate_ca(validity=validity)
     registry = generate_leaf(ca, REGISTRY_NAME)
     node = generate_leaf(ca, NODE_CONTROLLER_NAME)
     return DriverCertificates(

@@ -12,12 +12,13 @@ and dependencies. They are also usable as a library by other Pulumi programs::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 
-from pmem_components import cert_resource, registry
+from pmem_components import cert_resource, names, registry
 from pmem_components.config import (
     ConfigError,
     DeploymentConfig,
@@ -29,12 +30,31 @@ from pmem_components.manifests.crd import load_crd
 from pmem_components.patches import PatchError, PatchSet
 
 TYPE_PREFIX = "pmem-csi:index:"
+COMPONENT_TYPE = f"{TYPE_PREFIX}PmemCsiDeployment"
+CONTROLLER_TYPE = f"{TYPE_PREFIX}ControllerDriver"
+NODE_TYPE = f"{TYPE_PREFIX}NodeDriver"
+
+# pulumi-kubernetes' annotations: resolve server-side apply conflicts in this stack's favour;
+# how a delete propagates to dependents (pods of a workload).
+PATCH_FORCE_ANNOTATION = "pulumi.com/patchForce"
+DELETION_POLICY_ANNOTATION = "pulumi.com/deletionPropagationPolicy"
+
+# (object, parent, depends_on) -> resource
+Registrar = Callable[
+    [dict[str, Any], pulumi.Resource, list[pulumi.Resource]], pulumi.CustomResource
+]
 
 
 def _child_opts(
     parent: pulumi.Resource, depends_on: Sequence[pulumi.Resource] = ()
 ) -> pulumi.ResourceOptions:
     return pulumi.ResourceOptions(parent=parent, depends_on=list(depends_on))
+
+
+def _plain_register(
+    obj: dict[str, Any], parent: pulumi.Resource, deps: list[pulumi.Resource]
+) -> pulumi.CustomResource:
+    return registry.register(obj, _child_opts(parent, deps))
 
 
 class ControllerDriver(pulumi.ComponentResource):
@@ -51,16 +71,18 @@ class ControllerDriver(pulumi.ComponentResource):
         *,
         depends_on: Sequence[pulumi.Resource] = (),
         objects: list[dict[str, Any]] | None = None,
+        register: Registrar | None = None,
     ) -> None:
-        super().__init__(f"{TYPE_PREFIX}ControllerDriver", name, None, opts)
+        super().__init__(CONTROLLER_TYPE, name, None, opts)
         objs = objects if objects is not None else bundle.controller_objects(cfg)
+        reg = register or _plain_register
         # RBAC and Services before the StatefulSet, so its pods start with what they need.
         self.resources = []
         for obj in objs:
             deps = list(depends_on)
             if obj["kind"] == "StatefulSet":
                 deps += self.resources
-            self.resources.append(registry.register(obj, _child_opts(self, deps)))
+            self.resources.append(reg(obj, self, deps))
         self.stateful_set = self.resources[-1]
         self.register_outputs(
             {"statefulSet": cfg.names.controller_driver, "namespace": cfg.namespace}
@@ -80,18 +102,27 @@ class NodeDriver(pulumi.ComponentResource):
         *,
         depends_on: Sequence[pulumi.Resource] = (),
         objects: list[dict[str, Any]] | None = None,
+        register: Registrar | None = None,
     ) -> None:
-        super().__init__(f"{TYPE_PREFIX}NodeDriver", name, None, opts)
+        super().__init__(NODE_TYPE, name, None, opts)
         objs = objects if objects is not None else bundle.node_objects(cfg)
-        created = [registry.register(obj, _child_opts(self, depends_on)) for obj in objs]
+        reg = register or _plain_register
+        created = [reg(obj, self, list(depends_on)) for obj in objs]
         self.daemon_set = created[0]
         self.register_outputs({"daemonSet": cfg.names.node_driver, "namespace": cfg.namespace})
 
 
 def _certificates(
-    name: str, cfg: DeploymentConfig, parent: pulumi.Resource
+    name: str, cfg: DeploymentConfig, opts: pulumi.ResourceOptions
 ) -> bundle.CertificateValues:
-    """The configured certificates, or a set generated once and kept in Pulumi state."""
+    """The configured certificates, or a set generated once and kept in Pulumi state.
+
+    Generated sets are renewed by ``pulumi up`` once they expire within
+    ``certificates.renewBeforeDays`` and replaced when ``certificates.rotation`` changes.
+    The fingerprint of the public certificates goes into the pod templates, so any change of
+    certificate material (renewal, rotation, provided <-> generated) rolls the driver pods
+    and no pod keeps running with certificates its peers no longer trust.
+    """
     c = cfg.certificates
     provided = (
         cert_resource.ProvidedCertificates(
@@ -105,14 +136,21 @@ def _certificates(
         else None
     )
     certs = cert_resource.DriverCertificates(
-        name, provided, opts=pulumi.ResourceOptions(parent=parent)
+        name,
+        provided,
+        rotation=str(c.rotation),
+        renew_within_days=c.renew_before_days,
+        validity_days=c.validity_days,
+        opts=opts,
     )
+    fingerprint = pulumi.Output.all(certs.ca_cert, certs.registry_cert, certs.node_controller_cert)
     return bundle.CertificateValues(
         ca_cert=certs.ca_cert,
         registry_cert=certs.registry_cert,
         registry_key=certs.registry_key,
         node_controller_cert=certs.node_controller_cert,
         node_controller_key=certs.node_controller_key,
+        fingerprint=fingerprint.apply(lambda pems: bundle.certificates_fingerprint(*pems)),
     )
 
 
@@ -130,14 +168,66 @@ def check_patches(cfg: DeploymentConfig, index: int) -> list[str]:
     return []
 
 
+@dataclass(frozen=True)
+class PreviousDeployment:
+    """Where this deployment ran before, when the stack config moves it (renamedFrom, or a
+    new namespace with ``allowReinstall``). Its objects become aliases of the new ones, so the
+    engine *replaces* them, and the workloads are deleted before their replacements start:
+    two node drivers never run at once."""
+
+    name: str
+    namespace: str
+
+
+@dataclass
+class PmemCsiDeploymentArgs:
+    """Inputs of :class:`PmemCsiDeployment`.
+
+    ``config``: the deployment. ``crd``: the CRD resource when the same program installs it,
+    so the CR is created after (and deleted before) it. ``namespace``: a Namespace resource
+    registered elsewhere (the program registers namespaces at stack level) to depend on;
+    without it the component registers ``config.namespace`` itself when
+    ``config.createNamespace`` is true, kept on delete unless ``retain_namespace`` is false.
+    ``index``: position in ``pmem-csi:deployments``, used in error messages. ``validate``:
+    check cross-field rules, provided certificates and patches here (the program has done
+    that already). ``previous``: see :class:`PreviousDeployment`.
+    """
+
+    config: DeploymentConfig
+    crd: pulumi.Resource | None = None
+    namespace: pulumi.Resource | None = None
+    retain_namespace: bool = True
+    index: int = 0
+    validate: bool = True
+    previous: PreviousDeployment | None = None
+
+
+def stack_id() -> str:
+    """``<project>/<stack>``: the value of ``names.STACK_ANNOTATION`` on what this stack owns."""
+    return f"{pulumi.get_project()}/{pulumi.get_stack()}"
+
+
+def _urn(types: Sequence[str], name: str) -> str:
+    """The URN of a resource whose type chain (parents first) is ``types``."""
+    return (
+        f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{'$'.join(types)}::{name}"
+    )
+
+
+def _annotate(obj: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
+    meta = obj.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+    return obj
+
+
 class PmemCsiDeployment(pulumi.ComponentResource):
     """One complete PMEM-CSI driver deployment plus its ``Deployment`` CR.
 
-    ``crd``: the CRD resource when this stack installs it, so the CR is created after (and
-    deleted before) it. ``namespace``: a Namespace resource created elsewhere (another
-    deployment of the same stack) to depend on instead of creating one. ``index``: position in
-    ``pmem-csi:deployments``, used in error messages. ``validate``: check provided
-    certificates and patches here (the program has done that already for all deployments).
+    Pulumi's component convention: ``PmemCsiDeployment(name, args, opts)``; pass a provider
+    in ``opts`` to deploy to another cluster. Child resources are named after the Kubernetes
+    objects; when ``name`` differs from the driver name they are prefixed with ``name:`` so
+    two instances (e.g. the same driver on two clusters) never share a URN. The older form
+    ``PmemCsiDeployment(config)`` still works and uses the driver name as ``name``.
     """
 
     namespace: str
@@ -147,61 +237,143 @@ class PmemCsiDeployment(pulumi.ComponentResource):
 
     def __init__(
         self,
-        cfg: DeploymentConfig,
+        name: str | DeploymentConfig,
+        args: PmemCsiDeploymentArgs | DeploymentConfig | None = None,
         opts: pulumi.ResourceOptions | None = None,
-        *,
-        crd: pulumi.Resource | None = None,
-        namespace: pulumi.Resource | None = None,
-        index: int = 0,
-        validate: bool = True,
+        **legacy: Any,
     ) -> None:
-        if validate:
-            problems = deployment_problems(cfg, index)
+        if isinstance(name, DeploymentConfig):  # the pre-convention form (config, opts, ...)
+            if isinstance(args, pulumi.ResourceOptions):
+                opts, args = args, None
+            args = PmemCsiDeploymentArgs(name, **legacy)
+            name = name.name
+        elif isinstance(args, DeploymentConfig):
+            args = PmemCsiDeploymentArgs(args, **legacy)
+        if args is None:
+            raise TypeError("PmemCsiDeployment needs args (PmemCsiDeploymentArgs)")
+        cfg = args.config
+        if args.validate:
+            problems = deployment_problems(cfg, args.index)
             if not problems:
-                problems = certificate_problems(cfg, index)[0] + check_patches(cfg, index)
+                problems = certificate_problems(cfg, args.index)[0] + check_patches(
+                    cfg, args.index
+                )
             if problems:
                 raise ConfigError(problems)
         transforms = []
         if cfg.patches:
-            transforms.append(PatchSet.for_deployment(index, cfg.patches).transform)
-        opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(transforms=transforms))
-        super().__init__(f"{TYPE_PREFIX}PmemCsiDeployment", cfg.name, None, opts)
+            transforms.append(PatchSet.for_deployment(args.index, cfg.patches).transform)
+        prev = args.previous
+        own_aliases: list[Any] = []
+        if prev is not None and prev.name != cfg.name and name == cfg.name:
+            own_aliases.append(_urn([COMPONENT_TYPE], prev.name))
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(transforms=transforms, aliases=own_aliases or None)
+        )
+        super().__init__(COMPONENT_TYPE, name, None, opts)
         self.namespace = cfg.namespace
         self.object_names = bundle.object_names(cfg)
+        prefix = "" if name == cfg.name else f"{name}:"
         h = cfg.names.hyphened
+        old_h = DeploymentConfig(name=prev.name).names.hyphened if prev is not None else h
 
-        certs = _certificates(f"{h}-certificates", cfg, self)
-        objs = bundle.build_deployment_objects(
-            cfg, certs, create_namespace=cfg.create_namespace and namespace is None
-        )
+        def sub_opts(kind: str, suffix: str) -> pulumi.ResourceOptions:
+            aliases = []
+            if prev is not None and old_h != h and not prefix:
+                aliases.append(_urn([COMPONENT_TYPE, kind], f"{old_h}{suffix}"))
+            return pulumi.ResourceOptions(parent=self, aliases=aliases or None)
 
-        base: list[pulumi.Resource] = [namespace] if namespace is not None else []
-        if objs.namespace is not None:
-            namespace = registry.register(objs.namespace, _child_opts(self))
-            base = [namespace]
-        self.namespace_resource = namespace
-
-        secrets = [registry.register(o, _child_opts(self, base)) for o in objs.secrets]
-        self.csi_driver = registry.register(objs.csi_driver, _child_opts(self))
-        self.controller = ControllerDriver(
-            f"{h}-controller",
+        certs = _certificates(
+            f"{prefix}{h}-certificates",
             cfg,
-            pulumi.ResourceOptions(parent=self),
+            sub_opts(cert_resource.COMPONENT_TYPE, "-certificates"),
+        )
+        create_ns = cfg.create_namespace and args.namespace is None
+        objs = bundle.build_deployment_objects(cfg, certs, create_namespace=create_ns)
+        old_objs = (
+            bundle.build_deployment_objects(
+                cfg.model_copy(update={"name": prev.name, "namespace": prev.namespace}),
+                certs,
+                create_namespace=create_ns,
+            )
+            if prev is not None and not prefix
+            else None
+        )
+        extra: dict[str, str] = {}
+        if cfg.adopt_existing:
+            # Objects someone else created with these names (e.g. the operator) are taken
+            # over: server-side apply takes the conflicting fields instead of failing.
+            extra[PATCH_FORCE_ANNOTATION] = "true"
+        if extra:
+            for obj in objs.all():
+                _annotate(obj, extra)
+        _annotate(objs.deployment_cr, {names.STACK_ANNOTATION: stack_id()})
+        for workload in (*objs.controller, *objs.node):
+            if workload["kind"] in ("StatefulSet", "DaemonSet"):
+                # Deleted only once its pods are gone: a reinstall (delete before replace)
+                # then never overlaps two drivers on a node.
+                _annotate(workload, {DELETION_POLICY_ANNOTATION: "foreground"})
+
+        def register(
+            obj: dict[str, Any],
+            parent: pulumi.Resource,
+            parent_types: Sequence[str],
+            deps: Sequence[pulumi.Resource] = (),
+        ) -> pulumi.CustomResource:
+            aliases: list[Any] = []
+            replace_first = False
+            if old_objs is not None:
+                old = _counterpart(obj, objs, old_objs)
+                if old is not None and registry.resource_name(old) != registry.resource_name(obj):
+                    aliases.append(
+                        _urn([*parent_types, registry.type_token(old)], registry.resource_name(old))
+                    )
+                    replace_first = obj["kind"] in ("StatefulSet", "DaemonSet")
+            return registry.register(
+                obj,
+                pulumi.ResourceOptions(
+                    parent=parent,
+                    depends_on=list(deps),
+                    aliases=aliases or None,
+                    delete_before_replace=replace_first or None,
+                ),
+                name_prefix=prefix,
+            )
+
+        top = [COMPONENT_TYPE]
+        base: list[pulumi.Resource] = [args.namespace] if args.namespace is not None else []
+        if objs.namespace is not None:
+            ns_obj = _annotate(objs.namespace, {names.STACK_ANNOTATION: stack_id()})
+            ns_res = registry.register(
+                ns_obj,
+                pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_namespace),
+                name_prefix=prefix,
+            )
+            base = [ns_res]
+        self.namespace_resource = base[0] if base else None
+
+        secrets = [register(o, self, top, base) for o in objs.secrets]
+        self.csi_driver = register(objs.csi_driver, self, top)
+        self.controller = ControllerDriver(
+            f"{prefix}{h}-controller",
+            cfg,
+            sub_opts(CONTROLLER_TYPE, "-controller"),
             depends_on=[*base, *secrets],
             objects=objs.controller,
+            register=lambda o, p, d: register(o, p, [*top, CONTROLLER_TYPE], d),
         )
         self.node = NodeDriver(
-            f"{h}-node",
+            f"{prefix}{h}-node",
             cfg,
-            pulumi.ResourceOptions(parent=self),
+            sub_opts(NODE_TYPE, "-node"),
             depends_on=[*base, *secrets, self.csi_driver],
             objects=objs.node,
+            register=lambda o, p, d: register(o, p, [*top, NODE_TYPE], d),
         )
-        cr_deps = [crd] if crd is not None else []
-        self.deployment_cr = registry.register(objs.deployment_cr, _child_opts(self, cr_deps))
+        cr_deps = [args.crd] if args.crd is not None else []
+        self.deployment_cr = register(objs.deployment_cr, self, top, cr_deps)
         self.reporter = [
-            registry.register(o, _child_opts(self, [*base, self.deployment_cr]))
-            for o in objs.reporter
+            register(o, self, top, [*base, self.deployment_cr]) for o in objs.reporter
         ]
         self.ca_cert = pulumi.Output.from_input(certs.ca_cert)
         self.register_outputs(
@@ -213,11 +385,26 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         )
 
 
-# pulumi-kubernetes' annotation: resolve server-side apply conflicts in this stack's favour.
-PATCH_FORCE_ANNOTATION = "pulumi.com/patchForce"
+def _counterpart(
+    obj: dict[str, Any], new: bundle.DeploymentObjects, old: bundle.DeploymentObjects
+) -> dict[str, Any] | None:
+    """The object of the previous name/namespace that ``obj`` takes the place of.
+
+    Both bundles come from the same builders, so the n-th object of a kind in one is the
+    n-th of that kind in the other.
+    """
+    def key(o: dict[str, Any]) -> tuple[str, str]:
+        return (o["apiVersion"], o["kind"])
+
+    same_kind = [o for o in new.all() if key(o) == key(obj)]
+    position = next(i for i, o in enumerate(same_kind) if o is obj)
+    old_same = [o for o in old.all() if key(o) == key(obj)]
+    return old_same[position] if position < len(old_same) else None
 
 
-def install_crd(opts: pulumi.ResourceOptions | None = None) -> pulumi.CustomResource:
+def install_crd(
+    opts: pulumi.ResourceOptions | None = None, *, retain: bool = True
+) -> pulumi.CustomResource:
     """The ``deployments.pmem-csi.intel.com`` CRD from ``crd/`` as a stack resource.
 
     With ``manageCrd: true`` the stack is the CRD's owner, so it takes over fields that another
@@ -225,8 +412,15 @@ def install_crd(opts: pulumi.ResourceOptions | None = None) -> pulumi.CustomReso
     with ``kubectl`` from an older ``crd/`` file (the documented way for ``manageCrd: false``)
     would otherwise fail ``pulumi up`` with a field conflict on ``.spec.versions`` instead
     of being upgraded to the file in this repository.
+
+    ``retain`` (default): removing the CRD from the stack (``manageCrd: false``) or
+    ``pulumi destroy`` leaves it in the cluster. Deleting a CRD deletes every object of its
+    kind, including other stacks' ``Deployment`` CRs; ``retainCrd: false`` asks for that.
     """
     crd = load_crd()
     meta = crd.setdefault("metadata", {})
     meta["annotations"] = {**(meta.get("annotations") or {}), PATCH_FORCE_ANNOTATION: "true"}
-    return registry.register(crd, opts or pulumi.ResourceOptions())
+    return registry.register(
+        crd,
+        pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(retain_on_delete=retain)),
+    )

@@ -69,9 +69,14 @@ SECRET_FIELDS = frozenset({"registryKey", "nodeControllerKey"})
 # Fields whose values are too long to be useful in a message.
 QUIET_FIELDS = SECRET_FIELDS | {"caCert", "registryCert", "nodeControllerCert"}
 
-# Longest hyphenated name for which "<name>-controller" still fits the 63 characters of a
-# Service name / label value (the StatefulSet's pods also carry it in a label).
-MAX_HYPHENED_NAME = 63 - len("-controller")
+# Longest driver name for which every derived object and label fits (see
+# ``names.derived_values``: the controller pod's controller-revision-hash label is the limit).
+MAX_NAME_LENGTH = names.max_name_length(names.DEFAULT_DRIVER_NAME)[0]
+# Namespaces that belong to Kubernetes itself: never created, adopted or deleted by a stack.
+SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "default"})
+# Certificates generated here: the operator's one-year validity and a renewal lead time.
+DEFAULT_VALIDITY_DAYS = 365
+DEFAULT_RENEW_BEFORE_DAYS = 30
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -163,6 +168,11 @@ class Certificates(_Model):
     registry_key: str | None = Field(default=None, repr=False)
     node_controller_cert: str | None = None
     node_controller_key: str | None = Field(default=None, repr=False)
+    # Generated sets only: lifetime, renewal lead time (0 = never renew) and a free-form value
+    # whose change replaces the set (explicit rotation).
+    validity_days: int = Field(default=DEFAULT_VALIDITY_DAYS, ge=1, le=3650)
+    renew_before_days: int = Field(default=DEFAULT_RENEW_BEFORE_DAYS, ge=0, le=3650)
+    rotation: str | int = ""
 
     @property
     def provided(self) -> bool:
@@ -177,6 +187,7 @@ class Patch(_Model):
     """
 
     kind: str = Field(min_length=1)
+    api_version: str | None = None
     name: str | None = None
     namespace: str | None = None
     merge_patch: dict[str, Any] | None = None
@@ -234,6 +245,12 @@ class DeploymentConfig(_Model):
     certificates: Certificates = Field(default_factory=Certificates)
     patches: list[Patch] = Field(default_factory=list)
     reporter: Reporter = Field(default_factory=Reporter)
+    # Day-2 safety switches; see README "Day-2 operations". All default to the safe choice.
+    adopt_namespace: bool = False
+    adopt_existing: bool = False
+    allow_reinstall: bool = False
+    renamed_from: str | None = None
+    allow_device_mode_change: bool = False
 
     @field_validator("device_mode", mode="before")
     @classmethod
@@ -264,6 +281,16 @@ class StackConfig(_Model):
 
     deployments: list[DeploymentConfig] = Field(default_factory=lambda: [DeploymentConfig()])
     manage_crd: bool = True
+    # Namespaces and the CRD are stack-level objects whose deletion takes other people's
+    # objects with it, so by default they stay when removed from the stack or on destroy.
+    retain_crd: bool = True
+    retain_namespaces: bool = True
+    # Read the cluster before registering anything (adoption, renames, operator migration).
+    preflight: bool = True
+
+
+# Top-level keys of the config namespace that load_config knows.
+STACK_KEYS = ("deployments", "manageCrd", "retainCrd", "retainNamespaces", "preflight")
 
 
 # --------------------------------------------------------------------------- error reporting
@@ -417,6 +444,50 @@ def _check_certificates(certs: Any, path: tuple[str | int, ...], problems: list[
             problems.append(f"{key_path((*path, f))}: must be {what}")
 
 
+def _name_length_problems(name: str, path: tuple[str | int, ...]) -> list[str]:
+    """The driver name against every value Kubernetes derives from it (names.derived_values)."""
+    problems = []
+    allowed, limiting = names.max_name_length(name)
+    if limiting is not None and len(name) > allowed:
+        value = limiting.value.replace("h" * names.REVISION_HASH_MAX, "<hash>")
+        problems.append(
+            f"{key_path(path)}: is {len(name)} characters; at most {allowed} fit, because the "
+            f"{limiting.what} {value!r} would exceed the {limiting.limit} characters "
+            "Kubernetes allows"
+        )
+    if not name[:1].isalpha():
+        problems.append(
+            f"{key_path(path)}: must start with a letter: Service names are derived from it "
+            f"(got {_show(name)})"
+        )
+    return problems
+
+
+def _check_renewal(certs: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
+    """A lead time as long as the validity would renew the set on every ``pulumi up``."""
+    certs = _dict_or_empty(certs)
+    validity = certs.get("validityDays", DEFAULT_VALIDITY_DAYS)
+    renew = certs.get("renewBeforeDays", DEFAULT_RENEW_BEFORE_DAYS)
+    # Only compare two values that are valid on their own: a wrong type or a value out of
+    # range already has its own error, and a second one about the pair would mislead.
+    in_range = (
+        isinstance(validity, int)
+        and isinstance(renew, int)
+        and not isinstance(validity, bool)
+        and not isinstance(renew, bool)
+        and 1 <= validity <= 3650
+        and 0 <= renew <= 3650
+    )
+    if in_range and renew >= validity:
+        problems.append(
+            f"{key_path((*path, 'renewBeforeDays'))}: must be less than validityDays "
+            f"({validity}), or every pulumi up would renew the certificates (got {renew})"
+        )
+    rotation = certs.get("rotation")
+    if isinstance(rotation, bool):
+        problems.append(f"{key_path((*path, 'rotation'))}: must be a string or number")
+
+
 def _check_patches(patches: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
     if not isinstance(patches, list):
         return
@@ -470,16 +541,24 @@ def _check_deployment(raw: Mapping[str, Any], path: tuple[str | int, ...]) -> li
                 f"{key_path((*path, 'name'))}: must be a DNS subdomain: lower case letters, "
                 f"digits, '-' and '.' (got {_show(name)})"
             )
-        elif len(names.DeploymentNames(name).hyphened) > MAX_HYPHENED_NAME:
-            problems.append(
-                f"{key_path((*path, 'name'))}: must be at most {MAX_HYPHENED_NAME} characters "
-                f"so that derived object names fit (got {len(name)})"
-            )
+        else:
+            problems += _name_length_problems(name, (*path, "name"))
+    renamed_from = raw.get("renamedFrom")
+    if isinstance(renamed_from, str) and not _DNS_SUBDOMAIN.match(renamed_from):
+        problems.append(
+            f"{key_path((*path, 'renamedFrom'))}: must be the previous driver name "
+            f"(got {_show(renamed_from)})"
+        )
     namespace = raw.get("namespace", DEFAULT_NAMESPACE)
     if isinstance(namespace, str) and (not _DNS_LABEL.match(namespace) or len(namespace) > 63):
         problems.append(
             f"{key_path((*path, 'namespace'))}: must be a DNS label: lower case letters, digits "
             f"and '-' (got {_show(namespace)})"
+        )
+    elif isinstance(namespace, str) and namespace in SYSTEM_NAMESPACES:
+        problems.append(
+            f"{key_path((*path, 'namespace'))}: {_show(namespace)} belongs to Kubernetes itself; "
+            "use a namespace of its own for the driver (e.g. pmem-csi)"
         )
     mode = raw.get("deviceMode", DEFAULT_DEVICE_MODE)
     mode = DEVICE_MODE_ALIASES.get(mode, mode) if isinstance(mode, str) else mode
@@ -499,6 +578,7 @@ def _check_deployment(raw: Mapping[str, Any], path: tuple[str | int, ...]) -> li
     for res in ("controllerResources", "nodeResources"):
         _check_resources(raw.get(res), (*path, res), problems)
     _check_certificates(raw.get("certificates"), (*path, "certificates"), problems)
+    _check_renewal(raw.get("certificates"), (*path, "certificates"), problems)
     _check_patches(raw.get("patches"), (*path, "patches"), problems)
     _check_reporter(raw.get("reporter"), (*path, "reporter"), problems)
     return problems
@@ -587,7 +667,7 @@ def load_config(
     raw = {k: v for k, v in (raw or {}).items() if v is not None}
     problems: list[str] = []
     for key in raw:
-        if key not in ("deployments", "manageCrd"):
+        if key not in STACK_KEYS:
             problems.append(f"{key_path((key,))}: is not a known setting")
 
     deployments_raw = raw.get("deployments")
@@ -617,13 +697,14 @@ def load_config(
             problems.extend(dep_problems)
         problems.extend(_check_unique(deployments_raw))
 
-    manage_crd = raw.get("manageCrd", True)
+    top = {k: raw[k] for k in STACK_KEYS if k in raw and k != "deployments"}
+    stack: StackConfig | None = None
     try:
-        manage_crd = StackConfig.model_validate({"manageCrd": manage_crd, "deployments": []})
+        stack = StackConfig.model_validate({**top, "deployments": []})
     except ValidationError as exc:
         problems.extend(_pydantic_problems(exc, ()))
 
     if problems:
         raise ConfigError(problems)
-    assert isinstance(manage_crd, StackConfig)
-    return StackConfig(deployments=parsed, manage_crd=manage_crd.manage_crd)
+    assert stack is not None
+    return stack.model_copy(update={"deployments": parsed})

@@ -107,3 +107,70 @@ class DeploymentNames:
     def selector_labels(self) -> dict[str, str]:
         """Labels that select every object of this deployment (and nothing else)."""
         return {LABEL_PART_OF: PART_OF, LABEL_INSTANCE: self.hyphened}
+
+
+# Annotation on the objects a stack owns at stack level (Namespaces) and on the Deployment CR:
+# which Pulumi stack (``<project>/<stack>``) manages them. The program's preflight reads it to
+# tell "created by this stack" from "someone else's" (adoption must be explicit) and to find
+# this stack's previous deployments in the cluster (renames, namespace and device mode changes).
+STACK_ANNOTATION = "pmem-csi.intel.com/pulumi-stack"
+
+# Upper bounds Kubernetes puts on what the controllers derive from our names.
+LABEL_VALUE_MAX = 63
+DNS_LABEL_MAX = 63
+DNS_SUBDOMAIN_MAX = 253
+CSI_DRIVER_NAME_MAX = 63
+# controller-revision-hash of StatefulSet pods is "<statefulset>-<hash>"; the hash is a
+# uint32 in the API machinery's safe alphabet, at most 10 characters.
+REVISION_HASH_MAX = 10
+# Names of ReplicaSets ("<deployment>-<pod-template-hash>") and pods ("<owner>-<5 chars>").
+POD_SUFFIX_MAX = 6
+
+
+@dataclass(frozen=True)
+class DerivedValue:
+    """One string Kubernetes derives from the driver name, and the limit it must meet."""
+
+    what: str
+    value: str
+    limit: int
+
+
+def derived_values(name: str) -> list[DerivedValue]:
+    """Every name and label value that grows with the driver name, with its limit.
+
+    The longest of them is not one we set: the StatefulSet controller labels the controller
+    pod ``controller-revision-hash: <statefulset>-<hash>``, so a driver name that fits every
+    object we create can still produce a pod the API server rejects.
+    """
+    n = DeploymentNames(name)
+    sts_hash = f"{n.controller_driver}-{'h' * REVISION_HASH_MAX}"
+    return [
+        DerivedValue("CSIDriver name", n.csi_driver, CSI_DRIVER_NAME_MAX),
+        DerivedValue(f"label {LABEL_INSTANCE}", n.hyphened, LABEL_VALUE_MAX),
+        DerivedValue("Service name", n.controller_service, DNS_LABEL_MAX),
+        DerivedValue("Service name", n.metrics_service, DNS_LABEL_MAX),
+        DerivedValue("pod label app", n.controller_driver, LABEL_VALUE_MAX),
+        DerivedValue("pod label app", n.node_driver, LABEL_VALUE_MAX),
+        DerivedValue("controller pod name", f"{n.controller_driver}-0", DNS_LABEL_MAX),
+        DerivedValue("controller pod label controller-revision-hash", sts_hash, LABEL_VALUE_MAX),
+        DerivedValue("reporter pod label app", n.reporter, LABEL_VALUE_MAX),
+        DerivedValue(
+            "reporter ReplicaSet name",
+            f"{n.reporter}-{'h' * REVISION_HASH_MAX}",
+            DNS_SUBDOMAIN_MAX,
+        ),
+        DerivedValue("reporter events Role name", n.reporter_events, DNS_SUBDOMAIN_MAX),
+        DerivedValue("provisioner ClusterRoleBinding", n.provisioner_cluster_role, 253),
+        DerivedValue("node state directory", f"/var/lib/{name}", 4096),
+    ]
+
+
+def max_name_length(name: str) -> tuple[int, DerivedValue | None]:
+    """The longest driver name of this shape that fits, and the value that limits it."""
+    best: tuple[int, DerivedValue | None] = (DNS_SUBDOMAIN_MAX, None)
+    for d in derived_values(name):
+        allowed = d.limit - (len(d.value) - len(name))
+        if allowed < best[0]:
+            best = (allowed, d)
+    return best

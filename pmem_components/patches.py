@@ -2,7 +2,7 @@
 
 The operator offered no way to adjust the objects it created; administrators worked around
 it. Here each deployment may list patch entries that select Kubernetes objects by kind (and
-optionally name and namespace) and change them with an RFC 7396 JSON merge patch or an
+optionally apiVersion, name and namespace) and change them with an RFC 7396 JSON merge patch or an
 RFC 6902 JSON patch, just before Pulumi registers them.
 
 Two moments matter:
@@ -45,6 +45,7 @@ class PatchEntry:
     label: str
     kind: str
     name: str | None = None
+    api_version: str | None = None
     namespace: str | None = None
     merge_patch: dict[str, Any] | None = None
     json_patch: list[dict[str, Any]] | None = None
@@ -63,10 +64,13 @@ class PatchEntry:
             return None
 
         kind = get("kind")
+        api_version = get("api_version", "apiVersion")
         merge = get("merge_patch", "mergePatch")
         ops = get("json_patch", "jsonPatch")
         if not isinstance(kind, str) or not kind:
             raise PatchError(f"{label}.kind: must be a non-empty string")
+        if api_version is not None and (not isinstance(api_version, str) or not api_version):
+            raise PatchError(f"{label}.apiVersion: must be a non-empty string like apps/v1")
         if (merge is None) == (ops is None):
             raise PatchError(f"{label}: set exactly one of mergePatch and jsonPatch")
         if merge is not None and not isinstance(merge, Mapping):
@@ -83,15 +87,23 @@ class PatchEntry:
         return cls(
             label=label,
             kind=kind,
+            api_version=api_version,
             name=get("name"),
             namespace=get("namespace"),
             merge_patch=copy.deepcopy(dict(merge)) if merge is not None else None,
             json_patch=[copy.deepcopy(dict(op)) for op in ops] if ops is not None else None,
         )
 
-    def selects(self, kind: str | None, obj: Mapping[str, Any]) -> bool:
+    def selects(
+        self, kind: str | None, obj: Mapping[str, Any], api_version: str | None = None
+    ) -> bool:
+        """Kind (and apiVersion when the entry names one), then name and namespace."""
         if kind != self.kind:
             return False
+        if self.api_version is not None:
+            got = api_version or obj.get("apiVersion")
+            if got != self.api_version:
+                return False
         meta = obj.get("metadata")
         meta = unwrap_rpc_secret(meta) if is_rpc_secret(meta) else meta
         if not isinstance(meta, Mapping):
@@ -211,6 +223,21 @@ def kind_of(type_: str, props: Mapping[str, Any]) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
+def api_version_of(type_: str, props: Mapping[str, Any]) -> str | None:
+    """``kubernetes:apps/v1:DaemonSet`` -> ``apps/v1``, ``kubernetes:core/v1:Secret`` -> ``v1``.
+
+    The props' own ``apiVersion`` wins (custom resources carry it, typed resources too).
+    """
+    value = props.get("apiVersion")
+    if isinstance(value, str) and value:
+        return value
+    parts = type_.split(":")
+    if len(parts) == 3 and parts[0] == "kubernetes" and "/" in parts[1]:
+        group, version = parts[1].split("/", 1)
+        return version if group == "core" else parts[1]
+    return None
+
+
 def _unwrap_top(props: Mapping[str, Any]) -> tuple[dict[str, Any], set[str]]:
     secret_keys = {k for k, v in props.items() if is_rpc_secret(v)}
     plain = {k: unwrap_rpc_secret(v) if k in secret_keys else v for k, v in props.items()}
@@ -279,6 +306,17 @@ class PatchSet:
             + ")"
             for j in self.select(objs)
         ]
+        for entry in self.entries:
+            if entry.api_version is not None:
+                continue
+            versions = sorted(
+                {str(o.get("apiVersion")) for o in objs if entry.selects(kind_of("", o), o)}
+            )
+            if len(versions) > 1:
+                problems.append(
+                    f"{entry.label}: kind {entry.kind!r} selects objects of several "
+                    f"apiVersions ({', '.join(versions)}); add apiVersion to choose"
+                )
         for obj in objs:
             current: Mapping[str, Any] = obj
             kind = kind_of("", obj)
@@ -305,9 +343,10 @@ class PatchSet:
         if kind is None:
             return None
         plain, secret_keys = _unwrap_top(props)
+        api_version = api_version_of(type_, plain)
         changed = False
         for j, entry in enumerate(self.entries):
-            if entry.selects(kind, plain):
+            if entry.selects(kind, plain, api_version):
                 self.matches[j] = self.matches.get(j, 0) + 1
                 plain = entry.apply(plain)
                 changed = True

@@ -13,12 +13,20 @@ set with ``pulumi config set --secret --path``). They are only ever used wrapped
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from pmem_components.config import CONFIG_NAMESPACE, ConfigError, StackConfig, load_config
+from pmem_components import names
+from pmem_components.config import (
+    CONFIG_NAMESPACE,
+    STACK_KEYS,
+    ConfigError,
+    StackConfig,
+    load_config,
+)
 
 
 def _raw_value(key: str) -> Any:
@@ -35,7 +43,7 @@ def _raw_value(key: str) -> Any:
 def _unknown_keys() -> list[str]:
     """Keys set in our namespace that the program does not know (typos)."""
     prefix = f"{CONFIG_NAMESPACE}:"
-    known = {"deployments", "manageCrd"}
+    known = set(STACK_KEYS)
     keys = set(runtime_config.CONFIG.get()) | set(runtime_config.get_config_env())
     ours = (k.removeprefix(prefix) for k in keys if k.startswith(prefix))
     return sorted(k for k in ours if k not in known)
@@ -44,8 +52,8 @@ def _unknown_keys() -> list[str]:
 def read_config() -> StackConfig:
     """Load and validate the stack config (raises :class:`ConfigError`)."""
     raw: dict[str, Any] = {key: _raw_value(key) for key in _unknown_keys()}
-    raw["deployments"] = _raw_value("deployments")
-    raw["manageCrd"] = _raw_value("manageCrd")
+    for key in STACK_KEYS:
+        raw[key] = _raw_value(key)
     stack = load_config(raw, warn=pulumi.log.warn)
     # Import here: components pull in pulumi_kubernetes, not needed for a config error.
     from pmem_components.components import check_patches
@@ -56,20 +64,61 @@ def read_config() -> StackConfig:
     return stack
 
 
-def deploy(stack: StackConfig) -> dict[str, Any]:
-    """Register the CRD (if managed here) and every deployment; returns the stack outputs."""
-    from pmem_components.components import PmemCsiDeployment, install_crd
+def deploy(
+    stack: StackConfig, previous: Mapping[int, Any] | None = None
+) -> dict[str, Any]:
+    """Register the CRD (if managed here), the namespaces and every deployment.
 
-    crd = install_crd() if stack.manage_crd else None
-    namespaces: dict[str, pulumi.Resource | None] = {}
+    Namespaces belong to the stack, not to the first deployment that names one: removing
+    that deployment must not delete the namespace (Kubernetes would delete every other
+    deployment's objects in it). They and the CRD are kept on delete unless
+    ``retainNamespaces`` / ``retainCrd`` say otherwise. ``previous``: deployments that move
+    (index -> :class:`pmem_components.preflight.Previous`), found by the preflight.
+    """
+    from pmem_components import registry
+    from pmem_components.components import (
+        COMPONENT_TYPE,
+        PATCH_FORCE_ANNOTATION,
+        PmemCsiDeployment,
+        PmemCsiDeploymentArgs,
+        PreviousDeployment,
+        install_crd,
+        stack_id,
+    )
+    from pmem_components.manifests import bundle
+
+    crd = install_crd(retain=stack.retain_crd) if stack.manage_crd else None
+    namespaces: dict[str, pulumi.Resource] = {}
+    for ns in dict.fromkeys(d.namespace for d in stack.deployments if d.create_namespace):
+        members = [d for d in stack.deployments if d.namespace == ns]
+        obj = bundle.build_shared_namespace(ns, members)
+        annotations = {names.STACK_ANNOTATION: stack_id()}
+        if any(d.adopt_namespace for d in members):
+            annotations[PATCH_FORCE_ANNOTATION] = "true"
+        obj["metadata"]["annotations"] = annotations
+        # Stacks made before namespaces moved to stack level have it under a deployment.
+        old_urn = (
+            f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
+            f"{COMPONENT_TYPE}$kubernetes:core/v1:Namespace::{ns}"
+        )
+        namespaces[ns] = registry.register(
+            obj,
+            pulumi.ResourceOptions(retain_on_delete=stack.retain_namespaces, aliases=[old_urn]),
+        )
     outputs: dict[str, Any] = {}
     for i, dep in enumerate(stack.deployments):
-        # Deployments sharing a namespace: the first one creates it, the others depend on it.
+        prev = (previous or {}).get(i)
         component = PmemCsiDeployment(
-            dep, crd=crd, namespace=namespaces.get(dep.namespace), index=i, validate=False
+            dep.name,
+            PmemCsiDeploymentArgs(
+                dep.model_copy(update={"create_namespace": False}),
+                crd=crd,
+                namespace=namespaces.get(dep.namespace),
+                index=i,
+                validate=False,
+                previous=PreviousDeployment(prev.name, prev.namespace) if prev else None,
+            ),
         )
-        if namespaces.get(dep.namespace) is None:
-            namespaces[dep.namespace] = component.namespace_resource
         outputs[dep.name] = {
             "namespace": component.namespace,
             "objectNames": component.object_names,
@@ -78,13 +127,41 @@ def deploy(stack: StackConfig) -> dict[str, Any]:
     return outputs
 
 
+def preflight(stack: StackConfig) -> dict[int, Any]:
+    """Read the cluster and refuse unsafe changes (see :mod:`pmem_components.preflight`).
+
+    Returns the deployments that move (renamedFrom / allowReinstall). The client connects as
+    the default Kubernetes provider does (``kubernetes:kubeconfig``, ``kubernetes:context``,
+    else ``KUBECONFIG``).
+    """
+    if not stack.preflight:
+        return {}
+    from pmem_components import preflight as pf
+    from pmem_components.components import stack_id
+
+    client = pf.api_client_from(
+        runtime_config.get_config("kubernetes:kubeconfig"),
+        runtime_config.get_config("kubernetes:context"),
+    )
+    try:
+        result = pf.run(stack, stack_id(), client)
+    finally:
+        client.close()
+    if result.problems:
+        raise ConfigError(result.problems)
+    return dict(result.previous)
+
+
 def main() -> None:
     """Entry point of ``__main__.py`` and of Automation API inline programs."""
+    from pmem_components.preflight import PreflightError
+
     try:
         stack = read_config()
-    except ConfigError as e:
+        previous = preflight(stack)
+    except (ConfigError, PreflightError) as e:
         # Raising fails the update; the message already names each config key.
         raise pulumi.RunError(str(e)) from None
-    outputs = deploy(stack)
+    outputs = deploy(stack, previous)
     pulumi.export("crd", "deployments.pmem-csi.intel.com" if stack.manage_crd else None)
     pulumi.export("deployments", outputs)

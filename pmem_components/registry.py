@@ -52,16 +52,33 @@ def resource_name(obj: dict[str, Any]) -> str:
     return f"{ns}/{meta['name']}" if ns else str(meta["name"])
 
 
-def register(obj: dict[str, Any], opts: pulumi.ResourceOptions) -> pulumi.CustomResource:
-    """Create the Pulumi resource for one object dict (top-level keys become arguments)."""
+def type_token(obj: dict[str, Any]) -> str:
+    """Pulumi type of an object: ``kubernetes:apps/v1:DaemonSet``, ``kubernetes:core/v1:...``.
+
+    Custom resources get the same form (``kubernetes:pmem-csi.intel.com/v1beta1:Deployment``).
+    """
+    api_version = obj["apiVersion"]
+    group_version = api_version if "/" in api_version else f"core/{api_version}"
+    return f"kubernetes:{group_version}:{obj['kind']}"
+
+
+def register(
+    obj: dict[str, Any], opts: pulumi.ResourceOptions, *, name_prefix: str = ""
+) -> pulumi.CustomResource:
+    """Create the Pulumi resource for one object dict (top-level keys become arguments).
+
+    ``name_prefix`` goes in front of the resource name (not the object's name): components
+    with a name of their own use it so that two instances never share a URN.
+    """
     api_version, kind = obj["apiVersion"], obj["kind"]
     args = {_snake(k): v for k, v in obj.items() if k not in ("apiVersion", "kind")}
     cls = _CLASSES.get((api_version, kind))
+    rname = f"{name_prefix}{resource_name(obj)}"
     if cls is None:
         extra = set(args) - {"metadata", "spec"}
         if extra:
             raise ValueError(f"{kind}: unsupported top-level fields {sorted(extra)}")
         return k8s.apiextensions.CustomResource(
-            resource_name(obj), api_version=api_version, kind=kind, opts=opts, **args
+            rname, api_version=api_version, kind=kind, opts=opts, **args
         )
-    return cls(resource_name(obj), opts=opts, **args)
+    return cls(rname, opts=opts, **args)

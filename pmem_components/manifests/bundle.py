@@ -8,6 +8,7 @@ the builders only place them, never inspect them.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,11 +34,38 @@ class CertificateValues:
     registry_key: Any = field(repr=False)
     node_controller_cert: Any
     node_controller_key: Any = field(repr=False)
+    # A hash of the public certificate material (string or Output), written into the pod
+    # templates so that new certificates roll the driver pods; None leaves it out.
+    fingerprint: Any = None
 
 
 PLACEHOLDER_CERTIFICATES = CertificateValues(
     "<ca.crt>", "<registry tls.crt>", "<hidden>", "<node tls.crt>", "<hidden>"
 )
+
+# Pod template annotation with the certificates' fingerprint (see CertificateValues).
+CERTIFICATES_HASH_ANNOTATION = "pmem-csi.intel.com/certificates-hash"
+
+
+def certificates_fingerprint(ca_cert: str, registry_cert: str, node_controller_cert: str) -> str:
+    """SHA-256 over the three public certificates: changes whenever any of them does.
+
+    Only public material goes in: the private keys change together with their certificates,
+    and hashing them would make the pod templates secret in Pulumi's eyes.
+    """
+    digest = hashlib.sha256()
+    for pem in (ca_cert, registry_cert, node_controller_cert):
+        digest.update(pem.strip().encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+def _with_fingerprint(workload: dict[str, Any], fingerprint: Any) -> dict[str, Any]:
+    if fingerprint is not None:
+        meta = workload["spec"]["template"]["metadata"]
+        annotations = {**meta.get("annotations", {}), CERTIFICATES_HASH_ANNOTATION: fingerprint}
+        meta["annotations"] = annotations
+    return workload
 
 
 @dataclass(frozen=True)
@@ -119,11 +147,19 @@ def build_deployment_objects(
             ),
         ],
         csi_driver=csidriver.build_csi_driver(cfg),
-        controller=controller_objects(cfg),
-        node=node_objects(cfg),
+        controller=[
+            _with_fingerprint(o, certs.fingerprint) if o["kind"] == "StatefulSet" else o
+            for o in controller_objects(cfg)
+        ],
+        node=[_with_fingerprint(o, certs.fingerprint) for o in node_objects(cfg)],
         reporter=reporter_objects(cfg),
         deployment_cr=deployment_cr.build_deployment_cr(cfg),
     )
+
+
+def build_shared_namespace(name: str, deployments: list[DeploymentConfig]) -> dict[str, Any]:
+    """A Namespace owned by the stack rather than by one deployment (see program.deploy)."""
+    return namespace.build_shared_namespace(name, deployments)
 
 
 def object_names(cfg: DeploymentConfig) -> dict[str, str]:

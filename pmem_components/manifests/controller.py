@@ -15,6 +15,7 @@ from pmem_components.manifests.ports import (
     CONTROLLER_METRICS_PORT,
     CONTROLLER_SERVICE_PORT,
     PROVISIONER_METRICS_PORT,
+    PROVISIONER_METRICS_PORT_NAME,
     metrics_ports,
 )
 
@@ -97,7 +98,7 @@ def provisioner_container(cfg: DeploymentConfig) -> dict[str, Any]:
         "imagePullPolicy": cfg.image_pull_policy,
         "args": provisioner_args(cfg),
         "volumeMounts": [{"name": "plugin-socket-dir", "mountPath": "/csi"}],
-        "ports": metrics_ports(PROVISIONER_METRICS_PORT),
+        "ports": metrics_ports(PROVISIONER_METRICS_PORT, PROVISIONER_METRICS_PORT_NAME),
         "resources": cfg.controller_resources.to_k8s(),
         "securityContext": {"readOnlyRootFilesystem": True},
     }

@@ -68,7 +68,13 @@ def unique_deployment(**extra: Any) -> dict[str, Any]:
 
 
 def stack_config(*deployments: dict[str, Any], manage_crd: bool = False) -> dict[str, Any]:
-    return {"pmem-csi:manageCrd": manage_crd, "pmem-csi:deployments": list(deployments)}
+    # Namespaces are kept on destroy by default (tests/e2e/test_day2.py); these stacks each
+    # have a namespace of their own, and destroy is expected to leave nothing behind.
+    return {
+        "pmem-csi:manageCrd": manage_crd,
+        "pmem-csi:retainNamespaces": False,
+        "pmem-csi:deployments": list(deployments),
+    }
 
 
 def parsed(raw_deployment: dict[str, Any], secrets: dict[str, str] | None = None) -> Any:

@@ -153,7 +153,7 @@ def created() -> pulumi.dynamic.CreateResult:
 def test_create_generates_a_valid_set_without_ca_key(created: pulumi.dynamic.CreateResult) -> None:
     outs = created.outs
     assert outs is not None
-    assert set(outs) == {"rotation", "renewWithinDays", *FAKE}
+    assert set(outs) == {"rotation", "renewWithinDays", "validityDays", *FAKE}
     problems = certs.validate_driver_certificates(
         outs["ca_cert"],
         outs["registry_cert"],

@@ -173,7 +173,14 @@ def _test_resources_get_exactly_the_builder_dicts(mocks: Mocks) -> Any:
         ds = mocks.one("kubernetes:apps/v1:DaemonSet")
         expected = node.build_node_daemonset(s.deployments[0])
         assert ds.name == "ns1/a-b-node"
-        assert ds.inputs["metadata"] == expected["metadata"]
+        # The component adds what is Pulumi's business: foreground deletion of the workload
+        # and the certificates' fingerprint in the pod template.
+        policy = {"pulumi.com/deletionPropagationPolicy": "foreground"}
+        assert ds.inputs["metadata"] == {**expected["metadata"], "annotations": policy}
+        template = expected["spec"]["template"]["metadata"]
+        template["annotations"][bundle.CERTIFICATES_HASH_ANNOTATION] = (
+            bundle.certificates_fingerprint("GENERATED-CA", "GENERATED-RC", "GENERATED-NC")
+        )
         assert ds.inputs["spec"] == expected["spec"]
         cr = mocks.one("kubernetes:pmem-csi.intel.com/v1beta1:Deployment")
         assert cr.inputs["spec"]["deviceMode"] == "direct"
@@ -482,3 +489,26 @@ def test_main_turns_config_errors_into_run_errors(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(program, "_unknown_keys", lambda: [])
     with pytest.raises(pulumi.RunError, match=r"deployments\[0\].deviceMode"):
         program.main()
+
+
+def test_two_instances_of_one_driver_get_distinct_resource_names(mocks: Mocks) -> None:
+    run(lambda: _test_two_instances_of_one_driver_get_distinct_resource_names(mocks))
+
+
+def _test_two_instances_of_one_driver_get_distinct_resource_names(mocks: Mocks) -> Any:
+    """``(name, args, opts)``: the same driver for two clusters must not share URNs."""
+    from pmem_components.components import PmemCsiDeployment, PmemCsiDeploymentArgs
+    from pmem_components.config import DeploymentConfig
+
+    cfg = DeploymentConfig()
+    east = PmemCsiDeployment("east", PmemCsiDeploymentArgs(cfg))
+    west = PmemCsiDeployment("west", PmemCsiDeploymentArgs(cfg))
+
+    def check(_: Any) -> None:
+        ds = sorted(r.name for r in mocks.of_type("kubernetes:apps/v1:DaemonSet"))
+        node = "pmem-csi/pmem-csi-intel-com-node"
+        assert ds == [f"east:{node}", f"west:{node}"]
+        names_seen = [(r.typ, r.name) for r in mocks.resources]
+        assert len(names_seen) == len(set(names_seen))
+
+    return settle(pulumi.Output.all(east.ca_cert, west.ca_cert), check)

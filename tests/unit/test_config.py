@@ -164,7 +164,14 @@ def test_manage_crd_accepts_config_strings() -> None:
         ({"provisionerImage": ""}, "deployments[0].provisionerImage: must not be empty"),
         ({"nodeRegistrarImage": ""}, "deployments[0].nodeRegistrarImage: must not be empty"),
         ({"name": "Bad_Name"}, "deployments[0].name: must be a DNS subdomain"),
-        ({"name": "a" * 60}, "deployments[0].name: must be at most 52 characters"),
+        ({"name": "a" * 42}, "deployments[0].name: is 42 characters; at most 41 fit"),
+        ({"namespace": "kube-system"}, "deployments[0].namespace: \"kube-system\" belongs to"),
+        ({"namespace": "default"}, "deployments[0].namespace: \"default\" belongs to"),
+        ({"name": "9pmem.example"}, "deployments[0].name: must start with a letter"),
+        (
+            {"certificates": {"renewBeforeDays": 365}},
+            "deployments[0].certificates.renewBeforeDays: must be less than validityDays",
+        ),
         ({"namespace": "a.b"}, "deployments[0].namespace: must be a DNS label"),
         ({"createNamespace": "perhaps"}, "deployments[0].createNamespace: must be true or false"),
         ({"kubeletDir": "var/lib"}, "deployments[0].kubeletDir: must be an absolute path"),
@@ -342,3 +349,17 @@ def test_key_path_quotes_keys_that_are_not_identifiers() -> None:
         c.key_path(("deployments", 0, "labels", "a/b")) == 'pmem-csi:deployments[0].labels["a/b"]'
     )
     assert c.key_path(("manageCrd",)) == "pmem-csi:manageCrd"
+
+
+def test_the_longest_accepted_name_fits_every_derived_value() -> None:
+    """41 characters is the limit: the controller pod's controller-revision-hash label."""
+    from pmem_components import names
+
+    longest = "p" * 30 + ".example.o"  # 40
+    longest += "r"
+    assert len(longest) == c.MAX_NAME_LENGTH == 41
+    c.load_config({"deployments": [{"name": longest}]})
+    for value in names.derived_values(longest):
+        assert len(value.value) <= value.limit, value
+    with pytest.raises(c.ConfigError, match="controller-revision-hash"):
+        c.load_config({"deployments": [{"name": longest + "x"}]})

@@ -219,7 +219,7 @@ def test_provisioner_container() -> None:
         "--default-fstype=ext4",
         "--metrics-address=:10011",
     ]
-    assert c["ports"] == [{"name": "metrics", "containerPort": 10011, "protocol": "TCP"}]
+    assert c["ports"] == [{"name": "prov-metrics", "containerPort": 10011, "protocol": "TCP"}]
     assert c["volumeMounts"] == [{"name": "plugin-socket-dir", "mountPath": "/csi"}]
     assert c["securityContext"] == {"readOnlyRootFilesystem": True}
 
@@ -575,3 +575,13 @@ def test_config_and_builders_do_not_import_pulumi() -> None:
         "assert 'pulumi' not in sys.modules and 'pulumi_kubernetes' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(CRD_ROOT))
+
+
+def test_port_names_are_unique_within_every_pod() -> None:
+    """Duplicate port names in one pod make the API server warn on every apply."""
+    objs = bundle.build_deployment_objects(cfg()).all()
+    pods = [o["spec"]["template"]["spec"] for o in objs if "template" in o.get("spec", {})]
+    assert len(pods) >= 2
+    for pod in pods:
+        port_names = [p["name"] for c in pod["containers"] for p in c.get("ports", [])]
+        assert port_names and len(port_names) == len(set(port_names)), port_names

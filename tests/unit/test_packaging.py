@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,39 @@ def test_reporter_imports_nothing_outside_its_image_requirements() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+def test_the_crd_ships_in_the_wheel_and_install_crd_finds_it(tmp_path: Path) -> None:
+    """Built with ``pip wheel --no-deps`` and imported straight from the zip (zipimport):
+    nothing of the checkout is on the path, so the CRD can only come from package data."""
+    root = Path(__file__).resolve().parents[2]
+    # Build from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(root / "pyproject.toml", src)
+    for part in ("pmem_components", "reporter", "crd"):
+        shutil.copytree(root / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+         "-w", str(tmp_path), str(src)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stderr
+    (wheel,) = tmp_path.glob("pmem_csi_pulumi-*.whl")
+    code = (
+        "import sys\n"
+        f"sys.path = [p for p in sys.path if p.rstrip('/') != {str(root)!r}]\n"
+        "sys.meta_path = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]\n"
+        f"sys.path.insert(0, {str(wheel)!r})\n"
+        "import pmem_components\n"
+        "assert pmem_components.__file__.startswith(sys.path[0]), pmem_components.__file__\n"
+        "from pmem_components.manifests.crd import load_crd\n"
+        "from pmem_components.components import install_crd\n"
+        "crd = load_crd()\n"
+        "print(crd['metadata']['name'], callable(install_crd))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["deployments.pmem-csi.intel.com", "True"]

@@ -314,3 +314,34 @@ def test_dry_run_passes_and_tolerates_opaque_leaves() -> None:
 def test_for_deployment_labels() -> None:
     ps = PatchSet.for_deployment(2, [{"kind": "Service", "mergePatch": {}}])
     assert ps.unmatched() == ["pmem-csi:deployments[2].patches[0]"]
+
+
+def test_selectors_tell_apps_deployments_from_the_cr() -> None:
+    """``kind: Deployment`` alone is ambiguous next to the CR; apiVersion picks one."""
+    from pmem_components.config import DeploymentConfig
+    from pmem_components.manifests import bundle
+
+    # With a reporter image the bundle holds both kinds named Deployment.
+    config = DeploymentConfig(reporter={"image": "registry.example/reporter:1"})
+    objs = bundle.build_deployment_objects(config).all()
+    assert {o["apiVersion"] for o in objs if o["kind"] == "Deployment"} == {
+        "apps/v1",
+        "pmem-csi.intel.com/v1beta1",
+    }
+    ambiguous = PatchSet.from_config([{"kind": "Deployment", "mergePatch": {"x": 1}}])
+    with pytest.raises(PatchError, match=r"several apiVersions \(apps/v1, pmem-csi.intel.com"):
+        ambiguous.dry_run(objs)
+    apps = PatchSet.from_config(
+        [{"kind": "Deployment", "apiVersion": "apps/v1", "mergePatch": {"spec": {"paused": True}}}]
+    )
+    apps.dry_run(objs)
+    # The transform sees typed resources by their type token, the CR by its apiVersion.
+    reporter = next(o for o in objs if o["kind"] == "Deployment" and o["apiVersion"] == "apps/v1")
+    cr = next(o for o in objs if o["kind"] == "Deployment" and o["apiVersion"] != "apps/v1")
+    assert apps.apply("kubernetes:apps/v1:Deployment", reporter)["spec"]["paused"] is True
+    cr_type = "kubernetes:pmem-csi.intel.com/v1beta1:Deployment"
+    assert apps.apply(cr_type, cr) is None
+    props = {k: v for k, v in reporter.items() if k != "apiVersion"}
+    assert apps.apply("kubernetes:apps/v1:Deployment", props) is not None
+    core = PatchSet.from_config([{"kind": "Secret", "apiVersion": "v1", "mergePatch": {"a": 1}}])
+    assert core.apply("kubernetes:core/v1:Secret", {"metadata": {"name": "x"}}) is not None

@@ -1,0 +1,755 @@
+"""Day-2 operations end to end: what an administrator does to a running stack, and that
+nothing is lost (the real engine and provider against the local cluster).
+
+Each scenario is one stack that the tests of a section change step by step, in file order
+(pytest keeps it), as the README's "Day-2 operations" section describes:
+
+* Namespaces and the CRD belong to the stack: an existing namespace is adopted only when
+  asked; removing the deployment that named a shared namespace first leaves the namespace
+  and the other deployment untouched (same uids, resourceVersions and pods); a device mode
+  or namespace change is refused until allowed, and the allowed reinstall never runs two
+  node drivers at once; ``manageCrd: false`` and ``destroy`` keep the CRD and other CRs.
+* Certificates: renewal before expiry, rotation, provided <-> generated, and pods that roll
+  whenever the material changes.
+* Two instances of the component through two explicit providers in one program.
+* Migration from the operator: objects as the operator creates them are refused with the
+  next step, the old CR is removed with ``--cascade=orphan``, and ``pulumi up`` adopts them.
+
+Every driver name here is unique to the run and the reporter is disabled (it is tested in
+test_reporter.py), which keeps each ``pulumi up`` short.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pytest
+from cryptography import x509
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+from pulumi import automation as auto
+
+from pmem_components import certs as certlib
+from pmem_components import names
+from pmem_components.config import DeploymentConfig, load_config
+from pmem_components.manifests import bundle
+from tests.e2e.test_program import (
+    Cluster,
+    _write_config,
+    dispose,
+    make_stack,
+    resource_changes,
+    secret_data,
+    up,
+)
+from tests.e2e.waiting import wait_for
+
+pytestmark = pytest.mark.timeout(900)
+
+CR_API = f"{names.CRD_GROUP}/{names.CRD_STORAGE_VERSION}"
+NO_REPORTER = {"enabled": False}
+
+
+def suffix() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def cfg_of(raw: dict[str, Any]) -> DeploymentConfig:
+    return load_config({"deployments": [raw]}, check_certificates=False).deployments[0]
+
+
+def snapshot(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentConfig) -> dict[str, Any]:
+    """uid and resourceVersion of every object of ``cfg``, plus its pods' uids."""
+    out: dict[str, Any] = {}
+    for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
+        live = kube.get(obj)
+        assert live is not None, f"{obj['kind']} {obj['metadata']['name']} missing"
+        out[f"{obj['kind']}/{obj['metadata']['name']}"] = (
+            live["metadata"]["uid"],
+            live["metadata"]["resourceVersion"],
+        )
+    selector = ",".join(f"{k}={v}" for k, v in cfg.names.selector_labels().items())
+    pods = core.list_namespaced_pod(cfg.namespace, label_selector=selector).items
+    out["pods"] = sorted(p.metadata.uid for p in pods)
+    assert out["pods"], "the deployment has pods"
+    return out
+
+
+def pod_uids(core: client.CoreV1Api, cfg: DeploymentConfig) -> list[str]:
+    selector = ",".join(f"{k}={v}" for k, v in cfg.names.selector_labels().items())
+    return sorted(
+        p.metadata.uid
+        for p in core.list_namespaced_pod(cfg.namespace, label_selector=selector).items
+        if p.metadata.deletion_timestamp is None
+    )
+
+
+def failed_up(stack: auto.Stack) -> str:
+    with pytest.raises(auto.CommandError) as err:
+        stack.up()
+    return str(err.value)
+
+
+def create_cr(custom: client.CustomObjectsApi, name: str, annotations: dict[str, str]) -> Any:
+    body = {
+        "apiVersion": CR_API,
+        "kind": names.CRD_KIND,
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"deviceMode": "lvm", "nodeSelector": {"storage": "pmem"}},
+    }
+    return custom.create_cluster_custom_object(
+        names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, body
+    )
+
+
+def get_cr(custom: client.CustomObjectsApi, name: str) -> dict[str, Any] | None:
+    try:
+        return custom.get_cluster_custom_object(
+            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, name
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return None
+        raise
+
+
+def delete_quietly(fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+class NodeDriverWatch:
+    """Counts, from a watch, how many node DaemonSets of one driver exist at any moment.
+
+    Watch events come in the API server's order (resourceVersion), so the maximum is exact,
+    not sampled: if the old DaemonSet were deleted after the new one was created, the count
+    would reach 2.
+    """
+
+    def __init__(self, api_client: Any, *instances: str) -> None:
+        self.apps = client.AppsV1Api(api_client)
+        self.selector = (
+            f"{names.LABEL_INSTANCE} in ({','.join(instances)}),{names.LABEL_COMPONENT}=node"
+        )
+        self.live: set[str] = set()
+        self.max_live = 0
+        self.events: list[str] = []
+        self.stopped = False
+        self.error: Exception | None = None
+        self._watch = watch.Watch()
+        listed = self.apps.list_daemon_set_for_all_namespaces(label_selector=self.selector)
+        self.live = {f"{d.metadata.namespace}/{d.metadata.name}" for d in listed.items}
+        self.max_live = len(self.live)
+        self._rv = listed.metadata.resource_version
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._watch.stream(
+                self.apps.list_daemon_set_for_all_namespaces,
+                label_selector=self.selector,
+                resource_version=self._rv,
+                timeout_seconds=600,
+            ):
+                obj = event["object"]
+                key = f"{obj.metadata.namespace}/{obj.metadata.name}"
+                self.events.append(f"{event['type']} {key}")
+                if event["type"] == "ADDED":
+                    self.live.add(key)
+                elif event["type"] == "DELETED":
+                    self.live.discard(key)
+                self.max_live = max(self.max_live, len(self.live))
+        except Exception as err:  # a watch that broke early would hide events
+            if not self.stopped:
+                self.error = err
+
+    def stop(self) -> None:
+        self.stopped = True
+        self._watch.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def kube(api_client: Any) -> Cluster:
+    return Cluster(api_client)
+
+
+@pytest.fixture(scope="module")
+def stacks_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("day2")
+
+
+@dataclass
+class Shared:
+    """The namespace scenario: one stack, two deployments in a namespace an admin made."""
+
+    stack: auto.Stack
+    namespace: str
+    other_namespace: str
+    a: dict[str, Any]
+    b: dict[str, Any]
+    other_cr: str
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def config(self, *deps: dict[str, Any], **top: Any) -> dict[str, Any]:
+        out = {"pmem-csi:manageCrd": True, "pmem-csi:deployments": list(deps)}
+        out.update({f"pmem-csi:{k}": v for k, v in top.items()})
+        return out
+
+
+@pytest.fixture(scope="module")
+def shared(
+    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any
+) -> Iterator[Shared]:
+    core = client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    sfx = suffix()
+    ns, other_ns = f"day2-{sfx}", f"day2-{sfx}-moved"
+    # The second deployment's name is as long as validation allows (41 characters): its
+    # controller pod's controller-revision-hash label is then exactly 63 characters.
+    b_name = f"b-{sfx}.{'x' * (41 - len(sfx) - 3 - 17)}.pmem-csi.example"
+    assert len(b_name) == 41
+    a = {"name": f"a-{sfx}.pmem-csi.example", "namespace": ns, "reporter": NO_REPORTER}
+    # A patch selecting the CR by apiVersion and kind (the reporter's apps/v1 Deployment has
+    # the same kind).
+    cr_patch = {
+        "kind": "Deployment",
+        "apiVersion": CR_API,
+        "mergePatch": {"metadata": {"annotations": {"e2e.example.com/patched": "cr"}}},
+    }
+    b = {"name": b_name, "namespace": ns, "reporter": NO_REPORTER, "patches": [cr_patch]}
+    # The administrator's namespace, with a quota the stack must not lose.
+    core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_resource_quota(
+        ns, {"metadata": {"name": "admin-quota"}, "spec": {"hard": {"pods": "50"}}}
+    )
+    stack = make_stack(stacks_dir, {"pmem-csi:deployments": [a, b]})
+    state = Shared(stack, ns, other_ns, a, b, f"other-{sfx}.pmem-csi.example")
+    try:
+        yield state
+    finally:
+        try:
+            dispose(stack)
+        finally:
+            for name in (ns, other_ns):
+                delete_quietly(core.delete_namespace, name)
+            delete_quietly(
+                custom.delete_cluster_custom_object,
+                names.CRD_GROUP,
+                names.CRD_STORAGE_VERSION,
+                names.CRD_PLURAL,
+                state.other_cr,
+            )
+
+
+def _write(shared: Shared, *deps: dict[str, Any], **top: Any) -> None:
+    _write_config(shared.stack, shared.config(*deps, **top))
+
+
+# --------------------------------------------------------------------------------------------
+# namespaces and the CRD belong to the stack
+
+
+def test_existing_namespace_is_adopted_only_when_asked(
+    shared: Shared, kube: Cluster, api_client: Any
+) -> None:
+    core = client.CoreV1Api(api_client)
+    ns_uid = core.read_namespace(shared.namespace).metadata.uid
+    _write(shared, shared.a, shared.b)
+    text = failed_up(shared.stack)
+    assert f"pmem-csi:deployments[0].createNamespace: namespace '{shared.namespace}'" in text
+    assert "pmem-csi:deployments[0].adoptNamespace: true" in text
+    assert get_cr(client.CustomObjectsApi(api_client), shared.a["name"]) is None
+    assert kube.get(bundle.build_deployment_objects(cfg_of(shared.a)).node[0]) is None
+
+    shared.a = {**shared.a, "adoptNamespace": True}
+    _write(shared, shared.a, shared.b)
+    assert up(shared.stack, "adopt namespace").summary.result == "succeeded"
+    live = core.read_namespace(shared.namespace)
+    assert live.metadata.uid == ns_uid
+    assert live.metadata.annotations[names.STACK_ANNOTATION].endswith(f"/{shared.stack.name}")
+    assert core.read_namespaced_resource_quota("admin-quota", shared.namespace)
+    # Port names are unique in every pod the API server accepted (no duplicate warnings).
+    b = cfg_of(shared.b)
+    pod = core.read_namespaced_pod(f"{b.names.controller_driver}-0", b.namespace)
+    ports = [p.name for c in pod.spec.containers for p in c.ports or []]
+    assert sorted(ports) == ["metrics", "prov-metrics"]
+    assert len(pod.metadata.labels["controller-revision-hash"]) <= 63
+    cr = get_cr(client.CustomObjectsApi(api_client), b.name)
+    assert cr is not None and cr["metadata"]["annotations"]["e2e.example.com/patched"] == "cr"
+
+
+def test_removing_the_first_deployment_keeps_the_namespace_and_the_other_deployment(
+    shared: Shared, kube: Cluster, api_client: Any
+) -> None:
+    core = client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    a, b = cfg_of(shared.a), cfg_of(shared.b)
+    ns_uid = core.read_namespace(shared.namespace).metadata.uid
+    before = snapshot(kube, core, b)
+    # Another stack's CR, to show later that nothing here touches it.
+    create_cr(custom, shared.other_cr, {names.STACK_ANNOTATION: "pmem-csi-pulumi/other"})
+
+    _write(shared, shared.b)
+    result = up(shared.stack, "remove first deployment")
+    assert result.summary.result == "succeeded"
+    assert resource_changes(result.summary).get("delete", 0) > 0
+    assert snapshot(kube, core, b) == before
+    assert core.read_namespace(shared.namespace).metadata.uid == ns_uid
+    assert core.read_namespaced_resource_quota("admin-quota", shared.namespace)
+    gone = [
+        o for o in bundle.build_deployment_objects(a).all() if o["kind"] != "Namespace"
+    ]
+    assert [o["metadata"]["name"] for o in gone if kube.get(o) is not None] == []
+
+
+def test_device_mode_and_namespace_changes_are_refused_until_allowed(
+    shared: Shared, kube: Cluster, api_client: Any
+) -> None:
+    core = client.CoreV1Api(api_client)
+    b = cfg_of(shared.b)
+    before = snapshot(kube, core, b)
+
+    _write(shared, {**shared.b, "deviceMode": "direct"})
+    text = failed_up(shared.stack)
+    assert "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct'" in text
+    assert "allowDeviceModeChange: true" in text
+
+    _write(shared, {**shared.b, "namespace": shared.other_namespace})
+    text = failed_up(shared.stack)
+    assert f"pmem-csi:deployments[0].namespace: changing it from '{shared.namespace}'" in text
+    assert "pmem-csi:deployments[0].allowReinstall: true" in text
+
+    # With the reporter on, `kind: Deployment` alone would select its Deployment and the CR.
+    ambiguous = {
+        **shared.b,
+        "reporter": {"enabled": True},
+        "patches": [{"kind": "Deployment", "mergePatch": {"metadata": {"labels": {"x": "y"}}}}],
+    }
+    _write(shared, ambiguous)
+    text = failed_up(shared.stack)
+    assert "pmem-csi:deployments[0].patches[0]: kind 'Deployment' selects objects of several" in (
+        text
+    )
+    assert "add apiVersion to choose" in text
+
+    renamed = {**shared.b, "name": f"r{shared.b['name'][1:]}"}
+    _write(shared, renamed)
+    text = failed_up(shared.stack)
+    assert f"pmem-csi:deployments[0].renamedFrom: '{b.name}'" in text
+    assert snapshot(kube, core, b) == before  # refused before anything changed
+
+
+def test_allowed_reinstall_never_runs_two_node_drivers(
+    shared: Shared, kube: Cluster, api_client: Any
+) -> None:
+    core = client.CoreV1Api(api_client)
+    b = cfg_of(shared.b)
+    ca_before = secret_data(core, b.names.registry_secret, b.namespace)["ca.crt"]
+    csi_uid = kube.get(bundle.build_deployment_objects(b).csi_driver)["metadata"]["uid"]
+    moved = {**shared.b, "namespace": shared.other_namespace, "allowReinstall": True}
+    _write(shared, moved)
+    watcher = NodeDriverWatch(api_client, b.names.hyphened)
+    try:
+        result = up(shared.stack, "reinstall in another namespace")
+    finally:
+        watcher.stop()
+    assert result.summary.result == "succeeded"
+    new = cfg_of(moved)
+    assert watcher.error is None, watcher.error
+    assert watcher.events, "the watch saw the reinstall"
+    assert watcher.max_live == 1, watcher.events
+    assert f"ADDED {new.namespace}/{new.names.node_driver}" in watcher.events
+    assert kube.get(bundle.build_deployment_objects(b).node[0]) is None
+    assert kube.get(bundle.build_deployment_objects(new).node[0]) is not None
+    # The same certificates moved along (the generated set is kept), the CSIDriver too.
+    assert secret_data(core, new.names.registry_secret, new.namespace)["ca.crt"] == ca_before
+    assert kube.get(bundle.build_deployment_objects(new).csi_driver)["metadata"]["uid"] == (
+        csi_uid
+    )
+    # The old namespace stays (kept on delete), with the administrator's quota.
+    assert core.read_namespaced_resource_quota("admin-quota", shared.namespace)
+    shared.b = {k: v for k, v in moved.items() if k != "allowReinstall"}
+
+
+def test_allowed_rename_replaces_the_driver_without_overlap(
+    shared: Shared, kube: Cluster, api_client: Any
+) -> None:
+    core = client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    old = cfg_of(shared.b)
+    renamed = {**shared.b, "name": f"r{shared.b['name'][1:]}", "renamedFrom": old.name}
+    new = cfg_of(renamed)
+    ca_before = secret_data(core, old.names.registry_secret, old.namespace)["ca.crt"]
+    _write(shared, renamed)
+    watcher = NodeDriverWatch(api_client, old.names.hyphened, new.names.hyphened)
+    try:
+        result = up(shared.stack, "rename")
+    finally:
+        watcher.stop()
+    assert result.summary.result == "succeeded"
+    assert watcher.error is None, watcher.error
+    assert f"ADDED {new.namespace}/{new.names.node_driver}" in watcher.events
+    assert watcher.max_live == 1, watcher.events
+    assert get_cr(custom, old.name) is None and get_cr(custom, new.name) is not None
+    for obj in bundle.build_deployment_objects(old, create_namespace=False).all():
+        assert kube.get(obj) is None, f"{obj['kind']} {obj['metadata']['name']} left behind"
+    # The generated certificate set moved along with the deployment.
+    assert secret_data(core, new.names.registry_secret, new.namespace)["ca.crt"] == ca_before
+    shared.b = {k: v for k, v in renamed.items() if k != "renamedFrom"}
+
+
+def test_upgrade_manage_crd_false_and_destroy_keep_the_crd_and_other_crs(
+    shared: Shared, kube: Cluster, api_client: Any
+) -> None:
+    ext = client.ApiextensionsV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    core = client.CoreV1Api(api_client)
+    b = cfg_of(shared.b)
+    crd_uid = ext.read_custom_resource_definition(names.CRD_NAME).metadata.uid
+
+    ds_obj = bundle.build_deployment_objects(b).node[0]
+    ds_uid = kube.get(ds_obj)["metadata"]["uid"]
+    pods_before = pod_uids(core, b)
+    # An upgrade (new driver image) and an allowed device mode change in the same update:
+    # the DaemonSet rolls in place (one pod per node at a time), nothing is re-created.
+    upgraded = {
+        **shared.b,
+        "image": "intel/pmem-csi-driver:v1.0.0",
+        "deviceMode": "direct",
+        "allowDeviceModeChange": True,
+    }
+    _write(shared, upgraded, manageCrd=False)
+    assert up(shared.stack, "manageCrd false + upgrade").summary.result == "succeeded"
+    ds = kube.get(ds_obj)
+    assert ds["metadata"]["uid"] == ds_uid
+    images = {c["image"] for c in ds["spec"]["template"]["spec"]["containers"]}
+    assert "intel/pmem-csi-driver:v1.0.0" in images
+    driver = ds["spec"]["template"]["spec"]["containers"][0]
+    assert "-deviceManager=direct" in driver["command"]
+    assert not set(pod_uids(core, b)) & set(pods_before), "the driver pods rolled"
+    assert ext.read_custom_resource_definition(names.CRD_NAME).metadata.uid == crd_uid
+    assert get_cr(custom, b.name) is not None
+    assert get_cr(custom, shared.other_cr) is not None
+
+    result = shared.stack.destroy()
+    assert result.summary.result == "succeeded"
+    assert ext.read_custom_resource_definition(names.CRD_NAME).metadata.uid == crd_uid
+    assert get_cr(custom, shared.other_cr) is not None
+    assert get_cr(custom, b.name) is None
+    for ns in (shared.namespace, shared.other_namespace):
+        assert core.read_namespace(ns).status.phase == "Active"
+    assert core.read_namespaced_resource_quota("admin-quota", shared.namespace)
+
+
+# --------------------------------------------------------------------------------------------
+# certificates
+
+
+def _cert(pem: str) -> x509.Certificate:
+    return x509.load_pem_x509_certificate(pem.encode())
+
+
+def _fingerprint(kube: Cluster, cfg: DeploymentConfig) -> str:
+    ds = kube.get(bundle.build_deployment_objects(cfg).node[0])
+    assert ds is not None
+    return ds["spec"]["template"]["metadata"]["annotations"][bundle.CERTIFICATES_HASH_ANNOTATION]
+
+
+def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pods(
+    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+) -> None:
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    base = {
+        "name": f"c-{sfx}.pmem-csi.example",
+        "namespace": f"day2-{sfx}-certs",
+        "reporter": NO_REPORTER,
+    }
+
+    def config(certificates: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pmem-csi:manageCrd": False,
+            "pmem-csi:retainNamespaces": False,
+            "pmem-csi:deployments": [{**base, "certificates": certificates}],
+        }
+
+    cfg = cfg_of(base)
+    stack = make_stack(stacks_dir, config({"validityDays": 20, "renewBeforeDays": 10}))
+
+    def state() -> tuple[str, str, list[str]]:
+        ca = secret_data(core, cfg.names.node_secret, cfg.namespace)["ca.crt"]
+        return ca, _fingerprint(kube, cfg), pod_uids(core, cfg)
+
+    def changed_and_rolled(before: tuple[str, str, list[str]]) -> tuple[str, str, list[str]]:
+        after = state()
+        assert after[0] != before[0], "new certificate material"
+        assert after[1] != before[1], "new fingerprint in the pod template"
+        assert not set(after[2]) & set(before[2]), "every driver pod was replaced"
+        return after
+
+    try:
+        assert up(stack, "certs: first").summary.result == "succeeded"
+        first = state()
+        assert (_cert(first[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (19, 20)
+
+        # Renewal: a lead time longer than what is left renews on this pulumi up.
+        _write_config(stack, config({"validityDays": 40, "renewBeforeDays": 30}))
+        assert up(stack, "certs: renew").summary.result == "succeeded"
+        renewed = changed_and_rolled(first)
+        assert (_cert(renewed[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (39, 40)
+        again = up(stack, "certs: stable")
+        assert set(resource_changes(again.summary)) == {"same"}
+        assert state() == renewed
+
+        # Rotation on request.
+        _write_config(
+            stack, config({"validityDays": 40, "renewBeforeDays": 30, "rotation": "2026-11"})
+        )
+        assert up(stack, "certs: rotate").summary.result == "succeeded"
+        rotated = changed_and_rolled(renewed)
+
+        # Provided certificates, then back to generated ones.
+        provided = certlib.generate_driver_certificates()
+        prefix = "pmem-csi:deployments[0].certificates"
+        _write_config(
+            stack,
+            config(
+                {
+                    "caCert": provided.ca_cert,
+                    "registryCert": provided.registry_cert,
+                    "nodeControllerCert": provided.node_controller_cert,
+                }
+            ),
+        )
+        for key, value in (
+            ("registryKey", provided.registry_key),
+            ("nodeControllerKey", provided.node_controller_key),
+        ):
+            stack.set_config(f"{prefix}.{key}", auto.ConfigValue(value, secret=True), path=True)
+        assert up(stack, "certs: provided").summary.result == "succeeded"
+        switched = changed_and_rolled(rotated)
+        assert switched[0] == provided.ca_cert
+        assert secret_data(core, cfg.names.node_secret, cfg.namespace)["tls.key"] == (
+            provided.node_controller_key
+        )
+
+        _write_config(stack, config({}))  # drops the secret keys too
+        assert up(stack, "certs: generated again").summary.result == "succeeded"
+        back = changed_and_rolled(switched)
+        assert back[0] != provided.ca_cert
+    finally:
+        dispose(stack)
+
+
+# --------------------------------------------------------------------------------------------
+# the component as a library: two instances, two providers
+
+
+def test_two_instances_through_two_providers_in_one_program(
+    pulumi_ready: dict[str, str],
+    pulumi_stack: Callable[..., auto.Stack],
+    local_cluster: Path,
+    kube: Cluster,
+) -> None:
+    import pulumi_kubernetes as k8s
+
+    from pmem_components import PmemCsiDeployment
+    from pmem_components.components import PmemCsiDeploymentArgs
+
+    sfx = suffix()
+    configs = {
+        label: DeploymentConfig(
+            name=f"{label}-{sfx}.pmem-csi.example",
+            namespace=f"day2-{sfx}-{label}",
+            reporter={"enabled": False},
+        )
+        for label in ("east", "west")
+    }
+
+    def program() -> None:
+        for label, cfg in configs.items():
+            provider = k8s.Provider(f"cluster-{label}", kubeconfig=str(local_cluster))
+            PmemCsiDeployment(
+                f"pmem-{label}",
+                PmemCsiDeploymentArgs(cfg, retain_namespace=False),
+                pulumi.ResourceOptions(provider=provider),
+            )
+
+    stack = pulumi_stack(program)
+    assert up(stack, "two providers").summary.result == "succeeded"
+    resources = stack.export_stack().deployment["resources"]
+    for label, cfg in configs.items():
+        for obj in bundle.build_deployment_objects(cfg).all():
+            assert kube.get(obj) is not None, (label, obj["kind"], obj["metadata"]["name"])
+        ds_urn_end = f"::pmem-{label}:{cfg.namespace}/{cfg.names.node_driver}"
+        (ds,) = [r for r in resources if r["urn"].endswith(ds_urn_end)]
+        assert f"::cluster-{label}::" in ds["provider"]
+
+
+# --------------------------------------------------------------------------------------------
+# migration from the operator
+
+
+def _as_the_operator_creates(
+    cfg: DeploymentConfig, owner: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The deployment's objects with the operator's names, without this project's
+    managed-by label and owned by the operator's CR (ownerReferences, as it set them)."""
+    reference = {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    objs = []
+    for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
+        if obj["kind"] == names.CRD_KIND and obj["apiVersion"] == CR_API:
+            continue
+        meta = obj["metadata"]
+        meta["labels"] = {
+            k: v for k, v in meta.get("labels", {}).items() if k != names.LABEL_MANAGED_BY
+        }
+        meta["ownerReferences"] = [reference]
+        objs.append(obj)
+    return objs
+
+
+def test_migration_from_the_operator(
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    kubectl: Callable[..., Any],
+) -> None:
+    core = client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+    sfx = suffix()
+    raw = {"name": f"op-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-op"}
+    raw["reporter"] = NO_REPORTER
+    cfg = cfg_of(raw)
+    core.create_namespace({"metadata": {"name": cfg.namespace}})
+    stack = make_stack(
+        stacks_dir,
+        {"pmem-csi:manageCrd": False, "pmem-csi:deployments": [raw]},
+    )
+    try:
+        old_cr = create_cr(custom, cfg.name, {})
+        for obj in _as_the_operator_creates(cfg, old_cr):
+            kube.resource(obj["apiVersion"], obj["kind"]).create(
+                body=obj, namespace=obj["metadata"].get("namespace"),
+                field_manager="pmem-csi-operator",
+            )  # fmt: skip
+        node_ds = bundle.build_deployment_objects(cfg).node[0]
+        ds_uid = kube.get(node_ds)["metadata"]["uid"]
+
+        text = failed_up(stack)
+        assert f"DaemonSet {cfg.namespace}/{cfg.names.node_driver}" in text
+        assert "belong to the PMEM-CSI operator" in text
+        command = f"kubectl delete deployments.pmem-csi.intel.com {cfg.name} --cascade=orphan"
+        assert command in text
+        assert kube.get(node_ds)["metadata"]["uid"] == ds_uid  # refused before any change
+
+        # The runbook's step: remove the old CR, orphaning (not deleting) its objects.
+        kubectl("delete", f"deployments.{names.CRD_GROUP}", cfg.name, "--cascade=orphan")
+        wait_for(
+            lambda: get_cr(custom, cfg.name) is None
+            and not kube.get(node_ds)["metadata"].get("ownerReferences"),
+            60,
+            "old CR gone and ownerReferences removed by the garbage collector",
+        )
+
+        _write_config(
+            stack,
+            {
+                "pmem-csi:manageCrd": False,
+                "pmem-csi:retainNamespaces": False,
+                "pmem-csi:deployments": [{**raw, "adoptExisting": True, "adoptNamespace": True}],
+            },
+        )
+        assert up(stack, "adopt the operator's objects").summary.result == "succeeded"
+        live_ds = kube.get(node_ds)
+        assert live_ds["metadata"]["uid"] == ds_uid, "adopted, not re-created"
+        assert live_ds["metadata"]["labels"][names.LABEL_MANAGED_BY] == names.MANAGED_BY
+        for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
+            live = kube.get(obj)
+            assert live is not None and not live["metadata"].get("ownerReferences"), obj
+        cr = get_cr(custom, cfg.name)
+        assert cr is not None and cr["metadata"]["annotations"][names.STACK_ANNOTATION]
+    finally:
+        dispose(stack)
+        delete_quietly(core.delete_namespace, cfg.namespace)
+        for obj in bundle.build_deployment_objects(cfg).all():
+            if not obj["metadata"].get("namespace") and kube.get(obj) is not None:
+                kube.resource(obj["apiVersion"], obj["kind"]).delete(name=obj["metadata"]["name"])
+
+
+# --------------------------------------------------------------------------------------------
+# stacks made before namespaces moved to stack level
+
+
+def test_a_stack_from_before_keeps_its_namespace(
+    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any
+) -> None:
+    """The namespace used to be a child of the first deployment's component. The upgraded
+    program registers it at stack level with an alias to that old URN, so the engine moves it
+    in the state instead of creating one and deleting the old one (and with it everything in
+    the namespace)."""
+    import pulumi_kubernetes as k8s
+
+    from pmem_components.components import COMPONENT_TYPE
+    from pmem_components.manifests import namespace as ns_builder
+    from pmem_components.program import main as program
+    from tools import pulumi_stack as ps
+
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    raw = {"name": f"old-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-old"}
+    raw["reporter"] = NO_REPORTER
+    cfg = cfg_of(raw)
+
+    def old_layout() -> None:
+        parent = pulumi.ComponentResource(COMPONENT_TYPE, cfg.name, None, None)
+        ns = ns_builder.build_namespace(cfg)
+        k8s.core.v1.Namespace(
+            cfg.namespace, metadata=ns["metadata"], opts=pulumi.ResourceOptions(parent=parent)
+        )
+
+    config = {
+        "pmem-csi:manageCrd": False,
+        "pmem-csi:retainNamespaces": False,
+        "pmem-csi:deployments": [raw],
+    }
+    name = f"o{sfx}"
+    old = ps.select_stack(name, old_layout, stacks_dir / name, config)
+    try:
+        assert up(old, "old layout").summary.result == "succeeded"
+        uid = core.read_namespace(cfg.namespace).metadata.uid
+        new = ps.select_stack(name, program, stacks_dir / name, config)
+        result = up(new, "upgraded program")
+        assert result.summary.result == "succeeded"
+        assert "delete" not in resource_changes(result.summary)
+        assert core.read_namespace(cfg.namespace).metadata.uid == uid
+        resources = new.export_stack().deployment["resources"]
+        (ns_state,) = [r for r in resources if r["type"] == "kubernetes:core/v1:Namespace"]
+        assert ns_state["urn"].endswith(f"::kubernetes:core/v1:Namespace::{cfg.namespace}")
+        assert COMPONENT_TYPE not in ns_state["urn"]
+    finally:
+        dispose(old)
+        delete_quietly(core.delete_namespace, cfg.namespace)

@@ -1,0 +1,145 @@
+"""The preflight's decisions (pure): adoption, moves, renames, operator objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pmem_components import names
+from pmem_components.config import load_config
+from pmem_components.preflight import Observed, ObservedObject, Previous, plan
+
+ME = "pmem-csi-pulumi/prod"
+
+
+def stack(*deps: dict[str, Any]) -> Any:
+    return load_config({"deployments": list(deps)}, check_certificates=False)
+
+
+def cr(name: str, namespace: str = "pmem-csi", mode: str = "lvm", owner: str | None = ME) -> Any:
+    annotations = {names.STACK_ANNOTATION: owner} if owner else {}
+    labels = {names.LABEL_MANAGED_BY: names.MANAGED_BY} if owner else {}
+    return ObservedObject(
+        names.CRD_KIND,
+        name,
+        labels=labels,
+        annotations=annotations,
+        spec={"namespace": namespace, "deviceMode": mode},
+    )
+
+
+def ns(name: str, owner: str | None = None, ours: bool = False) -> ObservedObject:
+    return ObservedObject(
+        "Namespace",
+        name,
+        labels={names.LABEL_MANAGED_BY: names.MANAGED_BY} if ours else {},
+        annotations={names.STACK_ANNOTATION: owner} if owner else {},
+    )
+
+
+def test_nothing_in_the_cluster_is_fine() -> None:
+    assert plan(stack({}), Observed(), ME).problems == []
+
+
+def test_existing_namespace_needs_explicit_adoption() -> None:
+    observed = Observed(namespaces={"pmem-csi": ns("pmem-csi")})
+    (problem,) = plan(stack({}), observed, ME).problems
+    assert problem.startswith("pmem-csi:deployments[0].createNamespace: namespace 'pmem-csi'")
+    assert "pmem-csi:deployments[0].adoptNamespace: true" in problem
+    assert plan(stack({"adoptNamespace": True}), observed, ME).problems == []
+    assert plan(stack({"createNamespace": False}), observed, ME).problems == []
+    mine = Observed(namespaces={"pmem-csi": ns("pmem-csi", owner=ME)})
+    assert plan(stack({}), mine, ME).problems == []
+    other = Observed(namespaces={"pmem-csi": ns("pmem-csi", owner="x/other")})
+    (problem,) = plan(stack({"adoptNamespace": True}), other, ME).problems
+    assert "managed by stack 'x/other'" in problem
+
+
+def test_namespace_move_is_refused_unless_allowed() -> None:
+    observed = Observed(crs={"pmem-csi.intel.com": cr("pmem-csi.intel.com", "old")})
+    (problem,) = plan(stack({}), observed, ME).problems
+    assert problem.startswith("pmem-csi:deployments[0].namespace: changing it from 'old'")
+    assert "allowReinstall: true" in problem
+    result = plan(stack({"allowReinstall": True}), observed, ME)
+    assert result.problems == []
+    assert result.previous == {0: Previous("pmem-csi.intel.com", "old")}
+
+
+def test_device_mode_change_is_refused_unless_allowed() -> None:
+    observed = Observed(crs={"pmem-csi.intel.com": cr("pmem-csi.intel.com", mode="lvm")})
+    (problem,) = plan(stack({"deviceMode": "direct"}), observed, ME).problems
+    assert problem.startswith("pmem-csi:deployments[0].deviceMode: changing it from 'lvm'")
+    assert "allowDeviceModeChange: true" in problem
+    ok = stack({"deviceMode": "direct", "allowDeviceModeChange": True})
+    assert plan(ok, observed, ME).problems == []
+
+
+def test_a_rename_needs_renamed_from() -> None:
+    observed = Observed(crs={"old.example": cr("old.example")})
+    (problem,) = plan(stack({"name": "new.example"}), observed, ME).problems
+    assert "pmem-csi:deployments[0].renamedFrom: 'old.example'" in problem
+    result = plan(stack({"name": "new.example", "renamedFrom": "old.example"}), observed, ME)
+    assert result.problems == []
+    assert result.previous == {0: Previous("old.example", "pmem-csi")}
+    # Removing a deployment alone is no rename.
+    two = Observed(crs={"a.example": cr("a.example"), "b.example": cr("b.example")})
+    assert plan(stack({"name": "b.example"}), two, ME).problems == []
+
+
+def test_other_stacks_and_operator_crs_are_not_taken_silently() -> None:
+    other = Observed(crs={"pmem-csi.intel.com": cr("pmem-csi.intel.com", owner="x/other")})
+    (problem,) = plan(stack({}), other, ME).problems
+    assert "belongs to stack 'x/other'" in problem
+    operator = Observed(crs={"pmem-csi.intel.com": cr("pmem-csi.intel.com", owner=None)})
+    (problem,) = plan(stack({}), operator, ME).problems
+    assert "--cascade=orphan" in problem and "adoptExisting: true" in problem
+
+
+def test_operator_owned_objects_name_the_next_step() -> None:
+    owned = ObservedObject(
+        "DaemonSet",
+        "pmem-csi-intel-com-node",
+        "pmem-csi",
+        owners=((f"{names.CRD_GROUP}/v1beta1", "Deployment", "pmem-csi.intel.com"),),
+    )
+    observed = Observed(same_named={0: [owned]})
+    for adopt in (False, True):  # adoption cannot help while the CR can still collect them
+        (problem,) = plan(stack({"adoptExisting": adopt}), observed, ME).problems
+        assert "DaemonSet pmem-csi/pmem-csi-intel-com-node belong to the PMEM-CSI operator" in (
+            problem
+        )
+        assert "kubectl delete deployments.pmem-csi.intel.com pmem-csi.intel.com" in problem
+    orphaned = ObservedObject("DaemonSet", "pmem-csi-intel-com-node", "pmem-csi")
+    observed = Observed(same_named={0: [orphaned]})
+    (problem,) = plan(stack({}), observed, ME).problems
+    assert "pmem-csi:deployments[0].adoptExisting: true" in problem
+    assert plan(stack({"adoptExisting": True}), observed, ME).problems == []
+
+
+def test_a_node_driver_of_the_same_name_elsewhere_is_refused() -> None:
+    env = [{"name": "PMEM_CSI_DRIVER_NAME", "value": "pmem-csi.intel.com"}]
+    ds = ObservedObject(
+        "DaemonSet",
+        "pmem-csi-node",
+        "operator-ns",
+        spec={"template": {"spec": {"containers": [{"name": "pmem-driver", "env": env}]}}},
+    )
+    (problem,) = plan(stack({}), Observed(daemon_sets=[ds]), ME).problems
+    assert problem.startswith("pmem-csi:deployments[0].namespace: DaemonSet operator-ns/")
+    # During an allowed move the old namespace's driver is the one being replaced.
+    moving = Observed(
+        crs={"pmem-csi.intel.com": cr("pmem-csi.intel.com", "operator-ns")}, daemon_sets=[ds]
+    )
+    assert plan(stack({"allowReinstall": True}), moving, ME).problems == []
+
+
+def test_crs_made_before_the_stack_annotation_count_as_this_stacks() -> None:
+    legacy = ObservedObject(
+        names.CRD_KIND,
+        "pmem-csi.intel.com",
+        labels={names.LABEL_MANAGED_BY: names.MANAGED_BY},
+        spec={"namespace": "old", "deviceMode": "lvm"},
+    )
+    observed = Observed(crs={"pmem-csi.intel.com": legacy})
+    (problem,) = plan(stack({}), observed, ME).problems
+    assert "namespace: changing it from 'old'" in problem
+    assert plan(stack({"namespace": "old"}), observed, ME).problems == []

@@ -42,6 +42,7 @@ from pmem_components.config import DeploymentConfig
 from reporter import status as st
 from reporter.kubeapi import RawApi
 from tests.e2e.reporter_helpers import (
+    REPORTER_IMAGE,
     ReporterProcess,
     component,
     condition,
@@ -207,7 +208,12 @@ def pair(
         "registryCert": provided.registry_cert,
         "nodeControllerCert": provided.node_controller_cert,
     }
-    raws = [unique_deployment(), unique_deployment(certificates=public)]
+    # The reporter's ServiceAccount and RBAC exist only when it has an image.
+    with_reporter = {"reporter": {"image": REPORTER_IMAGE}}
+    raws = [
+        unique_deployment(**with_reporter),
+        unique_deployment(certificates=public, **with_reporter),
+    ]
     secrets = _secret_keys(1, provided)
     stack = make_stack(stacks_dir, stack_config(*raws), secrets)
     logs = tmp_path_factory.mktemp("reporter-logs")

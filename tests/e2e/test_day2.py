@@ -337,7 +337,7 @@ def test_device_mode_and_namespace_changes_are_refused_until_allowed(
     # With the reporter on, `kind: Deployment` alone would select its Deployment and the CR.
     ambiguous = {
         **shared.b,
-        "reporter": {"enabled": True},
+        "reporter": {"image": "registry.example/pmem-csi-reporter:e2e"},
         "patches": [{"kind": "Deployment", "mergePatch": {"metadata": {"labels": {"x": "y"}}}}],
     }
     _write(shared, ambiguous)

@@ -65,7 +65,9 @@ def test_the_crd_ships_in_the_wheel_and_install_crd_finds_it(tmp_path: Path) -> 
     for part in ("pmem_components", "reporter", "crd"):
         shutil.copytree(root / part, src / part, ignore=shutil.ignore_patterns("__pycache__"))
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+        # No build isolation: the build backend is the venv's pinned setuptools
+        # (requirements-dev.txt), not whatever version an isolated build would download.
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
          "-w", str(tmp_path), str(src)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -1,0 +1,165 @@
+"""The stand-in language host: argv, interpreter choice, what Run passes on, quiet shutdown.
+
+The whole path (CLI -> host -> program -> engine) is shown end to end in
+tests/e2e/test_cli.py; these tests pin the pieces the CLI cannot show one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tools import langhost, toolchain
+from tools.langhost_exec import MissingProgramError, program_file
+
+
+def test_argv_as_the_cli_passes_it() -> None:
+    # The CLI passes only the engine address; tracing comes as a Go flag when enabled.
+    assert langhost.parse_argv(["127.0.0.1:4567"]) == langhost.HostArgs("127.0.0.1:4567")
+    args = langhost.parse_argv(["-tracing", "http://zipkin", "--use-executor=/x", "e:1"])
+    assert args == langhost.HostArgs("e:1", tracing="http://zipkin", executor="/x")
+    assert langhost.parse_argv(["-version"]).show_version
+    assert langhost.parse_argv([]).engine_address == ""
+
+
+def _venv(directory: Path) -> Path:
+    python = directory / ".venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.touch()
+    return python
+
+
+def test_interpreter_is_the_projects_virtualenv(tmp_path: Path) -> None:
+    root, program = tmp_path / "root", tmp_path / "prog"
+    root.mkdir()
+    program.mkdir()
+    env = {"PULUMI_PYTHON_CMD": "/usr/bin/python3.11"}
+    assert langhost.resolve_interpreter(str(root), str(program), {}, env) == "/usr/bin/python3.11"
+    assert langhost.resolve_interpreter(str(root), str(program), {}, {}) == "python3"
+    root_python = _venv(root)
+    assert langhost.resolve_interpreter(str(root), str(program), {}, env) == str(root_python)
+    # The program directory's .venv wins (Pulumi.yaml `main:` pointing at a checkout).
+    program_python = _venv(program)
+    assert langhost.resolve_interpreter(str(root), str(program), {}, env) == str(program_python)
+
+
+def test_virtualenv_runtime_option_is_honoured_or_named_when_missing(tmp_path: Path) -> None:
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.touch()
+    _venv(tmp_path)
+    got = langhost.resolve_interpreter(str(tmp_path), str(tmp_path), {"virtualenv": "venv"}, {})
+    assert got == str(venv_python)
+    with pytest.raises(FileNotFoundError, match="virtualenv='nope'"):
+        langhost.resolve_interpreter(str(tmp_path), str(tmp_path), {"virtualenv": "nope"}, {})
+
+
+def _run_request(**fields: object) -> SimpleNamespace:
+    base: dict[str, object] = {
+        "monitor_address": "127.0.0.1:1",
+        "project": "pmem-csi-pulumi",
+        "stack": "prod",
+        "pwd": "/src",
+        "dryRun": True,
+        "parallel": 16,
+        "organization": "organization",
+        "program": "",
+        "args": [],
+        "config": {"pmem-csi:manageCrd": "true", "pmem-csi:deployments": "[]"},
+        "configSecretKeys": ["pmem-csi:deployments"],
+        "info": SimpleNamespace(root_directory="/src", program_directory="/src", entry_point="."),
+    }
+    base.update(fields)
+    return SimpleNamespace(**base)
+
+
+def test_run_passes_on_everything_the_cli_sent() -> None:
+    req = _run_request()
+    args = langhost.executor_arguments(req, "127.0.0.1:2", "")
+    assert args == [
+        "--monitor", "127.0.0.1:1",
+        "--engine", "127.0.0.1:2",
+        "--project", "pmem-csi-pulumi",
+        "--root_directory", "/src",
+        "--stack", "prod",
+        "--pwd", "/src",
+        "--dry_run", "true",
+        "--parallel", "16",
+        "--organization", "organization",
+        ".",
+    ]  # fmt: skip
+    update = langhost.executor_arguments(_run_request(dryRun=False), "e", "")
+    assert update[update.index("--dry_run") + 1] == "false"
+    env = langhost.executor_environment(req, {"PATH": "/bin"})
+    assert env["PATH"] == "/bin"
+    assert json.loads(env["PULUMI_CONFIG"]) == req.config
+    assert json.loads(env["PULUMI_CONFIG_SECRET_KEYS"]) == ["pmem-csi:deployments"]
+
+
+def test_exit_status_32_bails_so_the_error_is_shown_once() -> None:
+    assert langhost.exit_status_response(0) == ("", False)
+    assert langhost.exit_status_response(32) == ("", True)
+    assert langhost.exit_status_response(1) == ("program exited with non-zero exit code: 1", False)
+    assert "signal 9" in langhost.exit_status_response(-9)[0]
+
+
+def test_executor_finds_main_in_the_program_directory(tmp_path: Path) -> None:
+    with pytest.raises(MissingProgramError, match=r"__main__\.py"):
+        program_file(str(tmp_path))
+    (tmp_path / "__main__.py").write_text("")
+    assert program_file(str(tmp_path)) == str(tmp_path / "__main__.py")
+
+
+def test_install_next_to_the_cli_is_idempotent_and_outside_the_cache_key(tmp_path: Path) -> None:
+    toolchain.install_language_host(tmp_path)
+    host = tmp_path / "pulumi-language-python"
+    assert host.read_bytes() == (toolchain.TOOLS_DIR / "langhost.py").read_bytes()
+    assert os.access(host, os.X_OK)
+    assert os.access(tmp_path / "pulumi-language-python-exec", os.X_OK)
+    mtime = host.stat().st_mtime_ns
+    toolchain.install_language_host(tmp_path)
+    assert host.stat().st_mtime_ns == mtime
+    host.write_text("stale")
+    toolchain.install_language_host(tmp_path)
+    assert host.read_bytes() == (toolchain.TOOLS_DIR / "langhost.py").read_bytes()
+    # Installing the host never changes the pulumi group's cache key (no CLI rebuild).
+    pulumi = toolchain.GROUPS["pulumi"]
+    assert pulumi.install is not None
+    bare = toolchain.Group(pulumi.name, pulumi.packages, pulumi.ldflags, pulumi.tags)
+    assert bare.key() == pulumi.key()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_host_serves_prints_its_port_and_stops_quietly(tmp_path: Path, signum: int) -> None:
+    import grpc
+    from google.protobuf import empty_pb2
+    from pulumi.runtime.proto import language_pb2_grpc
+
+    toolchain.install_language_host(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "pulumi-language-python"), "127.0.0.1:1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(proc.stdout.readline())  # type: ignore[union-attr]
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            info = language_pb2_grpc.LanguageRuntimeStub(channel).GetPluginInfo(
+                empty_pb2.Empty(), timeout=10
+            )
+        assert info.version == langhost._sdk_version()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert err == ""

@@ -17,7 +17,7 @@ from typing import Any
 
 import pulumi
 
-from pmem_components import cert_resource, registry
+from pmem_components import awaiting, cert_resource, registry
 from pmem_components.config import (
     ConfigError,
     DeploymentConfig,
@@ -54,12 +54,14 @@ class ControllerDriver(pulumi.ComponentResource):
     ) -> None:
         super().__init__(f"{TYPE_PREFIX}ControllerDriver", name, None, opts)
         objs = objects if objects is not None else bundle.controller_objects(cfg)
-        # RBAC and Services before the StatefulSet, so its pods start with what they need.
+        # ServiceAccount and RBAC before the StatefulSet, so its pods start with what they
+        # need. Not the Services: the pods do not need them, and they are created in parallel.
         self.resources = []
         for obj in objs:
             deps = list(depends_on)
             if obj["kind"] == "StatefulSet":
-                deps += self.resources
+                done = zip(self.resources, objs[: len(self.resources)], strict=True)
+                deps += [r for r, o in done if o["kind"] != "Service"]
             self.resources.append(registry.register(obj, _child_opts(self, deps)))
         self.stateful_set = self.resources[-1]
         self.register_outputs(
@@ -161,7 +163,8 @@ class PmemCsiDeployment(pulumi.ComponentResource):
                 problems = certificate_problems(cfg, index)[0] + check_patches(cfg, index)
             if problems:
                 raise ConfigError(problems)
-        transforms = []
+        # Await settings first, so a user patch can still change one object's annotation.
+        transforms = [awaiting.transform(cfg)]
         if cfg.patches:
             transforms.append(PatchSet.for_deployment(index, cfg.patches).transform)
         opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(transforms=transforms))

@@ -70,9 +70,8 @@ def program_file(program: str) -> str:
 def _user_traceback(program: str) -> str:
     """The traceback from the program's own frames on (the executor's are noise)."""
     frames = traceback.extract_tb(sys.exc_info()[2])
-    program_dir = os.path.dirname(program)
     for index, frame in enumerate(frames):
-        if os.path.abspath(frame.filename).startswith(program_dir + os.sep):
+        if os.path.abspath(frame.filename) == program:
             return traceback.format_exc(limit=-(len(frames) - index))
     return traceback.format_exc()
 

@@ -132,14 +132,14 @@ class Kubectl:
 
 
 class PulumiCli:
-    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+    def __init__(self, env: dict[str, str], workdir: Path, program: Path) -> None:
         self.bin = str(toolchain.bin_path("pulumi"))
         self.workdir = workdir
         backend = workdir / "backend"
         backend.mkdir(exist_ok=True)
         self.env = {**env, "PULUMI_BACKEND_URL": backend.as_uri()}
         project = yaml.safe_load((toolchain.PROJECT_DIR / "Pulumi.yaml").read_text())
-        project["main"] = str(toolchain.PROJECT_DIR)
+        project["main"] = str(program)
         (workdir / "Pulumi.yaml").write_text(yaml.safe_dump(project))
 
     def run(self, *args: str) -> str:
@@ -188,6 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 10])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", type=Path, help="also write the raw samples here")
+    ap.add_argument(
+        "--program",
+        type=Path,
+        default=toolchain.PROJECT_DIR,
+        help="checkout whose __main__.py the pulumi side runs (e.g. an older commit, exported "
+        "with `git archive`, with a .venv link), to compare before/after a change",
+    )
+    ap.add_argument("--only", choices=("kubectl", "pulumi"), help="measure one side only")
     args = ap.parse_args(argv)
 
     if not cluster.is_running():
@@ -197,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[int, dict[str, dict[str, list[float]]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-deploy-") as tmp:
         kubectl = Kubectl(env, Path(tmp))
-        pulumi = PulumiCli(env, Path(tmp))
+        pulumi = PulumiCli(env, Path(tmp), args.program.resolve())
         for n in args.sizes:
             side: dict[str, dict[str, list[float]]] = {"kubectl": {}, "pulumi": {}}
             for rep in range(args.reps):
                 for name, tool in (("kubectl", kubectl), ("pulumi", pulumi)):
+                    if args.only and name != args.only:
+                        continue
                     got = tool.measure(n)
                     for step, seconds in got.items():
                         side[name].setdefault(step, []).append(seconds)

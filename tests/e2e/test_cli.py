@@ -276,7 +276,12 @@ def test_bad_config_fails_preview_with_one_message_naming_each_key(shell: Shell)
             "pmem-csi:manageCrds: is not a known setting",
         ):
             assert out.count(key) == 1, (key, out)
-        assert out.count("invalid stack configuration (4 problem(s))") == 1, out
+        # One error diagnostic (the progress line above it echoes only its first line), and
+        # no second copy from the language host ("program exited with ...").
+        diagnostics = out[out.index("Diagnostics:") :]
+        assert diagnostics.count("error:") == 1, out
+        assert "invalid stack configuration (4 problem(s))" in diagnostics, out
+        assert "program exited" not in out, out
         assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     finally:
         shell.run("pulumi stack rm --yes bad")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -77,10 +78,20 @@ def render(n: int) -> list[dict[str, Any]]:
     return objs
 
 
-def timed(fn: Callable[[], Any]) -> float:
+def timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    """Wall-clock seconds and CPU seconds of the child processes (user + system).
+
+    The CPU figure covers every process the step started and waited for (the CLI, its
+    language host, the program, the providers; or the kubectl processes), not the API server.
+    It depends much less on what else runs on a shared machine than the wall clock does.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     fn()
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
 class Kubectl:
@@ -108,7 +119,7 @@ class Kubectl:
                 )
             )
 
-    def measure(self, n: int) -> dict[str, float]:
+    def measure(self, n: int) -> dict[str, tuple[float, float]]:
         objs = render(n)
         # The CR must come after its CRD is established: apply the CRD first (not timed).
         crd_file = self.workdir / "crd.yaml"
@@ -155,7 +166,7 @@ class PulumiCli:
             raise RuntimeError(f"pulumi {' '.join(args)}:\n{result.stdout}\n{result.stderr}")
         return result.stdout
 
-    def measure(self, n: int) -> dict[str, float]:
+    def measure(self, n: int) -> dict[str, tuple[float, float]]:
         stack = f"bench{n}"
         self.run("stack", "init", stack)
         try:
@@ -177,10 +188,16 @@ class PulumiCli:
             self.run("stack", "rm", "--yes", "--force", stack)
 
 
-def summary(samples: list[float]) -> str:
-    if len(samples) == 1:
-        return f"{samples[0]:.1f}"
-    return f"{statistics.median(samples):.1f} ({min(samples):.1f}-{max(samples):.1f})"
+def summary(samples: list[tuple[float, float]] | None) -> str:
+    """``median (min-max)`` of the wall clock, then the median CPU seconds in brackets."""
+    if not samples:
+        return "-"
+    walls = [w for w, _ in samples]
+    cpu = statistics.median(c for _, c in samples)
+    if len(walls) == 1:
+        return f"{walls[0]:.1f} [cpu {cpu:.1f}]"
+    wall = f"{statistics.median(walls):.1f} ({min(walls):.1f}-{max(walls):.1f})"
+    return f"{wall} [cpu {cpu:.1f}]"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,12 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         print("start the local cluster first: make cluster-start", file=sys.stderr)
         return 1
     env = {**os.environ, **localenv.apply_pulumi_env()}
-    results: dict[int, dict[str, dict[str, list[float]]]] = {}
+    load_before = os.getloadavg()
+    results: dict[int, dict[str, dict[str, list[tuple[float, float]]]]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-deploy-") as tmp:
         kubectl = Kubectl(env, Path(tmp))
         pulumi = PulumiCli(env, Path(tmp), args.program.resolve())
         for n in args.sizes:
-            side: dict[str, dict[str, list[float]]] = {"kubectl": {}, "pulumi": {}}
+            side: dict[str, dict[str, list[tuple[float, float]]]] = {"kubectl": {}, "pulumi": {}}
             for rep in range(args.reps):
                 for name, tool in (("kubectl", kubectl), ("pulumi", pulumi)):
                     if args.only and name != args.only:
@@ -215,19 +233,20 @@ def main(argv: list[str] | None = None) -> int:
                     got = tool.measure(n)
                     for step, seconds in got.items():
                         side[name].setdefault(step, []).append(seconds)
-                    print(f"n={n} rep={rep + 1} {name}: "
-                          + ", ".join(f"{k} {v:.1f}s" for k, v in got.items()), file=sys.stderr)
+                    steps = ", ".join(f"{k} {w:.1f}s/cpu {c:.1f}s" for k, (w, c) in got.items())
+                    print(f"n={n} rep={rep + 1} {name}: {steps}", file=sys.stderr, flush=True)
             results[n] = side
 
     print(f"machine: {json.dumps(machine())}")
+    print(f"load average (1/5/15 min) before: {load_before}, after: {os.getloadavg()}")
     print("| deployments | step | kubectl (s) | pulumi (s) |")
     print("| --- | --- | --- | --- |")
     steps = ("preview", "first up", "no-op up", "no-op up with preview", "destroy")
     for n, side in results.items():
         for step in steps:
-            k = side["kubectl"].get(step)
-            p = side["pulumi"].get(step)
-            print(f"| {n} | {step} | {summary(k) if k else '-'} | {summary(p) if p else '-'} |")
+            kubectl_s = summary(side["kubectl"].get(step))
+            pulumi_s = summary(side["pulumi"].get(step))
+            print(f"| {n} | {step} | {kubectl_s} | {pulumi_s} |")
     if args.json:
         args.json.write_text(json.dumps({str(n): s for n, s in results.items()}, indent=2))
     return 0

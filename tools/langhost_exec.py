@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import runpy
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -76,8 +77,22 @@ def _user_traceback(program: str) -> str:
     return traceback.format_exc()
 
 
+def _exit_quietly(signum: int, frame: object) -> None:
+    """Ctrl-C or the host's stop: leave at once, without a KeyboardInterrupt traceback.
+
+    The CLI owns the operation: on Ctrl-C it cancels the update itself and lets the steps in
+    flight finish, so the program has nothing left to clean up; a traceback (from wherever
+    the signal happened to land, often interpreter shutdown) would only alarm the user.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGINT, _exit_quietly)
+    signal.signal(signal.SIGTERM, _exit_quietly)
     try:
         import pulumi
         import pulumi.runtime
@@ -133,8 +148,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MissingProgramError as err:
         pulumi.log.error(str(err))
         exit_code = USER_ACTIONABLE_EXIT
-    except KeyboardInterrupt:
-        exit_code = 130
     except Exception:  # any program failure is reported to the user
         pulumi.log.error(
             "Program failed with an unhandled exception:\n" + _user_traceback(program)

@@ -163,3 +163,20 @@ def test_host_serves_prints_its_port_and_stops_quietly(tmp_path: Path, signum: i
             proc.kill()
     assert proc.returncode == 0
     assert err == ""
+
+
+def test_host_loads_only_the_protocol_modules_not_the_sdk() -> None:
+    # In a fresh interpreter, as the CLI starts the host: the SDK's runtime (pulumi/__init__,
+    # pulumi.runtime.stack, ...) is not imported, only the generated LanguageRuntime modules.
+    code = (
+        "import sys; from tools import langhost; mods = langhost._import_protos(); "
+        "print(mods[1].LanguageRuntimeServicer.__name__, 'pulumi.runtime.stack' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=toolchain.PROJECT_DIR,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert out.split() == ["LanguageRuntimeServicer", "False"]

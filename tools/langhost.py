@@ -306,6 +306,18 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
 
 
 def serve(args: HostArgs) -> int:
+    # Handlers first: the CLI may stop us at any moment, even before the port is printed.
+    stop = threading.Event()
+    running: list[Any] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        for servicer in running:
+            servicer.interrupt_all()
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
     import grpc
 
     _, language_pb2_grpc, _ = _import_protos()
@@ -314,6 +326,7 @@ def serve(args: HostArgs) -> int:
         print(f"missing executor {executor}", file=sys.stderr)
         return 1
     servicer = make_servicer(args, executor)
+    running.append(servicer)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
         options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)],
@@ -323,14 +336,6 @@ def serve(args: HostArgs) -> int:
     server.start()
     print(port, flush=True)
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        servicer.interrupt_all()
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     # If the CLI dies without stopping us (kill -9), do not linger as an orphan.
     parent = os.getppid()
     while not stop.wait(1.0):
@@ -349,7 +354,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return serve(args)
 
 
+def _exit_quietly(signum: int, frame: Any) -> None:
+    os._exit(0)
+
+
 if __name__ == "__main__":
+    # Until serve() installs its own handlers, a stop signal just ends the process quietly.
+    signal.signal(signal.SIGINT, _exit_quietly)
+    signal.signal(signal.SIGTERM, _exit_quietly)
     import importlib.util
 
     if importlib.util.find_spec("grpc") is None or importlib.util.find_spec("pulumi") is None:

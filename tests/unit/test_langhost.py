@@ -180,3 +180,24 @@ def test_host_loads_only_the_protocol_modules_not_the_sdk() -> None:
         check=True,
     ).stdout
     assert out.split() == ["LanguageRuntimeServicer", "False"]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.3])
+def test_host_stopped_at_any_moment_of_its_start_is_quiet(tmp_path: Path, delay: float) -> None:
+    # The CLI stops plugins whenever it is done, possibly while one is still starting.
+    import time
+
+    toolchain.install_language_host(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, str(tmp_path / "pulumi-language-python"), "127.0.0.1:1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    # Quiet is what counts: before Python has installed handlers, the interpreter ends with
+    # its own status (-2 or 1), after that ours (0); never with a traceback.
+    assert proc.returncode is not None
+    assert err == ""

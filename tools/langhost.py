@@ -10,6 +10,9 @@ official plugin and never uses this file.
 
 What it does, as the official plugin does:
 
+- ``langhost.sh`` (installed as ``pulumi-language-python``) starts this file (installed as
+  ``pulumi-language-python-host``) with ``python3`` from PATH, its stderr parked until Python
+  has installed quiet signal handlers;
 - argv is ``[-tracing URL] [-use-executor PATH] [ENGINE_ADDRESS]`` (Go-style flags; the CLI
   passes the engine address last); ``-version`` prints the version;
 - it serves ``LanguageRuntime`` on a free port of 127.0.0.1 and prints the port as the first
@@ -27,7 +30,7 @@ What it does, as the official plugin does:
   going away, stop the server quietly (no traceback: the CLI stops every plugin with SIGINT
   at the end of each command).
 
-It must run standalone (installed as ``<cli bin>/pulumi-language-python``), so it imports
+It must run standalone (installed next to the CLI), so it imports
 nothing from this project, only ``grpc`` and the ``pulumi`` SDK.
 """
 
@@ -48,6 +51,18 @@ from typing import Any
 # The exit code of the executor when it has already shown the error to the user.
 USER_ACTIONABLE_EXIT = 32
 EXECUTOR_NAME = "pulumi-language-python-exec"
+# The executor starts as the host does (see langhost.sh): stderr on /dev/null, the real one on
+# fd 3, until its quiet signal handlers are installed (restore_stderr).
+QUIET_START = ["/bin/sh", "-c", 'exec "$0" "$@" 3>&2 2>/dev/null']
+
+
+def restore_stderr() -> None:
+    """Point fd 2 back at the real stderr that the launcher parked on fd 3 (if it did)."""
+    try:
+        os.dup2(3, 2)
+        os.close(3)
+    except OSError:
+        pass  # started without the launcher: stderr was never redirected
 
 
 def _reexec_in_project_venv() -> None:
@@ -277,8 +292,13 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
                 )
             except FileNotFoundError as err:
                 return language_pb2.RunResponse(error=str(err))
-            cmd = [python, "-u", str(executor), *executor_arguments(req, args.engine_address,
-                                                                     args.tracing)]
+            cmd = [
+                *QUIET_START,
+                python,
+                "-u",
+                str(executor),
+                *executor_arguments(req, args.engine_address, args.tracing),
+            ]
             # stdout/stderr are inherited: the CLI shows the program's prints as diagnostics.
             try:
                 proc = subprocess.Popen(
@@ -362,6 +382,7 @@ if __name__ == "__main__":
     # Until serve() installs its own handlers, a stop signal just ends the process quietly.
     signal.signal(signal.SIGINT, _exit_quietly)
     signal.signal(signal.SIGTERM, _exit_quietly)
+    restore_stderr()
     import importlib.util
 
     if importlib.util.find_spec("grpc") is None or importlib.util.find_spec("pulumi") is None:

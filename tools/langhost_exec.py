@@ -89,10 +89,20 @@ def _exit_quietly(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
 
+def _restore_stderr() -> None:
+    """The host starts us with stderr parked on fd 3 (a stop during start-up stays silent)."""
+    try:
+        os.dup2(3, 2)
+        os.close(3)
+    except OSError:
+        pass  # started directly, stderr never redirected
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
     signal.signal(signal.SIGINT, _exit_quietly)
     signal.signal(signal.SIGTERM, _exit_quietly)
+    _restore_stderr()
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         import pulumi
         import pulumi.runtime

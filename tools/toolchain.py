@@ -107,7 +107,8 @@ def _install_python_shims(group_dir: Path, bin_dir: Path) -> None:
 # the CLI and the official plugin use. Python files, not part of any group's build or hash:
 # installed (idempotently) on every `build`, also when the pulumi group is already cached.
 LANGUAGE_HOST_FILES = {
-    "pulumi-language-python": TOOLS_DIR / "langhost.py",
+    "pulumi-language-python": TOOLS_DIR / "langhost.sh",
+    "pulumi-language-python-host": TOOLS_DIR / "langhost.py",
     "pulumi-language-python-exec": TOOLS_DIR / "langhost_exec.py",
 }
 

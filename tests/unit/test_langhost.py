@@ -120,20 +120,27 @@ def test_executor_finds_main_in_the_program_directory(tmp_path: Path) -> None:
 def test_install_next_to_the_cli_is_idempotent_and_outside_the_cache_key(tmp_path: Path) -> None:
     toolchain.install_language_host(tmp_path)
     host = tmp_path / "pulumi-language-python"
-    assert host.read_bytes() == (toolchain.TOOLS_DIR / "langhost.py").read_bytes()
-    assert os.access(host, os.X_OK)
-    assert os.access(tmp_path / "pulumi-language-python-exec", os.X_OK)
+    assert host.read_bytes() == (toolchain.TOOLS_DIR / "langhost.sh").read_bytes()
+    for name in ("pulumi-language-python", "pulumi-language-python-host",
+                 "pulumi-language-python-exec"):
+        assert os.access(tmp_path / name, os.X_OK), name
     mtime = host.stat().st_mtime_ns
     toolchain.install_language_host(tmp_path)
     assert host.stat().st_mtime_ns == mtime
     host.write_text("stale")
     toolchain.install_language_host(tmp_path)
-    assert host.read_bytes() == (toolchain.TOOLS_DIR / "langhost.py").read_bytes()
+    assert host.read_bytes() == (toolchain.TOOLS_DIR / "langhost.sh").read_bytes()
     # Installing the host never changes the pulumi group's cache key (no CLI rebuild).
     pulumi = toolchain.GROUPS["pulumi"]
     assert pulumi.install is not None
     bare = toolchain.Group(pulumi.name, pulumi.packages, pulumi.ldflags, pulumi.tags)
     assert bare.key() == pulumi.key()
+
+
+def _venv_first() -> dict[str, str]:
+    """PATH as the offline environment has it: the project's python3 first."""
+    venv_bin = os.path.dirname(sys.executable)
+    return {**os.environ, "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")])}
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -144,7 +151,8 @@ def test_host_serves_prints_its_port_and_stops_quietly(tmp_path: Path, signum: i
 
     toolchain.install_language_host(tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, str(tmp_path / "pulumi-language-python"), "127.0.0.1:1"],
+        [str(tmp_path / "pulumi-language-python"), "127.0.0.1:1"],
+        env=_venv_first(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -189,7 +197,8 @@ def test_host_stopped_at_any_moment_of_its_start_is_quiet(tmp_path: Path, delay:
 
     toolchain.install_language_host(tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, str(tmp_path / "pulumi-language-python"), "127.0.0.1:1"],
+        [str(tmp_path / "pulumi-language-python"), "127.0.0.1:1"],
+        env=_venv_first(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

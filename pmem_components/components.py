@@ -18,7 +18,7 @@ from typing import Any
 
 import pulumi
 
-from pmem_components import cert_resource, names, registry
+from pmem_components import awaiting, cert_resource, names, registry
 from pmem_components.config import (
     ConfigError,
     DeploymentConfig,
@@ -76,12 +76,14 @@ class ControllerDriver(pulumi.ComponentResource):
         super().__init__(CONTROLLER_TYPE, name, None, opts)
         objs = objects if objects is not None else bundle.controller_objects(cfg)
         reg = register or _plain_register
-        # RBAC and Services before the StatefulSet, so its pods start with what they need.
+        # ServiceAccount and RBAC before the StatefulSet, so its pods start with what they
+        # need. Not the Services: the pods do not need them, and they are created in parallel.
         self.resources = []
         for obj in objs:
             deps = list(depends_on)
             if obj["kind"] == "StatefulSet":
-                deps += self.resources
+                done = zip(self.resources, objs[: len(self.resources)], strict=True)
+                deps += [r for r, o in done if o["kind"] != "Service"]
             self.resources.append(reg(obj, self, deps))
         self.stateful_set = self.resources[-1]
         self.register_outputs(
@@ -260,7 +262,8 @@ class PmemCsiDeployment(pulumi.ComponentResource):
                 )
             if problems:
                 raise ConfigError(problems)
-        transforms = []
+        # Await settings first, so a user patch can still change one object's annotation.
+        transforms = [awaiting.transform(cfg)]
         if cfg.patches:
             transforms.append(PatchSet.for_deployment(args.index, cfg.patches).transform)
         prev = args.previous

@@ -223,6 +223,24 @@ class Reporter(_Model):
         return data
 
 
+# A Go duration as Pulumi's customTimeouts take it ("90s", "10m", "1h30m").
+_DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$")
+
+
+class Await(_Model):
+    """How ``pulumi up`` waits for the workloads (StatefulSet, DaemonSet, reporter Deployment).
+
+    ``enabled`` false sets ``pulumi.com/skipAwait`` on them: ``pulumi up`` returns once the API
+    server accepted them and the CR status (the reporter) tells when they are ready. ``timeout``
+    (a duration such as ``20m``) replaces the provider's 10 minutes for create, update and
+    delete, for clusters where a rollout over many nodes takes longer. See pmem_components.
+    awaiting.
+    """
+
+    enabled: bool = True
+    timeout: str | None = None
+
+
 class DeploymentConfig(_Model):
     """One PMEM-CSI driver deployment: the reference DeploymentSpec plus name and namespace."""
 
@@ -251,6 +269,10 @@ class DeploymentConfig(_Model):
     allow_reinstall: bool = False
     renamed_from: str | None = None
     allow_device_mode_change: bool = False
+    # "await" is a Python keyword, hence the attribute name.
+    await_: Await = Field(
+        default_factory=Await, validation_alias="await", serialization_alias="await"
+    )
 
     @field_validator("device_mode", mode="before")
     @classmethod
@@ -581,7 +603,25 @@ def _check_deployment(raw: Mapping[str, Any], path: tuple[str | int, ...]) -> li
     _check_renewal(raw.get("certificates"), (*path, "certificates"), problems)
     _check_patches(raw.get("patches"), (*path, "patches"), problems)
     _check_reporter(raw.get("reporter"), (*path, "reporter"), problems)
+    _check_await(raw.get("await"), (*path, "await"), problems)
     return problems
+
+
+def _check_await(value: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
+    settings = _dict_or_empty(value)
+    timeout = settings.get("timeout")
+    if isinstance(timeout, str) and (
+        not _DURATION.match(timeout) or not re.search(r"[1-9]", timeout)
+    ):
+        problems.append(
+            f"{key_path((*path, 'timeout'))}: must be a positive duration such as 90s, 20m or "
+            f"1h30m (got {_show(timeout)})"
+        )
+    if timeout is not None and settings.get("enabled") in (False, "false"):
+        problems.append(
+            f"{key_path((*path, 'timeout'))}: is only valid with await.enabled true "
+            "(nothing is awaited)"
+        )
 
 
 def _check_unique(deployments: list[Any]) -> list[str]:

@@ -1,15 +1,17 @@
 """The main job on the local cluster: deploy the `local` stack and show what the reporter says.
 
-Steps: build missing tools, start the local cluster, `pulumi up` the `local` stack
-(Pulumi.local.yaml) through the Automation API, run the reporter against the cluster until
-it has written the status, then print ``kubectl get deployments.pmem-csi.intel.com`` and the
-CR's status. Run it with ``make demo``; ``make cluster-stop`` removes the cluster afterwards.
+Steps: build missing tools, start the local cluster, run the Pulumi CLI as an administrator
+would (``pulumi stack select --create local``, ``pulumi up --yes`` with the CLI's own progress
+output; the program is ``__main__.py``, started by the stand-in language host next to the CLI),
+run the reporter against the cluster until it has written the status, then print
+``kubectl get deployments.pmem-csi.intel.com`` and the CR's status. Run it with ``make demo``;
+``make cluster-stop`` removes the cluster afterwards.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import subprocess
 import sys
 import time
@@ -37,34 +39,53 @@ def _kubectl(*args: str) -> str:
     ).stdout
 
 
-def _project_copy() -> tuple[Path, dict]:
-    """Pulumi.yaml copied into the state directory, and the config of Pulumi.local.yaml.
+def _project_dir() -> Path:
+    """A project directory in the state directory whose program is this checkout.
 
     Selecting a stack with passphrase secrets writes an ``encryptionsalt`` (tied to this state
     directory's random passphrase) into the stack file; that must not end up in the committed
-    Pulumi.local.yaml, where it would break every other clone. So the stack runs from a copy,
-    whose stack file ``pulumi_stack.select_stack`` rewrites keeping its salt.
+    Pulumi.local.yaml, where it would break every other clone. So the CLI runs in a directory
+    of its own whose Pulumi.yaml is the project's plus ``main:`` pointing at this checkout
+    (the same ``__main__.py``, the same ``.venv``); its Pulumi.local.yaml holds the committed
+    config plus this state directory's salt.
     """
     work = localenv.state_dir() / "local-project"
     work.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(toolchain.PROJECT_DIR / "Pulumi.yaml", work / "Pulumi.yaml")
-    settings = yaml.safe_load((toolchain.PROJECT_DIR / f"Pulumi.{STACK}.yaml").read_text())
-    return work, settings["config"]
+    project = yaml.safe_load((toolchain.PROJECT_DIR / "Pulumi.yaml").read_text())
+    project["main"] = str(toolchain.PROJECT_DIR)
+    (work / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
+    return work
+
+
+def _pulumi(work_dir: Path, *args: str, capture: bool = False) -> str:
+    """Run the CLI in ``work_dir``; its progress goes to stderr (stdout is the demo's result)."""
+    _log("pulumi " + " ".join(args))
+    env = {**os.environ, **localenv.pulumi_env()}
+    result = subprocess.run(
+        [str(toolchain.bin_path("pulumi")), *args],
+        cwd=work_dir,
+        env=env,
+        check=True,
+        text=True,
+        stdout=subprocess.PIPE if capture else sys.stderr,
+    )
+    return result.stdout if capture else ""
 
 
 def deploy() -> list[str]:
-    """`pulumi up` the local stack; return the names of the Deployment CRs it manages."""
-    from pmem_components.program import main as program
+    """`pulumi up` the local stack with the CLI; return the names of the Deployment CRs."""
     from tools import pulumi_stack
 
-    work_dir, config = _project_copy()
-    stack = pulumi_stack.select_stack(STACK, program, work_dir, config)
+    localenv.apply_pulumi_env()
+    work_dir = _project_dir()
+    _pulumi(work_dir, "stack", "select", "--create", STACK)
+    settings = yaml.safe_load((toolchain.PROJECT_DIR / f"Pulumi.{STACK}.yaml").read_text())
+    # The committed config, keeping the salt `stack select --create` wrote into the copy.
+    pulumi_stack.write_stack_config(work_dir, STACK, settings["config"])
     # --refresh: after `make cluster-stop` the state still lists objects of the old cluster.
-    _log(f"pulumi up --refresh --stack {STACK}")
-    result = stack.up(refresh=True, on_output=pulumi_stack.printer("  "))
-    _log(f"pulumi up: {result.summary.result}, changes {result.summary.resource_changes}")
-    outputs = result.outputs
-    return [name for name in outputs.get("deployments", {}).value or {}]
+    _pulumi(work_dir, "up", "--yes", "--refresh", "--stack", STACK)
+    outputs = json.loads(_pulumi(work_dir, "stack", "output", "--json", capture=True))
+    return list(outputs.get("deployments") or {})
 
 
 def run_reporter(names: list[str], timeout: float = 90) -> None:

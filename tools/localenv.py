@@ -46,7 +46,8 @@ def pulumi_env() -> dict[str, str]:
     backend = state_dir() / "pulumi-backend"
     backend.mkdir(parents=True, exist_ok=True)
     venv_bin = PROJECT_DIR / ".venv" / "bin"
-    # Only the CLI's own directory: it also holds pulumi-resource-pulumi-python. The Kubernetes
+    # Only the CLI's own directory: it also holds pulumi-resource-pulumi-python and the stand-in
+    # pulumi-language-python (whose `python3` is the project's, from .venv/bin). The Kubernetes
     # provider is registered with `pulumi plugin install` instead (a provider found on PATH
     # makes the CLI warn on every run).
     path = [str(toolchain.GROUPS["pulumi"].install_dir() / "bin")]
@@ -94,9 +95,17 @@ def ensure_kubernetes_plugin() -> None:
     )
 
 
+def ensure_language_host() -> None:
+    """Put the stand-in `pulumi-language-python` next to the CLI (see tools/langhost.py)."""
+    group = toolchain.GROUPS["pulumi"]
+    if group.is_built():
+        toolchain.install_language_host(group.install_dir() / "bin")
+
+
 def apply_pulumi_env() -> dict[str, str]:
     """Put the offline environment into this process (the Automation API reads os.environ)."""
     env = pulumi_env()
     os.environ.update(env)
     ensure_kubernetes_plugin()
+    ensure_language_host()
     return env

@@ -1,12 +1,10 @@
 """Run a Pulumi program on a local stack through the Automation API.
 
-Why the Automation API and an inline program rather than ``pulumi up`` on ``__main__.py``:
-the CLI starts Python programs through the ``pulumi-language-python`` plugin, and the Go module
-proxy reachable here refuses every version of that module
-(github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3). With an inline program the
-Python SDK serves the language runtime itself and hands its address to the CLI, so the real
-engine, the real provider and the real transforms run, without that plugin. On a machine with a
-normal Pulumi install, ``pulumi up`` in the project directory runs the same program.
+The README's commands, ``make demo`` and tests/e2e/test_cli.py run the ``pulumi`` CLI itself
+(the program started by the stand-in language host next to the CLI, see tools/langhost.py).
+Tests that need many short-lived stacks, each with a program of its own, use this instead: with
+an inline program the Python SDK serves the language runtime in this process and hands its
+address to the CLI, so the same engine, provider and transforms run.
 """
 
 from __future__ import annotations

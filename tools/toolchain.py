@@ -103,6 +103,33 @@ def _install_python_shims(group_dir: Path, bin_dir: Path) -> None:
         target.chmod(0o755)
 
 
+# The stand-in language host (tools/langhost.py), installed next to the CLI under the names
+# the CLI and the official plugin use. Python files, not part of any group's build or hash:
+# installed (idempotently) on every `build`, also when the pulumi group is already cached.
+LANGUAGE_HOST_FILES = {
+    "pulumi-language-python": TOOLS_DIR / "langhost.sh",
+    "pulumi-language-python-host": TOOLS_DIR / "langhost.py",
+    "pulumi-language-python-exec": TOOLS_DIR / "langhost_exec.py",
+}
+
+
+def install_language_host(bin_dir: Path) -> None:
+    """Copy the stand-in `pulumi-language-python` next to the CLI when missing or outdated.
+
+    The cache is shared by checkouts, so each file is replaced atomically (write + rename):
+    a CLI starting the plugin at that moment sees the old or the new file, never half of one.
+    """
+    for name, source in LANGUAGE_HOST_FILES.items():
+        target = bin_dir / name
+        content = source.read_bytes()
+        if target.exists() and target.read_bytes() == content and os.access(target, os.X_OK):
+            continue
+        tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
+        tmp.write_bytes(content)
+        tmp.chmod(0o755)
+        tmp.replace(target)
+
+
 @dataclass(frozen=True)
 class Group:
     """One wrapper module and the commands built from it."""
@@ -113,6 +140,8 @@ class Group:
     tags: str = ""
     prepare: Callable[[Path], None] | None = None
     finish: Callable[[Path, Path], None] | None = None
+    # Runs after every build() call, cached or not; not part of key() (see LANGUAGE_HOST_FILES).
+    install: Callable[[Path], None] | None = None
 
     @property
     def dir(self) -> Path:
@@ -164,6 +193,7 @@ GROUPS: dict[str, Group] = {
             ],
             tags="osusergo,grpcnotrace",
             finish=_install_python_shims,
+            install=install_language_host,
         ),
         Group(
             "pulumi-kubernetes",
@@ -204,6 +234,14 @@ def _log(msg: str) -> None:
 
 
 def build(group: Group) -> Path:
+    """Build one group unless cached, then run its ``install`` step; return its bin directory."""
+    bin_dir = _build_cached(group)
+    if group.install:
+        group.install(bin_dir)
+    return bin_dir
+
+
+def _build_cached(group: Group) -> Path:
     """Build one group into the cache unless it is there; return its bin directory.
 
     Several checkouts (worktrees, a CI clone next to a developer's tree) share the cache, so
@@ -273,7 +311,8 @@ def bin_path(binary: str) -> Path:
     """Absolute path of a built binary; raises with a clear message if it is not built."""
     for group in GROUPS.values():
         if binary in group.packages or (
-            group.name == "pulumi" and binary == "pulumi-resource-pulumi-python"
+            group.name == "pulumi"
+            and (binary == "pulumi-resource-pulumi-python" or binary in LANGUAGE_HOST_FILES)
         ):
             path = group.install_dir() / "bin" / binary
             if not group.is_built():

@@ -362,8 +362,9 @@ def test_patch_transform_is_on_the_top_component(monkeypatch: pytest.MonkeyPatch
 
     body()
     (opts,) = seen
-    assert opts is not None and opts.transforms and len(opts.transforms) == 1
-    transform = opts.transforms[0]
+    # The await settings' transform (pmem_components.awaiting) first, the patches last.
+    assert opts is not None and opts.transforms and len(opts.transforms) == 2
+    transform = opts.transforms[-1]
     args = pulumi.ResourceTransformArgs(
         custom=True,
         type_="kubernetes:apps/v1:DaemonSet",

@@ -1,0 +1,484 @@
+"""The README's "Using it on a real cluster", run line by line with the real Pulumi CLI.
+
+Every ``sh`` block of that README section is parsed from README.md and each line is run with
+``bash -c`` exactly as written, in a copy of the checkout (``Pulumi.yaml``, ``__main__.py``,
+``pmem_components/``, ``crd/``, ``requirements.txt`` and a ``.venv`` link to this checkout's),
+against the local cluster. The differences from a real cluster are the ones the README states:
+the offline environment of ``tools/localenv.py`` (here with a backend of this module's own)
+and certificates generated into the five files the commands read.
+
+The CLI runs ``__main__.py`` through the stand-in language host next to it, so what these
+tests show is the administrator's path: ``Pulumi.<stack>.yaml`` written by ``pulumi config
+set``, secrets encrypted by the CLI, the program started by the CLI.
+
+The deployment uses the README's defaults (``pmem-csi.intel.com`` in ``pmem-csi``, CRD managed
+by the stack). ``pulumi destroy`` therefore deletes the shared CRD; if it existed before, the
+module re-creates it afterwards for the test modules that follow.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pmem_components import names
+from tests.e2e.waiting import wait_for
+from tests.unit import certutil
+from tools import localenv, toolchain
+
+pytestmark = pytest.mark.timeout(900)
+
+SECTION = "## Using it on a real cluster"
+NAMESPACE = "pmem-csi"
+H = "pmem-csi-intel-com"
+# Pulumi's marker of an encrypted value in an exported state.
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
+
+
+def readme_blocks() -> list[list[str]]:
+    """The command lines of each ``sh`` block of the README section, in order."""
+    text = (toolchain.PROJECT_DIR / "README.md").read_text()
+    start = text.index(SECTION) + len(SECTION)
+    end = text.find("\n## ", start)
+    section = text[start : end if end != -1 else None]
+    blocks = re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
+    return [[line for line in block.splitlines() if line.strip()] for block in blocks]
+
+
+@dataclass
+class Shell:
+    """Runs command lines as an administrator's shell would, keeping every result."""
+
+    cwd: Path
+    env: dict[str, str]
+    log: list[tuple[str, subprocess.CompletedProcess[str]]] = field(default_factory=list)
+
+    def run(self, line: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            ["bash", "-c", line],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.log.append((line, result))
+        if check:
+            assert result.returncode == 0, (
+                f"`{line}` exited {result.returncode}\n{result.stdout[-4000:]}\n"
+                f"{result.stderr[-4000:]}"
+            )
+        return result
+
+    def output(self, line: str) -> str:
+        """stdout + stderr of the last run of ``line``."""
+        for ran, result in reversed(self.log):
+            if ran == line:
+                return result.stdout + result.stderr
+        raise KeyError(line)
+
+
+@pytest.fixture(scope="module")
+def certs() -> certutil.CertSet:
+    return certutil.good_set()
+
+
+@pytest.fixture(scope="module")
+def checkout(tmp_path_factory: pytest.TempPathFactory, certs: certutil.CertSet) -> Path:
+    """A copy of the project as an administrator's clone has it, plus the five PEM files."""
+    root = tmp_path_factory.mktemp("checkout")
+    src = toolchain.PROJECT_DIR
+    for name in ("Pulumi.yaml", "__main__.py", "requirements.txt"):
+        shutil.copyfile(src / name, root / name)
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in ("pmem_components", "crd"):
+        shutil.copytree(src / name, root / name, ignore=ignore)
+    (root / ".venv").symlink_to(src / ".venv")
+    files = {
+        "ca.crt": certs.ca_cert,
+        "registry.crt": certs.registry_cert,
+        "registry.key": certs.registry_key,
+        "node-controller.crt": certs.node_controller_cert,
+        "node-controller.key": certs.node_controller_key,
+    }
+    for name, pem in files.items():
+        (root / name).write_text(pem)
+    return root
+
+
+@pytest.fixture(scope="module")
+def shell(
+    pulumi_ready: dict[str, str], local_cluster: Path, checkout: Path, tmp_path_factory: Any
+) -> Shell:
+    backend = tmp_path_factory.mktemp("backend")
+    env = {**os.environ, **localenv.pulumi_env()}
+    env["PULUMI_BACKEND_URL"] = backend.as_uri()
+    env["KUBECONFIG"] = str(local_cluster)
+    return Shell(checkout, env)
+
+
+def kubectl_json(shell: Shell, *args: str) -> dict[str, Any] | None:
+    result = subprocess.run(
+        [str(toolchain.bin_path("kubectl")), *args, "-o", "json"],
+        env=shell.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        assert "NotFound" in result.stderr, result.stderr
+        return None
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def shared_crd(shell: Shell) -> Iterator[None]:
+    """Put the CRD back after this module if another module had installed it."""
+    existed = kubectl_json(shell, "get", "crd", names.CRD_NAME) is not None
+    yield
+    if existed and kubectl_json(shell, "get", "crd", names.CRD_NAME) is None:
+        crd = toolchain.PROJECT_DIR / "crd"
+        subprocess.run(
+            [str(toolchain.bin_path("kubectl")), "apply", "--server-side", "-f", str(crd)],
+            env=shell.env,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+
+
+def _secret_key(shell: Shell, name: str) -> str:
+    secret = kubectl_json(shell, "get", "secret", "-n", NAMESPACE, name)
+    assert secret is not None, name
+    return base64.b64decode(secret["data"]["tls.key"]).decode()
+
+
+def _no_plaintext_keys(text: str, certs: certutil.CertSet) -> None:
+    for key in (certs.registry_key, certs.node_controller_key):
+        body = "".join(key.strip().splitlines()[1:-1])
+        assert body[:64] not in text.replace("\\n", "").replace("\n", "")
+        assert base64.b64encode(key.encode()).decode()[:64] not in text
+    assert "PRIVATE KEY" not in text
+
+
+def test_readme_blocks_deploy_check_and_remove(
+    shell: Shell, certs: certutil.CertSet, shared_crd: None
+) -> None:
+    deploy, repair, remove = readme_blocks()
+
+    # ---- deploy, line by line; the cluster is looked at between the lines that matter.
+    for line in deploy:
+        shell.run(line)
+        if line == "pulumi preview":
+            out = shell.output(line)
+            assert re.search(r"\d+ to create", out), out
+            assert kubectl_json(shell, "get", "namespace", NAMESPACE) is None, "preview created"
+    settings = yaml.safe_load((shell.cwd / "Pulumi.prod.yaml").read_text())
+    config = settings["config"]
+    assert config["pmem-csi:manageCrd"] in (True, "true")
+    dep = config["pmem-csi:deployments"][0]
+    assert dep["name"] == "pmem-csi.intel.com" and dep["deviceMode"] == "direct"
+    assert dep["certificates"]["caCert"].strip() == certs.ca_cert.strip()
+    # --secret: the stack file holds the private keys only encrypted.
+    assert set(dep["certificates"]["registryKey"]) == {"secure"}
+    assert set(dep["certificates"]["nodeControllerKey"]) == {"secure"}
+    _no_plaintext_keys((shell.cwd / "Pulumi.prod.yaml").read_text(), certs)
+
+    first_up = shell.output("pulumi up --yes")
+    assert re.search(r"\d+ created", first_up), first_up
+    sts = kubectl_json(shell, "get", "statefulset", "-n", NAMESPACE, f"{H}-controller")
+    ds = kubectl_json(shell, "get", "daemonset", "-n", NAMESPACE, f"{H}-node")
+    assert sts is not None and ds is not None
+    # The provided keys (read from the files by `pulumi config set`) reached the Secrets.
+    assert _secret_key(shell, f"{H}-registry-secrets").strip() == certs.registry_key.strip()
+    assert _secret_key(shell, f"{H}-node-secrets").strip() == certs.node_controller_key.strip()
+    for svc in (f"{H}-controller", f"{H}-metrics"):
+        obj = kubectl_json(shell, "get", "service", "-n", NAMESPACE, svc)
+        assert obj and obj["metadata"]["annotations"]["pulumi.com/skipAwait"] == "true"
+    cr = kubectl_json(shell, "get", "deployments.pmem-csi.intel.com", "pmem-csi.intel.com")
+    assert cr is not None and cr["spec"]["deviceMode"] == "direct"
+    assert "PRIVATE KEY" not in json.dumps(cr)
+    reporter = kubectl_json(shell, "get", "deployment", "-n", NAMESPACE, f"{H}-reporter")
+    assert reporter is not None
+    image = reporter["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "registry.example.com/pmem-csi-reporter:v1"
+
+    second_up = shell.output("pulumi up --yes --expect-no-changes")
+    assert not re.search(r"\d+ (created|updated|deleted|replaced)", second_up), second_up
+    assert re.search(r"\d+ unchanged", second_up), second_up
+
+    outputs = json.loads(shell.output("pulumi stack output deployments"))
+    assert outputs["pmem-csi.intel.com"]["namespace"] == NAMESPACE
+    assert outputs["pmem-csi.intel.com"]["caCert"].strip() == certs.ca_cert.strip()
+    _no_plaintext_keys(json.dumps(outputs), certs)
+
+    # ---- someone deletes the node DaemonSet; refresh notices, up restores it.
+    subprocess.run(
+        [str(toolchain.bin_path("kubectl")), "delete", "daemonset", "-n", NAMESPACE, f"{H}-node"],
+        env=shell.env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    uid_before = ds["metadata"]["uid"]
+    for line in repair:
+        shell.run(line)
+    refresh = shell.output("pulumi refresh --yes")
+    assert re.search(r"\d+ deleted", refresh), refresh
+    restored = kubectl_json(shell, "get", "daemonset", "-n", NAMESPACE, f"{H}-node")
+    assert restored is not None and restored["metadata"]["uid"] != uid_before
+    exported = (shell.cwd / "prod-state.json").read_text()
+    state = json.loads(exported)
+    assert any(
+        r["type"] == "kubernetes:apps/v1:DaemonSet" for r in state["deployment"]["resources"]
+    )
+    assert SECRET_SIG in exported
+    _no_plaintext_keys(exported, certs)
+
+    # ---- remove everything, the stack included.
+    for line in remove:
+        shell.run(line)
+    wait_for(
+        lambda: kubectl_json(shell, "get", "namespace", NAMESPACE) is None,
+        120,
+        "namespace pmem-csi deleted",
+    )
+    assert kubectl_json(shell, "get", "csidriver", "pmem-csi.intel.com") is None
+    stacks = shell.run("pulumi stack ls --json").stdout
+    assert [s["name"] for s in json.loads(stacks)] == []
+    # No command printed a private key (the CLI's progress, diffs and outputs included).
+    for _, result in shell.log:
+        _no_plaintext_keys(result.stdout + result.stderr, certs)
+
+
+def test_bad_config_fails_preview_with_one_message_naming_each_key(shell: Shell) -> None:
+    shell.run("pulumi stack init bad")
+    try:
+        shell.run("pulumi config set --path 'pmem-csi:deployments[0].deviceMode' foo")
+        shell.run("pulumi config set --path 'pmem-csi:deployments[0].pmemPercentage' 0")
+        shell.run("pulumi config set --path 'pmem-csi:deployments[0].await.timeout' soon")
+        shell.run("pulumi config set pmem-csi:manageCrds false")
+        result = shell.run("pulumi preview", check=False)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0, out
+        for key in (
+            "pmem-csi:deployments[0].deviceMode: must be one of lvm, direct",
+            "pmem-csi:deployments[0].pmemPercentage: must be at least 1",
+            "pmem-csi:deployments[0].await.timeout: must be a positive duration",
+            "pmem-csi:manageCrds: is not a known setting",
+        ):
+            assert out.count(key) == 1, (key, out)
+        # One error diagnostic (the progress line above it echoes only its first line), and
+        # no second copy from the language host ("program exited with ...").
+        diagnostics = out[out.index("Diagnostics:") :]
+        assert diagnostics.count("error:") == 1, out
+        assert "invalid stack configuration (4 problem(s))" in diagnostics, out
+        assert "program exited" not in out, out
+        assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    finally:
+        shell.run("pulumi stack rm --yes bad")
+
+
+# ---------------------------------------------------------------- interrupted and concurrent runs
+
+
+def _unique_stack(shell: Shell, stack: str) -> str:
+    """A stack whose one deployment has a name of its own; the CRD applied as documented."""
+    suffix = uuid.uuid4().hex[:6]
+    namespace = f"cli-{suffix}"
+    kubectl = str(toolchain.bin_path("kubectl"))
+    crd = str(toolchain.PROJECT_DIR / "crd")
+    subprocess.run(
+        [kubectl, "apply", "--server-side", "-f", crd], env=shell.env, check=True, timeout=60,
+        capture_output=True,
+    )
+    shell.run(f"pulumi stack init {stack}")
+    shell.run(f"pulumi config set --stack {stack} pmem-csi:manageCrd false")
+    shell.run(
+        f"pulumi config set --stack {stack} --path 'pmem-csi:deployments[0].name' "
+        f"{namespace}.pmem-csi.intel.com"
+    )
+    shell.run(
+        f"pulumi config set --stack {stack} --path 'pmem-csi:deployments[0].namespace' "
+        f"{namespace}"
+    )
+    return namespace
+
+
+def _start(shell: Shell, *args: str) -> subprocess.Popen[str]:
+    """A CLI run in a session of its own, as in a terminal (Ctrl-C reaches the whole group)."""
+    return subprocess.Popen(
+        [str(toolchain.bin_path("pulumi")), *args],
+        cwd=shell.cwd,
+        env=shell.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _read_until(proc: subprocess.Popen[str], pattern: str, lines: list[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if re.search(pattern, line):
+            return
+    raise AssertionError("".join(lines))
+
+
+def _namespaced_objects(shell: Shell, namespace: str) -> set[str]:
+    kinds = (
+        "statefulsets,daemonsets,deployments,services,secrets,serviceaccounts,roles,rolebindings"
+    )
+    got = kubectl_json(shell, "get", kinds, "-n", namespace) or {"items": []}
+    return {
+        f"{o['kind']}/{o['metadata']['name']}"
+        for o in got["items"]
+        if not (o["kind"] == "ServiceAccount" and o["metadata"]["name"] == "default")
+    }
+
+
+def _state(shell: Shell, stack: str) -> dict[str, Any]:
+    return json.loads(shell.run(f"pulumi stack export --stack {stack}").stdout)["deployment"]
+
+
+def _state_objects(state: dict[str, Any], namespace: str) -> set[str]:
+    out = set()
+    for r in state["resources"]:
+        meta = (r.get("outputs") or {}).get("metadata") or {}
+        if meta.get("namespace") == namespace:
+            out.add(f"{r['type'].rsplit(':', 1)[-1]}/{meta['name']}")
+    return out
+
+
+def _remove(shell: Shell, stack: str, namespace: str) -> None:
+    shell.run(f"pulumi destroy --yes --skip-preview --stack {stack}")
+    shell.run(f"pulumi stack rm --yes {stack}")
+    wait_for(
+        lambda: kubectl_json(shell, "get", "namespace", namespace) is None,
+        120,
+        f"namespace {namespace} deleted",
+    )
+
+
+def test_up_interrupted_with_ctrl_c_completes_when_run_again(shell: Shell) -> None:
+    stack = "interrupted"
+    namespace = _unique_stack(shell, stack)
+    try:
+        proc = _start(shell, "up", "--yes", "--skip-preview", "--stack", stack)
+        lines: list[str] = []
+        # Half way: some objects are created, the rest not yet.
+        _read_until(proc, r" created \(", lines)
+        os.killpg(proc.pid, signal.SIGINT)
+        rest, _ = proc.communicate(timeout=300)
+        out = "".join(lines) + rest
+        assert proc.returncode != 0, out
+        assert "cancel" in out.lower(), out
+        assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+        interrupted = _state(shell, stack)
+        assert not interrupted.get("pending_operations"), interrupted.get("pending_operations")
+
+        shell.run(f"pulumi up --yes --skip-preview --stack {stack}")
+        state = _state(shell, stack)
+        urns = [r["urn"] for r in state["resources"]]
+        assert len(urns) == len(set(urns)), "duplicate resources in the state"
+        assert len(urns) > len(interrupted["resources"]), "the interrupted run had finished"
+        assert not state.get("pending_operations")
+        # Nothing orphaned: every object in the namespace is one the state knows, and back.
+        assert _namespaced_objects(shell, namespace) == _state_objects(state, namespace)
+        shell.run(f"pulumi up --yes --expect-no-changes --stack {stack}")
+    finally:
+        _remove(shell, stack, namespace)
+
+
+def test_second_concurrent_up_is_refused_by_the_stack_lock(shell: Shell) -> None:
+    stack = "locked"
+    namespace = _unique_stack(shell, stack)
+    try:
+        first = _start(shell, "up", "--yes", "--skip-preview", "--stack", stack)
+        lines: list[str] = []
+        _read_until(first, r" creating ", lines)
+        second = shell.run(f"pulumi up --yes --skip-preview --stack {stack}", check=False)
+        rest, _ = first.communicate(timeout=300)
+        assert second.returncode != 0
+        assert "currently locked" in second.stdout + second.stderr, second
+        assert first.returncode == 0, "".join(lines) + rest
+        # Nothing damaged: the first run's result is complete and stable.
+        shell.run(f"pulumi up --yes --expect-no-changes --stack {stack}")
+        state = _state(shell, stack)
+        assert _namespaced_objects(shell, namespace) == _state_objects(state, namespace)
+    finally:
+        _remove(shell, stack, namespace)
+
+
+# ---------------------------------------------------------------- the language host itself
+
+PROBE_PROGRAM = '''\
+import sys
+
+import pulumi
+from pulumi.runtime import settings
+
+config = pulumi.Config()
+pulumi.export("plain", config.get("plain"))
+pulumi.export("secret", config.require_secret("secret"))
+pulumi.export("dryRun", pulumi.runtime.is_dry_run())
+pulumi.export("organization", pulumi.get_organization())
+pulumi.export("project", pulumi.get_project())
+pulumi.export("stack", pulumi.get_stack())
+pulumi.export("parallel", settings.SETTINGS.parallel)
+pulumi.export("interpreter", sys.executable)
+print("printed by the program")
+'''
+
+
+def test_language_host_passes_on_what_the_cli_sends(
+    pulumi_ready: dict[str, str], tmp_path: Path
+) -> None:
+    """A program that reports what it was given: config, secret, dry run, names, parallelism."""
+    project = tmp_path / "probe"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text("name: probe\nruntime: python\n")
+    (project / "__main__.py").write_text(PROBE_PROGRAM)
+    (project / ".venv").symlink_to(toolchain.PROJECT_DIR / ".venv")
+    backend = tmp_path / "backend"
+    backend.mkdir()
+    env = {**os.environ, **localenv.pulumi_env(), "PULUMI_BACKEND_URL": backend.as_uri()}
+    shell = Shell(project, env)
+    shell.run("pulumi stack init probe")
+    shell.run("pulumi config set plain hello")
+    shell.run("printf s3cr3t | pulumi config set --secret secret")
+    preview = shell.run("pulumi preview --parallel 3")
+    assert "printed by the program" in preview.stdout, preview.stdout
+    assert re.search(r'dryRun\s*:\s*true', preview.stdout), preview.stdout
+    shell.run("pulumi up --yes --skip-preview --parallel 3")
+    out = json.loads(shell.run("pulumi stack output --json --show-secrets").stdout)
+    assert out == {
+        "plain": "hello",
+        "secret": "s3cr3t",
+        "dryRun": False,
+        "organization": "organization",
+        "project": "probe",
+        "stack": "probe",
+        "parallel": 3,  # the CLI's --parallel
+        "interpreter": str(project / ".venv" / "bin" / "python"),
+    }
+    assert "s3cr3t" not in shell.run("pulumi stack output --json").stdout
+    shell.run("pulumi destroy --yes --skip-preview")
+    shell.run("pulumi stack rm --yes probe")
+    for _, result in shell.log:
+        assert "Traceback" not in result.stderr + result.stdout

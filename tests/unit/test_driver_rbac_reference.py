@@ -101,7 +101,9 @@ def test_driver_roles_are_bound_to_the_controller_service_account_only() -> None
     for cfg in CONFIGS:
         rbac = _driver_rbac(cfg)
         n = cfg.names
-        subject = [{"kind": "ServiceAccount", "name": n.service_account, "namespace": cfg.namespace}]
+        subject = [
+            {"kind": "ServiceAccount", "name": n.service_account, "namespace": cfg.namespace}
+        ]
         # Reference names: <hyphened>-controller, -external-provisioner-cfg/-runner.
         assert n.service_account == f"{n.hyphened}-controller"
         role, binding = rbac["Role"][0], rbac["RoleBinding"][0]

@@ -21,6 +21,7 @@ third deployment C comes and goes for the conflict and removal scenarios.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import time
 import uuid
@@ -690,58 +691,99 @@ def _service_ports(core: client.CoreV1Api, name: str, ns: str) -> list[tuple[int
     return [(p.port, p.target_port) for p in svc.spec.ports]
 
 
-def test_modified_service_ports_are_restored_by_up_refresh(
+MALFORMED = ["malformed", "options"]
+WORKLOADS = ("stateful_set", "daemon_set")
+
+
+def _workload_name(cfg: DeploymentConfig, kind: str) -> str:
+    return cfg.names.controller_driver if kind == "stateful_set" else cfg.names.node_driver
+
+
+def _commands(apps: client.AppsV1Api, cfg: DeploymentConfig) -> dict[str, list[str]]:
+    read = {k: getattr(apps, f"read_namespaced_{k}") for k in WORKLOADS}
+    return {
+        k: _container(read[k](_workload_name(cfg, k), cfg.namespace), "pmem-driver").command
+        for k in WORKLOADS
+    }
+
+
+def _edit_command(how: str, kind: str, cfg: DeploymentConfig, apps: client.AppsV1Api,
+                  kubectl: Callable[..., Any], command: list[str]) -> None:
+    """Set the pmem-driver container's command of a workload, the way ``how`` names."""
+    name, ns = _workload_name(cfg, kind), cfg.namespace
+    obj = getattr(apps, f"read_namespaced_{kind}")(name, ns)
+    if how == "update":  # the operator's test: client.Update, a PUT of the whole object
+        _container(obj, "pmem-driver").command = command
+        getattr(apps, f"replace_namespaced_{kind}")(name, ns, obj)
+    elif how == "kubectl-json-patch":
+        i = [c.name for c in obj.spec.template.spec.containers].index("pmem-driver")
+        path = f"/spec/template/spec/containers/{i}/command"
+        op = json.dumps([{"op": "replace", "path": path, "value": command}])
+        kubectl("patch", kind.replace("_", ""), name, "-n", ns, "--type=json", "-p", op)
+    else:  # kubectl patch (strategic merge: the container is merged by name)
+        patch = {"spec": {"template": {"spec": {"containers": [
+            {"name": "pmem-driver", "command": command}]}}}}
+        kubectl("patch", kind.replace("_", ""), name, "-n", ns, "--type=strategic",
+                "-p", json.dumps(patch))
+
+
+def test_objects_modified_with_kubectl_patch_are_restored_by_up_refresh(
     ops: Ops, kubectl: Callable[..., Any], api_client: Any
 ) -> None:
-    """"metrics service", "controller service": ports replaced with 1111 by ``kubectl patch``."""
-    b = ops.cfg("b")
-    core = client.CoreV1Api(api_client)
+    """"controller", "node driver": the pmem-driver command made malformed (A: ``kubectl
+    patch --type=json``, C: strategic merge); "metrics service", "controller service": ports
+    replaced with 1111 (B). One ``pulumi up --refresh`` restores them all."""
+    core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
+    a, b, c = ops.cfg("a"), ops.cfg("b"), ops.cfg("c")
     services = (b.names.controller_service, b.names.metrics_service)
-    before = {s: _service_ports(core, s, b.namespace) for s in services}
+    ports_before = {s: _service_ports(core, s, b.namespace) for s in services}
+    commands_before = {k: _commands(apps, ops.cfg(k)) for k in ("a", "c")}
     ports = '{"spec":{"ports":[{"port":1111,"targetPort":1111}]}}'
     for svc in services:
         kubectl("patch", "service", svc, "-n", b.namespace, "--type=merge", "-p", ports)
-        assert _service_ports(core, svc, b.namespace) != before[svc]
-    result = _up(ops.stack, "up --refresh after port edits", refresh=True)
+        assert _service_ports(core, svc, b.namespace) == [(1111, 1111)]
+    for cfg, how in ((a, "kubectl-json-patch"), (c, "kubectl-strategic-patch")):
+        for kind in WORKLOADS:
+            _edit_command(how, kind, cfg, apps, kubectl, MALFORMED)
+        assert _commands(apps, cfg) == {k: MALFORMED for k in WORKLOADS}
+
+    result = _up(ops.stack, "up --refresh after kubectl patches", refresh=True)
     assert result.summary.result == "succeeded"
-    assert {s: _service_ports(core, s, b.namespace) for s in services} == before
-    ops.wait_running("b")
+    assert {s: _service_ports(core, s, b.namespace) for s in services} == ports_before
+    assert {k: _commands(apps, ops.cfg(k)) for k in ("a", "c")} == commands_before
+    for key in ("a", "b"):
+        ops.wait_running(key)
 
 
 @pytest.mark.xfail(
     strict=True,
-    raises=AssertionError,
+    raises=auto.CommandError,
     reason=(
-        f"{DRIFT_ISSUE}: with server-side apply, fields another field manager (here "
-        "kubectl-patch) took over are not corrected by `pulumi up --refresh` "
-        "(README: known gaps)"
+        f"{DRIFT_ISSUE}: fields another field manager took over with a PUT (the operator "
+        "test's client.Update) make `pulumi up --refresh` fail with a server-side-apply "
+        "conflict (README: known gaps)"
     ),
 )
-def test_modified_driver_commands_are_restored_by_up_refresh(
+def test_objects_modified_with_an_update_are_restored_by_up_refresh(
     ops: Ops, kubectl: Callable[..., Any], api_client: Any
 ) -> None:
-    """"controller", "node driver": the pmem-driver container's command made malformed."""
+    """"controller", "node driver" exactly as the operator's test does it: a PUT of the
+    whole object with the pmem-driver command made malformed (B). The original command is put
+    back afterwards (same value: the next apply has nothing to conflict over)."""
     b = ops.cfg("b")
     apps = client.AppsV1Api(api_client)
-    read = {
-        "statefulset": lambda: apps.read_namespaced_stateful_set(
-            b.names.controller_driver, b.namespace),
-        "daemonset": lambda: apps.read_namespaced_daemon_set(b.names.node_driver, b.namespace),
-    }
-    before = {kind: _container(get(), "pmem-driver").command for kind, get in read.items()}
-    malformed = (
-        '{"spec":{"template":{"spec":{"containers":'
-        '[{"name":"pmem-driver","command":["malformed","options"]}]}}}}'
-    )
-    for kind, get in read.items():
-        name = get().metadata.name
-        kubectl("patch", kind, name, "-n", b.namespace, "--type=strategic", "-p", malformed)
-        assert _container(get(), "pmem-driver").command == ["malformed", "options"]
-    # Must not fail with a server-side-apply conflict (outside the xfail: raises= is narrow).
-    result = _up(ops.stack, "up --refresh after command edits", refresh=True)
-    assert result.summary.result == "succeeded"
-    after = {kind: _container(get(), "pmem-driver").command for kind, get in read.items()}
-    assert after == before
+    before = _commands(apps, b)
+    try:
+        for kind in WORKLOADS:
+            _edit_command("update", kind, b, apps, kubectl, MALFORMED)
+        assert _commands(apps, b) == {k: MALFORMED for k in WORKLOADS}
+        result = _up(ops.stack, "up --refresh after an update", refresh=True)
+        assert result.summary.result == "succeeded"
+        assert _commands(apps, b) == before
+    finally:
+        for kind in WORKLOADS:
+            if _commands(apps, b)[kind] != before[kind]:
+                _edit_command("update", kind, b, apps, kubectl, before[kind])
 
 
 # --------------------------------------------------------------------------------------------

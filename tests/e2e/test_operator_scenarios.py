@@ -126,11 +126,16 @@ class Ops:
         cfg = self.cfg(key)
         n = len(self.stopped) + len(self.reporters)
         kubeconfig = self.tmp / f"reporter-kubeconfig-{key}-{n}"
-        token_kubeconfig(self.api_client, self.kubeconfig, cfg.names.reporter, cfg.namespace,
-                         kubeconfig)
+        token_kubeconfig(
+            self.api_client, self.kubeconfig, cfg.names.reporter, cfg.namespace, kubeconfig
+        )
         proc = ReporterProcess(
-            kubeconfig, cfg.name, cfg.namespace, f"ops-{key}-{n}",
-            self.tmp / f"reporter-{key}-{n}.log", resync_seconds=2.0,
+            kubeconfig,
+            cfg.name,
+            cfg.namespace,
+            f"ops-{key}-{n}",
+            self.tmp / f"reporter-{key}-{n}.log",
+            resync_seconds=2.0,
         )
         self.reporters[key] = proc
         return proc
@@ -172,8 +177,11 @@ def ops(
     reporter = {"image": REPORTER_IMAGE}
     raws = {
         # "with defaults": nothing but the name (dotted), the namespace and the reporter image.
-        "a": {"name": f"a-{sfx}.test.deployment.example.org", "namespace": f"ops-a-{sfx}",
-              "reporter": reporter},
+        "a": {
+            "name": f"a-{sfx}.test.deployment.example.org",
+            "namespace": f"ops-a-{sfx}",
+            "reporter": reporter,
+        },
         # "with explicit values" (the operator's values) and "custom CA certificates".
         "b": {
             "name": f"b-{sfx}.test.deployment.example.org",
@@ -186,8 +194,12 @@ def ops(
             "reporter": reporter,
         },
         # Comes with a conflicting object and goes again (no reporter: kept short).
-        "c": {"name": f"c-{sfx}.test.deployment.example.org", "namespace": f"ops-c-{sfx}",
-              "adoptNamespace": True, "reporter": {"enabled": False}},
+        "c": {
+            "name": f"c-{sfx}.test.deployment.example.org",
+            "namespace": f"ops-c-{sfx}",
+            "adoptNamespace": True,
+            "reporter": {"enabled": False},
+        },
     }
     certs = {"b": certlib.generate_driver_certificates()}
     raws["b"]["certificates"] = _public(certs["b"])
@@ -261,7 +273,7 @@ def _container(workload: Any, name: str) -> Any:
 def test_defaults_explicit_values_several_dotted_deployments_and_custom_ca(
     ops: Ops, kube: Cluster, api_client: Any
 ) -> None:
-    """"with defaults", "with explicit values", "shall allow multiple deployments", "shall
+    """ "with defaults", "with explicit values", "shall allow multiple deployments", "shall
     support dots in the name", "shall be able to use custom CA certificates"."""
     assert ops.first_up is not None and ops.first_up.summary.result == "succeeded"
     apps = client.AppsV1Api(api_client)
@@ -306,7 +318,7 @@ def test_defaults_explicit_values_several_dotted_deployments_and_custom_ca(
 
 
 def test_kubectl_get_lists_the_expected_fields(ops: Ops, kubectl: Callable[..., Any]) -> None:
-    """"get deployment shall list expected fields", with the phase the reporter wrote."""
+    """ "get deployment shall list expected fields", with the phase the reporter wrote."""
     rows = kubectl("get", "deployments.pmem-csi.intel.com", "--no-headers").stdout.splitlines()
     for key, mode, image in (
         ("a", "lvm", "intel/pmem-csi-driver:canary"),
@@ -347,10 +359,10 @@ def test_reporter_credentials_cannot_read_other_secrets_or_change_any_spec(
     )
     try:
         # What it needs works (so the 403s below are about permissions, not a broken token).
-        assert _status_of(lambda: core.read_namespaced_secret(a.names.registry_secret,
-                                                               a.namespace)) == 200
-        assert _status_of(lambda: apps.read_namespaced_daemon_set(a.names.node_driver,
-                                                                  a.namespace)) == 200
+        assert (
+            _status_of(lambda: core.read_namespaced_secret(a.names.registry_secret, a.namespace))
+            == 200
+        )
         cr_args = (names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, a.name)
         assert _status_of(lambda: custom.patch_cluster_custom_object_status(*cr_args, {})) == 200
 
@@ -380,11 +392,21 @@ def test_reporter_credentials_cannot_read_other_secrets_or_change_any_spec(
         ):
             assert _status_of(patch) == 403
         ds = apps.read_namespaced_daemon_set(a.names.node_driver, a.namespace)
-        assert _status_of(lambda: apps.replace_namespaced_daemon_set(
-            a.names.node_driver, a.namespace, ds)) == 403
+        assert (
+            _status_of(
+                lambda: apps.replace_namespaced_daemon_set(a.names.node_driver, a.namespace, ds)
+            )
+            == 403
+        )
         sts = apps.read_namespaced_stateful_set(a.names.controller_driver, a.namespace)
-        assert _status_of(lambda: apps.replace_namespaced_stateful_set(
-            a.names.controller_driver, a.namespace, sts)) == 403
+        assert (
+            _status_of(
+                lambda: apps.replace_namespaced_stateful_set(
+                    a.names.controller_driver, a.namespace, sts
+                )
+            )
+            == 403
+        )
         assert ops.cr("a")["spec"] == build_spec(a)  # nothing got through
     finally:
         admin_core.delete_namespaced_secret(other, a.namespace)
@@ -398,24 +420,28 @@ def test_reporter_credentials_cannot_read_another_drivers_objects(ops: Ops) -> N
     custom = client.CustomObjectsApi(token)
     calls = {
         "get B's registry Secret": lambda: core.read_namespaced_secret(
-            b.names.registry_secret, b.namespace),
+            b.names.registry_secret, b.namespace
+        ),
         "get B's DaemonSet": lambda: apps.read_namespaced_daemon_set(
-            b.names.node_driver, b.namespace),
+            b.names.node_driver, b.namespace
+        ),
         "list B's StatefulSets": lambda: apps.list_namespaced_stateful_set(b.namespace),
         "list B's pods": lambda: core.list_namespaced_pod(b.namespace),
         "get B's Service": lambda: core.read_namespaced_service(
-            b.names.controller_service, b.namespace),
+            b.names.controller_service, b.namespace
+        ),
         "list DaemonSets everywhere": lambda: apps.list_daemon_set_for_all_namespaces(),
         "get B's CR": lambda: custom.get_cluster_custom_object(
-            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, b.name),
+            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, b.name
+        ),
         "list all CRs": lambda: custom.list_cluster_custom_object(
-            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL),
+            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL
+        ),
         "patch B's CR status": lambda: custom.patch_cluster_custom_object_status(
-            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, b.name, {}),
+            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, b.name, {}
+        ),
     }
-    assert {what: _status_of(call) for what, call in calls.items()} == {
-        what: 403 for what in calls
-    }
+    assert {what: _status_of(call) for what, call in calls.items()} == {what: 403 for what in calls}
     # The API server's own answer agrees (SelfSubjectAccessReview as the reporter).
     authz = client.AuthorizationV1Api(token)
     for verb, group, resource, ns in (
@@ -424,8 +450,16 @@ def test_reporter_credentials_cannot_read_another_drivers_objects(ops: Ops) -> N
         ("update", "apps", "daemonsets", ops.cfg("a").namespace),
     ):
         review = authz.create_self_subject_access_review(
-            {"spec": {"resourceAttributes": {
-                "verb": verb, "group": group, "resource": resource, "namespace": ns}}}
+            {
+                "spec": {
+                    "resourceAttributes": {
+                        "verb": verb,
+                        "group": group,
+                        "resource": resource,
+                        "namespace": ns,
+                    }
+                }
+            }
         )
         assert review.status.allowed is False, (verb, resource, ns)
 
@@ -448,12 +482,9 @@ def test_reporter_credentials_cannot_read_another_drivers_cluster_scoped_objects
     storage, rbac = client.StorageV1Api(token), client.RbacAuthorizationV1Api(token)
     calls = {
         "get B's CSIDriver": lambda: storage.read_csi_driver(b.name),
-        "get B's ClusterRole": lambda: rbac.read_cluster_role(
-            b.names.provisioner_cluster_role),
+        "get B's ClusterRole": lambda: rbac.read_cluster_role(b.names.provisioner_cluster_role),
     }
-    assert {what: _status_of(call) for what, call in calls.items()} == {
-        what: 403 for what in calls
-    }
+    assert {what: _status_of(call) for what, call in calls.items()} == {what: 403 for what in calls}
 
 
 def test_reporter_rules_write_nothing_but_its_status_events_and_lease(ops: Ops) -> None:
@@ -481,7 +512,9 @@ def test_reporter_rules_write_nothing_but_its_status_events_and_lease(ops: Ops) 
                 assert rule.resource_names == [a.name], rule
         if ns == b.namespace:
             namespaced = {
-                r for rule in review.status.resource_rules for r in rule.resources
+                r
+                for rule in review.status.resource_rules
+                for r in rule.resources
                 if r in {"pods", "daemonsets", "statefulsets", "secrets", "services", "leases"}
             }
             assert namespaced == set(), f"rules in another driver's namespace: {namespaced}"
@@ -503,8 +536,10 @@ def test_driver_keeps_running_while_the_reporter_is_down(
         sts = apps.read_namespaced_stateful_set(a.names.controller_driver, a.namespace)
         return (
             sorted((p.metadata.uid, p.status.phase) for p in pods),
-            ds.metadata.generation, ds.status.number_ready,
-            sts.metadata.generation, sts.status.ready_replicas,
+            ds.metadata.generation,
+            ds.status.number_ready,
+            sts.metadata.generation,
+            sts.status.ready_replicas,
         )
 
     ops.wait_running("a")
@@ -617,11 +652,12 @@ def test_editing_every_field_with_and_without_the_reporter_running(
         assert node.resources.limits == {"cpu": "501m", "memory": "501Mi"}
         assert ds.spec.template.spec.node_selector == edits["nodeSelector"]
         assert ds.metadata.labels["foo"] == "bar"
-        assert any(v.host_path and v.host_path.path.startswith("/foo/bar/")
-                   for v in ds.spec.template.spec.volumes)
+        assert any(
+            v.host_path and v.host_path.path.startswith("/foo/bar/")
+            for v in ds.spec.template.spec.volumes
+        )
         sts = apps.read_namespaced_stateful_set(cfg.names.controller_driver, cfg.namespace)
-        assert _container(sts, "pmem-driver").resources.limits == {"cpu": "201m",
-                                                                   "memory": "101Mi"}
+        assert _container(sts, "pmem-driver").resources.limits == {"cpu": "201m", "memory": "101Mi"}
         assert _container(sts, "external-provisioner").image == "test-provisioner"
         assert _container(ds, "driver-registrar").image == "still-no-such-registrar-image"
     assert secret_data(core, ops.cfg("a").names.node_secret, ops.cfg("a").namespace) == {
@@ -630,9 +666,7 @@ def test_editing_every_field_with_and_without_the_reporter_running(
         "tls.key": new_certs.node_controller_key,
     }
     b = ops.cfg("b")
-    assert secret_data(core, b.names.registry_secret, b.namespace)["ca.crt"] != (
-        new_certs.ca_cert
-    )
+    assert secret_data(core, b.names.registry_secret, b.namespace)["ca.crt"] != (new_certs.ca_cert)
     # B's reporter followed while running; A's, started now, finds the edited driver healthy.
     ops.wait_running("b")
     ops.start_reporter("a")
@@ -656,8 +690,11 @@ def test_deleted_sub_objects_show_in_the_cr_and_up_refresh_recreates_them(
     ops.wait_running("a")
     for obj in targets:
         res = kube.resource(obj["apiVersion"], obj["kind"])
-        res.delete(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"),
-                   body={"propagationPolicy": "Background"})
+        res.delete(
+            name=obj["metadata"]["name"],
+            namespace=obj["metadata"].get("namespace"),
+            body={"propagationPolicy": "Background"},
+        )
 
     def all_named() -> dict[str, Any]:
         cond = condition(ops.cr("a").get("status") or {}, "DriverDeployed")
@@ -707,8 +744,14 @@ def _commands(apps: client.AppsV1Api, cfg: DeploymentConfig) -> dict[str, list[s
     }
 
 
-def _edit_command(how: str, kind: str, cfg: DeploymentConfig, apps: client.AppsV1Api,
-                  kubectl: Callable[..., Any], command: list[str]) -> None:
+def _edit_command(
+    how: str,
+    kind: str,
+    cfg: DeploymentConfig,
+    apps: client.AppsV1Api,
+    kubectl: Callable[..., Any],
+    command: list[str],
+) -> None:
     """Set the pmem-driver container's command of a workload, the way ``how`` names."""
     name, ns = _workload_name(cfg, kind), cfg.namespace
     obj = getattr(apps, f"read_namespaced_{kind}")(name, ns)
@@ -721,16 +764,27 @@ def _edit_command(how: str, kind: str, cfg: DeploymentConfig, apps: client.AppsV
         op = json.dumps([{"op": "replace", "path": path, "value": command}])
         kubectl("patch", kind.replace("_", ""), name, "-n", ns, "--type=json", "-p", op)
     else:  # kubectl patch (strategic merge: the container is merged by name)
-        patch = {"spec": {"template": {"spec": {"containers": [
-            {"name": "pmem-driver", "command": command}]}}}}
-        kubectl("patch", kind.replace("_", ""), name, "-n", ns, "--type=strategic",
-                "-p", json.dumps(patch))
+        patch = {
+            "spec": {
+                "template": {"spec": {"containers": [{"name": "pmem-driver", "command": command}]}}
+            }
+        }
+        kubectl(
+            "patch",
+            kind.replace("_", ""),
+            name,
+            "-n",
+            ns,
+            "--type=strategic",
+            "-p",
+            json.dumps(patch),
+        )
 
 
 def test_objects_modified_with_kubectl_patch_are_restored_by_up_refresh(
     ops: Ops, kubectl: Callable[..., Any], api_client: Any
 ) -> None:
-    """"controller", "node driver": the pmem-driver command made malformed (A: ``kubectl
+    """ "controller", "node driver": the pmem-driver command made malformed (A: ``kubectl
     patch --type=json``, C: strategic merge); "metrics service", "controller service": ports
     replaced with 1111 (B). One ``pulumi up --refresh`` restores them all."""
     core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
@@ -767,7 +821,7 @@ def test_objects_modified_with_kubectl_patch_are_restored_by_up_refresh(
 def test_objects_modified_with_an_update_are_restored_by_up_refresh(
     ops: Ops, kubectl: Callable[..., Any], api_client: Any
 ) -> None:
-    """"controller", "node driver" exactly as the operator's test does it: a PUT of the
+    """ "controller", "node driver" exactly as the operator's test does it: a PUT of the
     whole object with the pmem-driver command made malformed (B). The original command is put
     back afterwards (same value: the next apply has nothing to conflict over)."""
     b = ops.cfg("b")
@@ -790,9 +844,7 @@ def test_objects_modified_with_an_update_are_restored_by_up_refresh(
 # removal (the operator's DeleteDeploymentCR after every scenario)
 
 
-def test_removing_a_deployment_deletes_its_objects_only(
-    ops: Ops, kube: Cluster
-) -> None:
+def test_removing_a_deployment_deletes_its_objects_only(ops: Ops, kube: Cluster) -> None:
     c = ops.cfg("c")
     others = {k: _uids(kube, ops.cfg(k)) for k in ("a", "b")}
     assert kube.get(bundle.build_deployment_objects(c).deployment_cr) is not None

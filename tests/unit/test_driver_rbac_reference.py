@@ -92,9 +92,7 @@ def test_driver_roles_grant_exactly_the_reference_rules() -> None:
         assert sorted(rbac) == ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"]
         assert all(len(objs) == 1 for objs in rbac.values()), rbac
         assert _grants(rbac["Role"][0]["rules"]) == _reference(REFERENCE_ROLE_RULES)
-        assert _grants(rbac["ClusterRole"][0]["rules"]) == _reference(
-            REFERENCE_CLUSTER_ROLE_RULES
-        )
+        assert _grants(rbac["ClusterRole"][0]["rules"]) == _reference(REFERENCE_CLUSTER_ROLE_RULES)
 
 
 def test_driver_roles_are_bound_to_the_controller_service_account_only() -> None:

@@ -294,7 +294,8 @@ def test_defaults_explicit_values_several_dotted_deployments_and_custom_ca(
     assert driver_a.image_pull_policy == "IfNotPresent"
     assert driver_a.resources.limits == {"cpu": "100m", "memory": "250Mi"}
     ds_a = apps.read_namespaced_daemon_set(a.names.node_driver, a.namespace)
-    assert "-deviceManager=lvm" in _container(ds_a, "pmem-driver").command
+    node_a = _container(ds_a, "pmem-driver").command
+    assert "-deviceManager=lvm" in node_a and "-pmemPercentage=100" in node_a
     assert ds_a.spec.template.spec.node_selector == {"storage": "pmem"}
 
     # Explicit values reach the workloads.
@@ -319,13 +320,14 @@ def test_defaults_explicit_values_several_dotted_deployments_and_custom_ca(
 
 def test_kubectl_get_lists_the_expected_fields(ops: Ops, kubectl: Callable[..., Any]) -> None:
     """ "get deployment shall list expected fields", with the phase the reporter wrote."""
+    for key in ("a", "b"):
+        ops.wait_running(key)
     rows = kubectl("get", "deployments.pmem-csi.intel.com", "--no-headers").stdout.splitlines()
     for key, mode, image in (
         ("a", "lvm", "intel/pmem-csi-driver:canary"),
         ("b", "direct", "unexisting/pmem-csi-driver"),
     ):
         cfg = ops.cfg(key)
-        ops.wait_running(key)
         row = next(r for r in rows if r.split()[0] == cfg.name)
         pattern = rf"{re.escape(cfg.name)}\s+{mode}\s+.*\"storage\":\"pmem\".*\s+{re.escape(image)}"
         assert re.match(pattern + r"\s+Running\s+[0-9]+(s|m)", row), row

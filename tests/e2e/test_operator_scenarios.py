@@ -833,7 +833,12 @@ def test_objects_modified_with_an_update_are_restored_by_up_refresh(
         for kind in WORKLOADS:
             _edit_command("update", kind, b, apps, kubectl, MALFORMED)
         assert _commands(apps, b) == {k: MALFORMED for k in WORKLOADS}
-        result = _up(ops.stack, "up --refresh after an update", refresh=True)
+        try:
+            result = _up(ops.stack, "up --refresh after an update", refresh=True)
+        except auto.CommandError as err:
+            # The known gap and nothing else (an AssertionError here is a real failure).
+            assert "Server-Side Apply field conflict" in str(err), str(err)[-3000:]
+            raise
         assert result.summary.result == "succeeded"
         assert _commands(apps, b) == before
     finally:

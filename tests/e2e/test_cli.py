@@ -420,3 +420,62 @@ def test_second_concurrent_up_is_refused_by_the_stack_lock(shell: Shell) -> None
         assert _namespaced_objects(shell, namespace) == _state_objects(state, namespace)
     finally:
         _remove(shell, stack, namespace)
+
+
+# ---------------------------------------------------------------- the language host itself
+
+PROBE_PROGRAM = '''\
+import sys
+
+import pulumi
+from pulumi.runtime import settings
+
+config = pulumi.Config()
+pulumi.export("plain", config.get("plain"))
+pulumi.export("secret", config.require_secret("secret"))
+pulumi.export("dryRun", pulumi.runtime.is_dry_run())
+pulumi.export("organization", pulumi.get_organization())
+pulumi.export("project", pulumi.get_project())
+pulumi.export("stack", pulumi.get_stack())
+pulumi.export("parallel", settings.SETTINGS.parallel)
+pulumi.export("interpreter", sys.executable)
+print("printed by the program")
+'''
+
+
+def test_language_host_passes_on_what_the_cli_sends(
+    pulumi_ready: dict[str, str], tmp_path: Path
+) -> None:
+    """A program that reports what it was given: config, secret, dry run, names, parallelism."""
+    project = tmp_path / "probe"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text("name: probe\nruntime: python\n")
+    (project / "__main__.py").write_text(PROBE_PROGRAM)
+    (project / ".venv").symlink_to(toolchain.PROJECT_DIR / ".venv")
+    backend = tmp_path / "backend"
+    backend.mkdir()
+    env = {**os.environ, **localenv.pulumi_env(), "PULUMI_BACKEND_URL": backend.as_uri()}
+    shell = Shell(project, env)
+    shell.run("pulumi stack init probe")
+    shell.run("pulumi config set plain hello")
+    shell.run("printf s3cr3t | pulumi config set --secret secret")
+    preview = shell.run("pulumi preview --parallel 3")
+    assert "printed by the program" in preview.stdout, preview.stdout
+    assert re.search(r'dryRun\s*:\s*true', preview.stdout), preview.stdout
+    shell.run("pulumi up --yes --skip-preview --parallel 3")
+    out = json.loads(shell.run("pulumi stack output --json --show-secrets").stdout)
+    assert out == {
+        "plain": "hello",
+        "secret": "s3cr3t",
+        "dryRun": False,
+        "organization": "organization",
+        "project": "probe",
+        "stack": "probe",
+        "parallel": 3,  # the CLI's --parallel
+        "interpreter": str(project / ".venv" / "bin" / "python"),
+    }
+    assert "s3cr3t" not in shell.run("pulumi stack output --json").stdout
+    shell.run("pulumi destroy --yes --skip-preview")
+    shell.run("pulumi stack rm --yes probe")
+    for _, result in shell.log:
+        assert "Traceback" not in result.stderr + result.stdout

@@ -37,6 +37,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -335,6 +336,11 @@ def assert_converged(admin: Admin, sc: Scenario, *, preview: bool = True) -> dic
     return _uids(found)
 
 
+def _report(what: str, started: float) -> None:
+    """The README table's recovery times come from here (``pytest -s``); never asserted."""
+    print(f"\nrecovery {what}: the README steps took {time.monotonic() - started:.1f} s")
+
+
 def _select(admin: Admin, sc: Scenario) -> None:
     """The README's steps act on the selected stack, as an administrator's shell does."""
     admin.run(f"pulumi stack select {sc.stack}")
@@ -376,8 +382,10 @@ def test_up_stopped_with_ctrl_c_half_way_completes_when_run_again(
     _open_gate(admin, sc)
     _select(admin, sc)
     assert after_ctrl_c[-1] == NO_CHANGES
+    started = time.monotonic()
     for line in after_ctrl_c:
         admin.run(line)
+    _report("after Ctrl-C", started)
     after = assert_converged(admin, sc, preview=False)
     # The objects from the interrupted run were kept, not replaced.
     assert {k: after[k] for k in before} == before
@@ -414,12 +422,16 @@ def test_up_killed_recovers_with_the_documented_steps(admin: Admin, scenario: Sc
 
     _open_gate(admin, sc)
     assert after_kill[-1] == NO_CHANGES
+    started, checks = time.monotonic(), 0.0
     for line in after_kill:
         admin.run(line)
+        check_start = time.monotonic()
         if line == "pulumi cancel --yes":
             assert admin.lock_files(sc.stack) == []
         if line.startswith("pulumi refresh"):
             assert _pending(_state(admin, sc)) == []
+        checks += time.monotonic() - check_start
+    _report("after a kill", started + checks)
     uids = assert_converged(admin, sc, preview=False)
     # The StatefulSet the killed run created was taken over, not duplicated or replaced.
     assert uids[sc.statefulset()] == killed_sts

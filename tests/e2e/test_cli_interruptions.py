@@ -162,6 +162,17 @@ class Scenario:
         every = [o.namespace, *o.secrets, o.csi_driver, *o.controller, *o.node, *o.reporter]
         return [obj for obj in [*every, o.deployment_cr] if obj is not None]
 
+    def kinds(self) -> str:
+        """The kinds the program makes, as one kubectl resource list."""
+        kinds = set()
+        for obj in self.built():
+            group = obj["apiVersion"].rpartition("/")[0]
+            kinds.add(f"{obj['kind'].lower()}.{group}" if group else obj["kind"].lower())
+        return ",".join(sorted(kinds))
+
+    def selector(self) -> str:
+        return f"{names.LABEL_INSTANCE}={self.cfg.names.hyphened}"
+
     def expected(self) -> list[Key]:
         """What the builders say this config makes: the truth the cluster is held to."""
         return sorted(_key(o) for o in self.built())
@@ -225,6 +236,8 @@ def scenario(admin: Admin, request: pytest.FixtureRequest) -> Iterator[Scenario]
         admin.run(f"pulumi cancel --yes --stack {sc.stack}", check=False)
         admin.run(f"pulumi destroy --yes --skip-preview --stack {sc.stack}")
         admin.run(f"pulumi stack rm --yes {sc.stack}")
+        # What no state knew of (a create cut short, a failed test) must not reach later tests.
+        admin.kubectl("delete", sc.kinds(), "-A", "-l", sc.selector(), "--wait=false")
 
 
 def _start_up(admin: Admin, sc: Scenario) -> subprocess.Popen[str]:
@@ -272,6 +285,26 @@ def _open_gate(admin: Admin, sc: Scenario) -> None:
     admin.kubectl("label", "--overwrite", node, f"{GATE_LABEL}={sc.suffix}")
 
 
+def _wait_at_the_gate(
+    admin: Admin, sc: Scenario, proc: subprocess.Popen[str], lines: list[str]
+) -> list[Key]:
+    """Until the run has saved every object but the StatefulSet, whose create waits at the gate.
+
+    The provider's await message comes after the engine saved the create as pending; the
+    other steps' ends are printed before they are saved, hence the poll of the saved state.
+    Returns the objects created.
+    """
+    _read_until(proc, r"StatefulSet .* Waiting for StatefulSet", lines)
+    others = sorted(set(sc.expected()) - {sc.statefulset()})
+
+    def only_the_statefulset_pending() -> bool:
+        state = _state(admin, sc)
+        return _pending(state) == [STS_CREATE] and _state_objects(state) == others
+
+    wait_for(only_the_statefulset_pending, 120, "only the StatefulSet's create pending")
+    return others
+
+
 def _state(admin: Admin, sc: Scenario) -> dict[str, Any]:
     return json.loads(admin.run(f"pulumi stack export --stack {sc.stack}").stdout)["deployment"]
 
@@ -286,18 +319,22 @@ def _state_objects(state: dict[str, Any]) -> list[Key]:
     return sorted(out)
 
 
+def _creates_cut_short(out: str) -> set[Key]:
+    """Objects whose create the CLI reports as failed (display: ``ns/name`` or ``name``)."""
+    cut = set()
+    for m in re.finditer(r"^ \+  kubernetes:\S*:(\w+) (\S+) \*\*creating failed\*\*", out, re.M):
+        namespace, _, name = m.group(2).rpartition("/")
+        cut.add((m.group(1), namespace, name))
+    return cut
+
+
 def _pending(state: dict[str, Any]) -> list[tuple[str, str]]:
     return [(op["type"], op["resource"]["type"]) for op in state.get("pending_operations") or []]
 
 
 def _cluster_objects(admin: Admin, sc: Scenario) -> dict[Key, list[str]]:
     """Every object of the kinds the program makes that carries this deployment's label."""
-    kinds = set()
-    for obj in sc.built():
-        group = obj["apiVersion"].rpartition("/")[0]
-        kinds.add(f"{obj['kind'].lower()}.{group}" if group else obj["kind"].lower())
-    selector = f"{names.LABEL_INSTANCE}={sc.cfg.names.hyphened}"
-    got = admin.kubectl("get", ",".join(sorted(kinds)), "-A", "-l", selector, "-o", "json")
+    got = admin.kubectl("get", sc.kinds(), "-A", "-l", sc.selector(), "-o", "json")
     uids: dict[Key, list[str]] = {}
     for obj in json.loads(got.stdout)["items"]:
         uids.setdefault(_key(obj), []).append(obj["metadata"]["uid"])
@@ -363,21 +400,31 @@ def test_up_stopped_with_ctrl_c_half_way_completes_when_run_again(
     rest, _ = proc.communicate(timeout=300)
     out = "".join(lines) + rest
     assert proc.returncode != 0, out
-    assert "^C received; cancelling" in out and "update canceled" in out, out
+    assert "^C received; cancelling" in out, out
+    # The engine starts nothing new and tells the provider to cancel: operations under way
+    # either finish ("update canceled") or are cut short ("context canceled", "update failed").
+    cut_short = _creates_cut_short(out)
+    assert ("context canceled" if cut_short else "update canceled") in out, out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
     # The engine and its plugins are gone, and so is the lock.
     wait_for(lambda: not _session_pids(proc.pid), 30, "the interrupted run's processes to exit")
     assert admin.lock_files(sc.stack) == []
 
-    # What the interrupted run created is exactly what its state records: nothing orphaned.
     state = _state(admin, sc)
     assert _pending(state) == []
     recorded = _state_objects(state)
     found = _cluster_objects(admin, sc)
-    assert sorted(found) == recorded
+    # Every recorded object exists. One that exists unrecorded is one whose create was cut
+    # short after its request had reached the API server: why the README says `up`, not
+    # `destroy`, next. Which case a run meets depends on timing; both are checked.
+    untracked = set(found) - set(recorded)
+    print(f"\nCtrl-C: creates cut short {sorted(cut_short)}, untracked {sorted(untracked)}")
+    assert set(recorded) <= set(found)
+    assert untracked <= cut_short, (untracked, cut_short)
+    # Half way: the namespace was created; the controller's create had not even started (it
+    # waits for the certificates and Secrets, seconds after the namespace).
     assert ("Namespace", "", sc.namespace) in recorded
-    assert sc.statefulset() not in recorded
-    assert set(recorded) < set(sc.expected())
+    assert sc.statefulset() not in found
     before = _uids(found)
 
     _open_gate(admin, sc)
@@ -388,7 +435,7 @@ def test_up_stopped_with_ctrl_c_half_way_completes_when_run_again(
         admin.run(line)
     _report("after Ctrl-C", started)
     after = assert_converged(admin, sc, preview=False)
-    # The objects from the interrupted run were kept, not replaced.
+    # The objects from the interrupted run, recorded or not, were kept, not replaced.
     assert {k: after[k] for k in before} == before
 
 
@@ -397,25 +444,14 @@ def test_up_killed_recovers_with_the_documented_steps(admin: Admin, scenario: Sc
     _, after_kill = readme_blocks()
     proc = _start_up(admin, sc)
     lines: list[str] = []
-    # The provider reports its await: the create is recorded as a pending operation by now
-    # (the engine saves it before calling the provider), and it cannot finish (the gate).
-    _read_until(proc, r"StatefulSet .* Waiting for StatefulSet", lines)
-    # Then wait until the saved state shows every other object created and only the gated
-    # create pending (the CLI prints a step's end before it saves it): the kill always hits
-    # the same point, all but the StatefulSet.
-    others = sorted(set(sc.expected()) - {sc.statefulset()})
-
-    def only_the_statefulset_pending() -> bool:
-        state = _state(admin, sc)
-        return _pending(state) == [STS_CREATE] and _state_objects(state) == others
-
-    wait_for(only_the_statefulset_pending, 120, "only the StatefulSet's create pending")
+    others = _wait_at_the_gate(admin, sc, proc, lines)  # the kill always hits this point
     proc.kill()  # SIGKILL to the CLI alone, as the OOM killer or `kill -9 PID` does
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     # The plugins it started are not told; end them by pid as the README says.
     for pid in _session_pids(proc.pid):
-        os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     state = _state(admin, sc)
     assert _pending(state) == [STS_CREATE]
@@ -454,8 +490,9 @@ def test_second_up_while_one_runs_is_refused_by_the_stack_lock(
     sc = scenario
     first = _start_up(admin, sc)
     lines: list[str] = []
-    _read_until(first, r"StatefulSet .* Waiting for StatefulSet", lines)
-    # The first run holds the lock and is held at the gate: the two overlap for certain.
+    _wait_at_the_gate(admin, sc, first, lines)
+    # The first run holds the lock and waits at the gate, doing nothing else: the runs overlap
+    # for certain, and whatever changes from here on was done by the second.
     before = _uids(_cluster_objects(admin, sc))
     state_before = _state(admin, sc)
     for line in (

@@ -53,16 +53,24 @@ USER_ACTIONABLE_EXIT = 32
 EXECUTOR_NAME = "pulumi-language-python-exec"
 # The executor starts as the host does (see langhost.sh): stderr on /dev/null, the real one on
 # fd 3, until its quiet signal handlers are installed (restore_stderr).
-QUIET_START = ["/bin/sh", "-c", 'exec "$0" "$@" 3>&2 2>/dev/null']
+QUIET_START = [
+    "/bin/sh",
+    "-c",
+    'PMEM_CSI_PARKED_STDERR=3 exec "$0" "$@" 3>&2 2>/dev/null',
+]
+PARKED_STDERR_ENV = "PMEM_CSI_PARKED_STDERR"
 
 
 def restore_stderr() -> None:
-    """Point fd 2 back at the real stderr that the launcher parked on fd 3 (if it did)."""
+    """Point fd 2 back at the real stderr that the launcher parked (only if it did)."""
+    fd = os.environ.pop(PARKED_STDERR_ENV, None)
+    if fd is None:
+        return
     try:
-        os.dup2(3, 2)
-        os.close(3)
-    except OSError:
-        pass  # started without the launcher: stderr was never redirected
+        os.dup2(int(fd), 2)
+        os.close(int(fd))
+    except (OSError, ValueError):
+        pass
 
 
 def _reexec_in_project_venv() -> None:

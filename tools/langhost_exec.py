@@ -90,12 +90,15 @@ def _exit_quietly(signum: int, frame: object) -> None:
 
 
 def _restore_stderr() -> None:
-    """The host starts us with stderr parked on fd 3 (a stop during start-up stays silent)."""
+    """The host starts us with stderr parked (a stop during start-up stays silent)."""
+    fd = os.environ.pop("PMEM_CSI_PARKED_STDERR", None)
+    if fd is None:
+        return
     try:
-        os.dup2(3, 2)
-        os.close(3)
-    except OSError:
-        pass  # started directly, stderr never redirected
+        os.dup2(int(fd), 2)
+        os.close(int(fd))
+    except (OSError, ValueError):
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -259,6 +259,9 @@ def test_readme_blocks_deploy_check_and_remove(
     assert kubectl_json(shell, "get", "csidriver", "pmem-csi.intel.com") is None
     stacks = shell.run("pulumi stack ls --json").stdout
     assert [s["name"] for s in json.loads(stacks)] == []
+    # No command printed a private key (the CLI's progress, diffs and outputs included).
+    for _, result in shell.log:
+        _no_plaintext_keys(result.stdout + result.stderr, certs)
 
 
 def test_bad_config_fails_preview_with_one_message_naming_each_key(shell: Shell) -> None:

@@ -31,6 +31,10 @@ def test_demo_deploys_the_local_stack_and_reports_running(
             timeout=600,
         )
         assert result.returncode == 0, result.stderr[-4000:]
+        # The administrator's commands, with the CLI's own progress output (on stderr).
+        assert "pulumi stack select --create local" in result.stderr
+        assert "Updating (local):" in result.stderr, result.stderr[-4000:]
+        assert "Traceback" not in result.stderr, result.stderr[-4000:]
         lines = result.stdout.splitlines()
         assert lines[0].split() == ["NAME", "DEVICEMODE", "NODESELECTOR", "IMAGE", "STATUS", "AGE"]
         row = lines[1].split()

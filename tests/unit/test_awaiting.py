@@ -105,3 +105,14 @@ def test_await_config_errors_name_each_key() -> None:
     # As `pulumi config set --path` stores them: strings.
     dep = load_config({"deployments": [{"await": {"enabled": "false"}}]}).deployments[0]
     assert dep.await_.enabled is False
+
+
+def test_production_example_documents_a_valid_await_block() -> None:
+    import yaml
+
+    from tools import toolchain
+
+    example = toolchain.PROJECT_DIR / "Pulumi.production.example.yaml"
+    dep = yaml.safe_load(example.read_text())["config"]["pmem-csi:deployments"][0]
+    parsed = load_config({"deployments": [{"await": dep["await"]}]}).deployments[0]
+    assert (parsed.await_.enabled, parsed.await_.timeout) == (True, "20m")

@@ -210,3 +210,18 @@ def test_host_stopped_at_any_moment_of_its_start_is_quiet(tmp_path: Path, delay:
     # its own status (-2 or 1), after that ours (0); never with a traceback.
     assert proc.returncode is not None
     assert err == ""
+
+
+def test_host_errors_reach_stderr_after_the_quiet_start(tmp_path: Path) -> None:
+    # The launcher parks stderr during Python's start-up; real errors must still be seen.
+    toolchain.install_language_host(tmp_path)
+    (tmp_path / "pulumi-language-python-exec").unlink()
+    result = subprocess.run(
+        [str(tmp_path / "pulumi-language-python"), "127.0.0.1:1"],
+        env=_venv_first(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "missing executor" in result.stderr

@@ -23,9 +23,7 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,137 +290,7 @@ def test_bad_config_fails_preview_with_one_message_naming_each_key(shell: Shell)
         shell.run("pulumi stack rm --yes bad")
 
 
-# ---------------------------------------------------------------- interrupted and concurrent runs
-
-
-def _unique_stack(shell: Shell, stack: str) -> str:
-    """A stack whose one deployment has a name of its own; the CRD applied as documented."""
-    suffix = uuid.uuid4().hex[:6]
-    namespace = f"cli-{suffix}"
-    kubectl = str(toolchain.bin_path("kubectl"))
-    crd = str(toolchain.PROJECT_DIR / "crd")
-    subprocess.run(
-        [kubectl, "apply", "--server-side", "-f", crd], env=shell.env, check=True, timeout=60,
-        capture_output=True,
-    )
-    shell.run(f"pulumi stack init {stack}")
-    shell.run(f"pulumi config set --stack {stack} pmem-csi:manageCrd false")
-    shell.run(
-        f"pulumi config set --stack {stack} --path 'pmem-csi:deployments[0].name' "
-        f"{namespace}.pmem-csi.intel.com"
-    )
-    shell.run(
-        f"pulumi config set --stack {stack} --path 'pmem-csi:deployments[0].namespace' "
-        f"{namespace}"
-    )
-    return namespace
-
-
-def _start(shell: Shell, *args: str) -> subprocess.Popen[str]:
-    """A CLI run in a session of its own, as in a terminal (Ctrl-C reaches the whole group)."""
-    return subprocess.Popen(
-        [str(toolchain.bin_path("pulumi")), *args],
-        cwd=shell.cwd,
-        env=shell.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def _read_until(proc: subprocess.Popen[str], pattern: str, lines: list[str]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append(line)
-        if re.search(pattern, line):
-            return
-    raise AssertionError("".join(lines))
-
-
-def _namespaced_objects(shell: Shell, namespace: str) -> set[str]:
-    kinds = (
-        "statefulsets,daemonsets,deployments,services,secrets,serviceaccounts,roles,rolebindings"
-    )
-    got = kubectl_json(shell, "get", kinds, "-n", namespace) or {"items": []}
-    return {
-        f"{o['kind']}/{o['metadata']['name']}"
-        for o in got["items"]
-        if not (o["kind"] == "ServiceAccount" and o["metadata"]["name"] == "default")
-    }
-
-
-def _state(shell: Shell, stack: str) -> dict[str, Any]:
-    return json.loads(shell.run(f"pulumi stack export --stack {stack}").stdout)["deployment"]
-
-
-def _state_objects(state: dict[str, Any], namespace: str) -> set[str]:
-    out = set()
-    for r in state["resources"]:
-        meta = (r.get("outputs") or {}).get("metadata") or {}
-        if meta.get("namespace") == namespace:
-            out.add(f"{r['type'].rsplit(':', 1)[-1]}/{meta['name']}")
-    return out
-
-
-def _remove(shell: Shell, stack: str, namespace: str) -> None:
-    shell.run(f"pulumi destroy --yes --skip-preview --stack {stack}")
-    shell.run(f"pulumi stack rm --yes {stack}")
-    wait_for(
-        lambda: kubectl_json(shell, "get", "namespace", namespace) is None,
-        120,
-        f"namespace {namespace} deleted",
-    )
-
-
-def test_up_interrupted_with_ctrl_c_completes_when_run_again(shell: Shell) -> None:
-    stack = "interrupted"
-    namespace = _unique_stack(shell, stack)
-    try:
-        proc = _start(shell, "up", "--yes", "--skip-preview", "--stack", stack)
-        lines: list[str] = []
-        # Half way: some objects are created, the rest not yet.
-        _read_until(proc, r" created \(", lines)
-        os.killpg(proc.pid, signal.SIGINT)
-        rest, _ = proc.communicate(timeout=300)
-        out = "".join(lines) + rest
-        assert proc.returncode != 0, out
-        assert "cancel" in out.lower(), out
-        assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
-        interrupted = _state(shell, stack)
-        assert not interrupted.get("pending_operations"), interrupted.get("pending_operations")
-
-        shell.run(f"pulumi up --yes --skip-preview --stack {stack}")
-        state = _state(shell, stack)
-        urns = [r["urn"] for r in state["resources"]]
-        assert len(urns) == len(set(urns)), "duplicate resources in the state"
-        assert len(urns) > len(interrupted["resources"]), "the interrupted run had finished"
-        assert not state.get("pending_operations")
-        # Nothing orphaned: every object in the namespace is one the state knows, and back.
-        assert _namespaced_objects(shell, namespace) == _state_objects(state, namespace)
-        shell.run(f"pulumi up --yes --expect-no-changes --stack {stack}")
-    finally:
-        _remove(shell, stack, namespace)
-
-
-def test_second_concurrent_up_is_refused_by_the_stack_lock(shell: Shell) -> None:
-    stack = "locked"
-    namespace = _unique_stack(shell, stack)
-    try:
-        first = _start(shell, "up", "--yes", "--skip-preview", "--stack", stack)
-        lines: list[str] = []
-        _read_until(first, r" creating ", lines)
-        second = shell.run(f"pulumi up --yes --skip-preview --stack {stack}", check=False)
-        rest, _ = first.communicate(timeout=300)
-        assert second.returncode != 0
-        assert "currently locked" in second.stdout + second.stderr, second
-        assert first.returncode == 0, "".join(lines) + rest
-        # Nothing damaged: the first run's result is complete and stable.
-        shell.run(f"pulumi up --yes --expect-no-changes --stack {stack}")
-        state = _state(shell, stack)
-        assert _namespaced_objects(shell, namespace) == _state_objects(state, namespace)
-    finally:
-        _remove(shell, stack, namespace)
+# Interrupted (Ctrl-C, SIGKILL) and concurrent runs: tests/e2e/test_cli_interruptions.py.
 
 
 # ---------------------------------------------------------------- the language host itself

@@ -125,6 +125,8 @@ def shell(
     env = {**os.environ, **localenv.pulumi_env()}
     env["PULUMI_BACKEND_URL"] = backend.as_uri()
     env["KUBECONFIG"] = str(local_cluster)
+    # The administrator's kubectl: the locally built one, matching the server.
+    env["PATH"] = os.pathsep.join([str(toolchain.bin_path("kubectl").parent), env["PATH"]])
     return Shell(checkout, env)
 
 
@@ -246,15 +248,22 @@ def test_readme_blocks_deploy_check_and_remove(
     assert SECRET_SIG in exported
     _no_plaintext_keys(exported, certs)
 
-    # ---- remove everything, the stack included.
-    for line in remove:
+    # ---- remove everything, the stack included. `destroy` keeps the namespace and the CRD
+    # (stack-level objects other deployments and stacks may use); the administrator deletes
+    # the namespace, as the README says.
+    assert remove[0] == "pulumi destroy --yes", remove
+    shell.run(remove[0])
+    assert kubectl_json(shell, "get", "csidriver", "pmem-csi.intel.com") is None
+    assert kubectl_json(shell, "get", "daemonset", "-n", NAMESPACE, f"{H}-node") is None
+    assert kubectl_json(shell, "get", "namespace", NAMESPACE) is not None, "namespace not kept"
+    assert kubectl_json(shell, "get", "crd", names.CRD_NAME) is not None, "CRD not kept"
+    for line in remove[1:]:
         shell.run(line)
     wait_for(
         lambda: kubectl_json(shell, "get", "namespace", NAMESPACE) is None,
         120,
         "namespace pmem-csi deleted",
     )
-    assert kubectl_json(shell, "get", "csidriver", "pmem-csi.intel.com") is None
     stacks = shell.run("pulumi stack ls --json").stdout
     assert [s["name"] for s in json.loads(stacks)] == []
     # No command printed a private key (the CLI's progress, diffs and outputs included).

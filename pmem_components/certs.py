@@ -504,18 +504,69 @@ def validate_driver_certificates(
 # Mutual-TLS handshake
 
 
+def _memfd_chain(chain: bytes) -> int | None:
+    """An anonymous in-memory file holding ``chain``, or None where the kernel offers none.
+
+    ``memfd_create`` needs no writable directory: the reporter's container has a read-only
+    root filesystem and no /tmp, and a temporary file there fails every verdict. The file
+    exists only as this descriptor (close-on-exec, so no child inherits it) and is gone
+    when it is closed.
+    """
+    create = getattr(os, "memfd_create", None)
+    if create is None:
+        return None
+    try:
+        fd = create("pmem-csi-cert-chain", os.MFD_CLOEXEC)
+    except OSError:  # ENOSYS / EPERM under a seccomp filter: fall back to a file
+        return None
+    try:
+        view = memoryview(chain)
+        while view:
+            view = view[os.write(fd, view) :]
+        if not os.path.exists(_fd_path(fd)):  # no /proc: OpenSSL could not open it
+            os.close(fd)
+            return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _fd_path(fd: int) -> str:
+    return f"/proc/self/fd/{fd}"
+
+
 @contextmanager
 def _cert_chain_file(
     cert_pem: str, key_pem: str, key: PrivateKeyTypes | None = None
-) -> Iterator[tuple[str, bytes]]:
-    """A temporary cert+key file for ``SSLContext.load_cert_chain``, which only reads paths.
+) -> Iterator[tuple[str, bytes | None]]:
+    """A path holding cert+key for ``SSLContext.load_cert_chain``, which only reads paths.
 
-    The key is re-encrypted with a random one-time password before it touches the file
-    system, and the file lives in a private (0700) directory that is removed right after.
+    On Linux the path is ``/proc/self/fd/N`` of an in-memory file (see ``_memfd_chain``), so
+    the check works with a read-only root filesystem and writes nothing anywhere; the key
+    never leaves process memory, so it is not encrypted there. Only where memfd is missing
+    (other systems, or a kernel that forbids it) is a temporary file used: the key is then
+    re-encrypted with a random one-time password, in a private (0700) directory removed
+    right after.
     """
-    password = secrets.token_bytes(32)
     if key is None:
         key = _load_key(key_pem)
+    head = cert_pem.encode().rstrip(b"\n") + b"\n"
+    fd = _memfd_chain(
+        head
+        + key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    if fd is not None:
+        try:
+            yield _fd_path(fd), None
+        finally:
+            os.close(fd)
+        return
+    password = secrets.token_bytes(32)
     encrypted = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -525,7 +576,7 @@ def _cert_chain_file(
         path = os.path.join(tmp, "chain.pem")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as f:
-            f.write(cert_pem.encode().rstrip(b"\n") + b"\n" + encrypted)
+            f.write(head + encrypted)
         yield path, password
 
 

@@ -7,6 +7,10 @@ change, so it remembers each verdict for as long as it provably holds: until the
 contents change or the clock crosses a point where a certificate becomes valid, enters its
 30-day expiry warning, or expires. Within such an interval the verifier's answer cannot differ,
 so caching changes no result, only the cost.
+
+A verifier that *fails* (raises, e.g. because the environment cannot run the handshake) is
+remembered too, for ``FAILURE_RETRY``: repeating a failing key load on every reconcile burns
+the container's small CPU share and cannot give another answer until something changes.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from cryptography import x509
 from pmem_components import certs
 
 _MAX_ENTRIES = 128
+# How long a verifier exception stands before the same inputs are tried again.
+FAILURE_RETRY = dt.timedelta(minutes=5)
 
 Validator = Callable[..., list[certs.CertProblem]]
 
@@ -32,6 +38,7 @@ class _Verdict:
     problems: tuple[certs.CertProblem, ...]
     valid_from: dt.datetime | None  # None: since forever
     valid_until: dt.datetime | None  # None: forever
+    error: Exception | None = None  # the verifier raised this; re-raised on a hit
 
     def holds_at(self, now: dt.datetime) -> bool:
         return (self.valid_from is None or self.valid_from <= now) and (
@@ -79,21 +86,32 @@ class CertVerifier:
             verdict = self._entries.get(key)
             if verdict is not None and verdict.holds_at(now):
                 self._entries.move_to_end(key)
+                if verdict.error is not None:
+                    raise verdict.error
                 return list(verdict.problems)
-        problems = tuple(self._validate(*args, now=now))
         self.calls += 1
+        try:
+            problems = tuple(self._validate(*args, now=now))
+        except Exception as exc:
+            self._remember(key, _Verdict((), now, now + FAILURE_RETRY, exc))
+            raise
         points = _time_boundaries((ca_cert, registry_cert, node_controller_cert))
-        verdict = _Verdict(
-            problems,
-            valid_from=max((p for p in points if p <= now), default=None),
-            valid_until=min((p for p in points if p > now), default=None),
+        self._remember(
+            key,
+            _Verdict(
+                problems,
+                valid_from=max((p for p in points if p <= now), default=None),
+                valid_until=min((p for p in points if p > now), default=None),
+            ),
         )
+        return list(problems)
+
+    def _remember(self, key: str, verdict: _Verdict) -> None:
         with self._lock:
             self._entries[key] = verdict
             self._entries.move_to_end(key)
             while len(self._entries) > _MAX_ENTRIES:
                 self._entries.popitem(last=False)
-        return list(problems)
 
 
 # The process-wide instance compute_status uses by default.

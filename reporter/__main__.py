@@ -1,9 +1,10 @@
 """``python -m reporter`` / ``pmem-csi-reporter``: wire caches, election, writer and probes.
 
-The main thread only waits for dirty CRs (or the resync timer) and reconciles them one at a
-time: a single writer means no two patches for one CR race inside one process, and the work
-per change (a few dict lookups, two Secret GETs and a status computation) is far below what
-one thread can do for many CRs.
+The main thread only waits for dirty CRs (or the resync timer, or a deferred message-only
+write falling due) and reconciles them one at a time: a single writer means no two patches
+for one CR race inside one process, and the work per change (dict lookups and a status
+computation over the cached, trimmed objects; no API read) is far below what one thread can
+do for many CRs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 from pmem_components.names import CLUSTER_EVENT_NAMESPACE, DeploymentNames
 from reporter.health import HealthServer
@@ -33,6 +35,9 @@ FALLBACK_NAMESPACE = "pmem-csi"
 DEFAULT_LEASE = "pmem-csi-reporter"
 # Coalesce a burst of watch events (a rollout touches many pods) into one reconcile.
 DEBOUNCE_SECONDS = 0.05
+# A CR whose message-only write is pending is recomputed at most this often while events keep
+# coming (a rollout over thousands of nodes): each computation walks all of its pods.
+RECOMPUTE_SECONDS = 0.5
 
 
 def default_namespace() -> str:
@@ -95,10 +100,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--resync-seconds", type=float, default=60.0, help="full recompute period")
     p.add_argument(
-        "--secret-poll-seconds",
+        "--message-interval",
         type=float,
         default=10.0,
-        help="how often the Secrets (which may only be read by name) are re-read; 0 = at resync",
+        help="minimum seconds between two status writes of one CR that only change message "
+        "text (counts during a rollout); changes of phase or condition are written at once",
+    )
+    p.add_argument(
+        "--progress-deadline-seconds",
+        type=float,
+        default=600.0,
+        help="how long a deployment may be Progressing without progress before it is Failed",
     )
     p.add_argument("--lease-duration", type=float, default=10.0, help="Lease duration (seconds)")
     p.add_argument(
@@ -130,19 +142,16 @@ class Reporter:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
         self.raw = RawApi(load_api_client(args.kubeconfig))
         self.metrics = Metrics()
-        self.observer = Observer(
-            self.raw,
-            self.metrics,
-            deployments=args.deployment or None,
-            secret_poll_seconds=args.secret_poll_seconds,
-        )
+        self.observer = Observer(self.raw, self.metrics, deployments=args.deployment or None)
+        renew_deadline = args.lease_duration * 0.7
         self.elector = LeaderElector(
-            self.raw,
+            # GET + PUT of one renewal must fit well inside the renew deadline.
+            self.raw.with_timeout(max(1.0, renew_deadline / 3)),
             namespace,
             lease,
             identity,
             lease_duration=args.lease_duration,
-            renew_deadline=args.lease_duration * 0.7,
+            renew_deadline=renew_deadline,
             on_started_leading=self._started_leading,
             on_stopped_leading=lambda: self.metrics.is_leader.set(0),
         )
@@ -153,6 +162,8 @@ class Reporter:
             is_leader=self.elector.is_leader,
             # The API server accepts Events about cluster-scoped objects only there.
             event_namespace=CLUSTER_EVENT_NAMESPACE,
+            message_interval=args.message_interval,
+            progress_deadline=timedelta(seconds=args.progress_deadline_seconds),
         )
         self.http = HealthServer(
             args.metrics_port,
@@ -192,10 +203,26 @@ class Reporter:
         self._leader_thread = self.elector.start(self.stop)
         resync = max(self.args.resync_seconds, 1.0)
         next_resync = time.monotonic() + resync
+        # CR -> (due, earliest change time): message-only writes the writer put off.
+        pending: dict[str, tuple[float, float | None]] = {}
+        last_run: dict[str, float] = {}
         while not self.stop.is_set():
-            dirty = self.observer.take_dirty(max(0.0, next_resync - time.monotonic()))
+            wake = min([next_resync, *(due for due, _ in pending.values())])
+            dirty = self.observer.take_dirty(max(0.0, wake - time.monotonic()))
             if self.stop.is_set():
                 break
+            now = time.monotonic()
+            for name, (due, changed_at) in list(pending.items()):
+                if name in dirty:
+                    # Fold new changes into the pending entry; look again soon, not at once.
+                    later = dirty.pop(name)
+                    known = [t for t in (changed_at, later) if t is not None]
+                    changed_at = min(known) if known else None
+                    due = min(due, last_run.get(name, 0.0) + RECOMPUTE_SECONDS)
+                    pending[name] = (due, changed_at)
+                if due <= now:
+                    del pending[name]
+                    merge_dirty(dirty, {name: changed_at})
             if time.monotonic() >= next_resync:
                 next_resync = time.monotonic() + resync
                 for cr in self.observer.crs():
@@ -209,11 +236,15 @@ class Reporter:
             for name, changed_at in sorted(dirty.items()):
                 if self.stop.is_set():
                     break
+                last_run[name] = time.monotonic()
                 try:
                     self.writer.reconcile(name, changed_at)
                 except Exception:
                     log.exception("%s: reconcile failed", name)
                     self.observer.mark_dirty(name, changed_at)
+                due = self.writer.deferred.pop(name, None)
+                if due is not None:
+                    pending[name] = (due, changed_at)
 
     def shutdown(self) -> None:
         self.stop.set()

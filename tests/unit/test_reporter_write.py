@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from datetime import UTC, datetime
 
@@ -23,20 +24,23 @@ class FakeCache:
     def cr(self, name):
         return self.crs.get(name)
 
+    objects: dict = {}  # noqa: RUF012 - tests replace it per instance
+
     def find(self, kind, name, namespace):
-        return None  # everything missing: a Failed status, which is enough to test writing
+        # Everything missing unless a test adds it: a Failed status is enough to test writing.
+        return self.objects.get((kind, name))
 
     def pods(self, namespace):
         return []
 
-    def namespace_synced(self, namespace):
+    def cr_settled(self, cr):
         return self.synced
 
-    def ensure_namespace(self, namespace):
+    def ensure_for(self, cr):
         pass
 
-    def refresh_secrets(self, cr, changed_at=None):
-        return False
+    def unreadable_for(self, cr):
+        return {}
 
     def remember_cr(self, cr):
         self.crs[cr["metadata"]["name"]] = cr
@@ -194,3 +198,78 @@ def test_build_observed_splits_pods_by_owner():
         "pmem-csi-intel-com-registry-secrets": None,
         "pmem-csi-intel-com-node-secrets": None,
     }
+
+
+def test_message_only_changes_are_rate_limited_per_cr_and_land_later():
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    cache.objects = {}
+    assert writer.reconcile(NAME)
+    # One more object exists: only the message text (the list of missing objects) changes.
+    cache.objects = {("ServiceAccount", "pmem-csi-intel-com-controller"): {"metadata": {}}}
+    clock[0] = 103.0
+    assert not writer.reconcile(NAME)
+    assert len(api.patches) == 1
+    assert writer.deferred == {NAME: 100.0 + writer.message_interval}
+    clock[0] = 100.0 + writer.message_interval
+    assert writer.reconcile(NAME)
+    assert len(api.patches) == 2 and writer.deferred == {}
+
+
+def test_a_change_of_meaning_is_written_at_once_within_the_interval():
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    clock[0] = 100.5
+    cr = cache.crs[NAME]
+    cache.crs[NAME] = {**cr, "metadata": {**cr["metadata"], "generation": 2}}
+    assert writer.reconcile(NAME)  # observedGeneration moved: not a message-only change
+    assert len(api.patches) == 2 and writer.deferred == {}
+
+
+def test_significant_key_ignores_message_text_only():
+    from reporter.write import significant_key
+
+    a = {
+        "phase": "Progressing",
+        "conditions": [{"type": "X", "status": "True", "reason": "R", "message": "1 of 9"}],
+        "driverComponents": [{"component": "Node", "status": "NotReady", "reason": "1 of 9"}],
+    }
+    b = copy.deepcopy(a)
+    b["conditions"][0]["message"] = "2 of 9"
+    b["driverComponents"][0]["reason"] = "2 of 9"
+    assert significant_key(a) == significant_key(b)
+    b["driverComponents"][0]["status"] = "Ready"
+    assert significant_key(a) != significant_key(b)
+
+
+def test_status_api_calls_carry_a_request_timeout():
+    """Every status call goes through RawApi, whose requests always pass a timeout."""
+    from reporter.kubeapi import RawApi
+    from reporter.write import KubeStatusApi
+
+    seen: list = []
+
+    class Client:
+        def param_serialize(self, **kw):
+            return (kw["method"], kw["resource_path"])
+
+        def call_api(self, *req, _request_timeout=None):
+            seen.append((req[0], _request_timeout))
+
+            class R:
+                status = 200
+
+                def read(self):
+                    return b"{}"
+
+            return R()
+
+    api = KubeStatusApi(RawApi(Client()))
+    api.get_cr(NAME)
+    api.patch_status(NAME, {"status": {}})
+    api.create_event("default", {})
+    assert [m for m, _ in seen] == ["GET", "PATCH", "POST"]
+    assert all(t is not None and t[1] <= 10.0 for _, t in seen)

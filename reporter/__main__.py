@@ -172,6 +172,10 @@ class Reporter:
             registry=self.metrics.registry,
         )
         self._leader_thread: threading.Thread | None = None
+        # The main loop's last sign of life: a writer stuck in a call (which request
+        # timeouts should prevent) must turn /healthz red, not hide behind a live Lease thread.
+        self._beat = time.monotonic()
+        self.stall_seconds = max(args.resync_seconds, 1.0) + 120.0
         log.info(
             "reporter %s: deployments=%s lease=%s/%s",
             identity,
@@ -191,6 +195,7 @@ class Reporter:
             and self.observer.healthy
             and self._leader_thread is not None
             and self._leader_thread.is_alive()
+            and time.monotonic() - self._beat < self.stall_seconds
         )
 
     def run(self) -> None:
@@ -209,6 +214,7 @@ class Reporter:
         while not self.stop.is_set():
             wake = min([next_resync, *(due for due, _ in pending.values())])
             dirty = self.observer.take_dirty(max(0.0, wake - time.monotonic()))
+            self._beat = time.monotonic()
             if self.stop.is_set():
                 break
             now = time.monotonic()
@@ -242,6 +248,7 @@ class Reporter:
                 except Exception:
                     log.exception("%s: reconcile failed", name)
                     self.observer.mark_dirty(name, changed_at)
+                self._beat = time.monotonic()
                 due = self.writer.deferred.pop(name, None)
                 if due is not None:
                     pending[name] = (due, changed_at)

@@ -52,3 +52,22 @@ def test_merge_dirty_keeps_earliest_change():
     into = {"a": 5.0, "b": None}
     merge_dirty(into, {"a": 3.0, "b": 4.0, "c": None})
     assert into == {"a": 3.0, "b": 4.0, "c": None}
+
+
+def test_healthz_turns_red_when_the_main_loop_stalls() -> None:
+    """A writer stuck in a call must not hide behind the live Lease thread."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from reporter.__main__ import Reporter
+
+    rep = Reporter.__new__(Reporter)
+    rep.stop = threading.Event()
+    rep.observer = SimpleNamespace(healthy=True)
+    rep._leader_thread = SimpleNamespace(is_alive=lambda: True)  # type: ignore[assignment]
+    rep.stall_seconds = 180.0
+    rep._beat = time.monotonic()
+    assert rep.healthy()
+    rep._beat = time.monotonic() - 181.0
+    assert not rep.healthy()

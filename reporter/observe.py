@@ -505,6 +505,7 @@ class Observer:
         self._started = True
         for inf in self.all_informers():
             inf.start(self.stop)
+        self.metrics.watches.set(len(self.all_informers()))
 
     def shutdown(self) -> None:
         self.stop.set()
@@ -638,6 +639,7 @@ class Observer:
         if self._started:
             for inf, _ in made:
                 inf.start(self.stop)
+            self.metrics.watches.set(len(self.all_informers()))
 
     def _prune_groups(self) -> None:
         """Stop the informers no current CR needs: deleted CRs, namespaces left behind."""
@@ -656,6 +658,8 @@ class Observer:
             log.info("no longer watching %s", key)
             for inf in group.informers:
                 inf.stop()
+        if dead and self._started:
+            self.metrics.watches.set(len(self.all_informers()))
 
     # --- change tracking ----------------------------------------------------------------
 

@@ -275,7 +275,19 @@ class Scale:
             if any(r.get("kind") == "DaemonSet" for r in p["metadata"].get("ownerReferences") or [])
         ]
 
-    def cleanup(self) -> None:
+    def wait_previous_runs_gone(self, timeout: float = 300.0) -> None:
+        """Earlier runs' namespaces are deleted asynchronously; their traffic is noise here."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            left = [
+                ns.metadata.name
+                for ns in self.core.list_namespace().items
+                if ns.metadata.name.startswith("scale-")
+            ]
+            if not left:
+                return
+            log(f"waiting for {len(left)} namespace(s) of earlier runs to go")
+            time.sleep(10)
         for rep in self.reporters:
             with contextlib.suppress(Exception):
                 rep.stop()
@@ -426,6 +438,7 @@ def nodes_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
     try:
         rep = scale.reporter(["--deployment", drv.name, "--namespace", drv.namespace], f"nodes-{n}")
         watcher.wait(drv.name, 0, lambda s: s.get("phase") == "Running", timeout=120)
+        time.sleep(args.message_interval + 2)
         log("Running with 0 pods; steady window without pods")
         out["steady_no_pods"] = steady(scale, rep, args.steady_seconds, pause_compare=False)
         log(f"steady: {out['steady_no_pods']}")
@@ -492,6 +505,7 @@ def deployments_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, An
                 timeout=args.burst_timeout,
             )
         out["seconds_to_all_running"] = round(time.monotonic() - t0, 1)
+        time.sleep(args.message_interval + 2)  # let deferred message-only writes land first
         out["writes_to_all_running"] = rep.writes()
         log(f"all {d} Running")
         out["steady"] = steady(scale, rep, args.steady_seconds, pause_compare=True)
@@ -522,6 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"run {scale.suffix}; logs in {workdir}")
     try:
         ensure_crd(scale.raw)
+        scale.wait_previous_runs_gone()
         if args.nodes:
             report["nodes"] = nodes_scenario(scale, args)
         if args.deployments:

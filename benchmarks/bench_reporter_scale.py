@@ -288,6 +288,8 @@ class Scale:
                 return
             log(f"waiting for {len(left)} namespace(s) of earlier runs to go")
             time.sleep(10)
+
+    def cleanup(self) -> None:
         for rep in self.reporters:
             with contextlib.suppress(Exception):
                 rep.stop()
@@ -461,6 +463,11 @@ def nodes_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(args.message_interval + 2)  # a deferred message-only write would land now
         writes = rep.writes() - w0
         phases = [e.status.get("phase") for e in watcher.events[mark:] if e.name == drv.name]
+        node_reasons = [
+            component(e.status, "Node").get("reason", "")[:160]
+            for e in watcher.events[mark:]
+            if e.name == drv.name
+        ]
         out["burst"] = {
             "pods": n,
             "seconds_to_running": round(done.at - t0, 1),
@@ -468,6 +475,7 @@ def nodes_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
             "status_writes_per_1000_pods": round(writes * 1000 / n, 1),
             "cr_events": len(phases),
             "phases_seen": phases,
+            "node_reasons_seen": node_reasons,
             "cpu_seconds": round(s1["cpu_seconds"] - s0["cpu_seconds"], 1),
             "rss_mib_peak": round(s1["VmHWM"], 1),
         }

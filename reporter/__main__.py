@@ -103,8 +103,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--message-interval",
         type=float,
         default=10.0,
-        help="minimum seconds between two status writes of one CR that only change message "
-        "text (counts during a rollout); changes of phase or condition are written at once",
+        help="non-urgent status writes of one CR (Running<->Progressing, counts in messages) "
+        "are limited to 3 at once, then one per this many seconds; failures and condition "
+        "changes are written at once",
     )
     p.add_argument(
         "--progress-deadline-seconds",

@@ -13,11 +13,17 @@ conflict the CR is read again and the status recomputed, so a retry never overwr
 information. Spec and metadata are never modified.
 
 Write amplification: a rollout over thousands of nodes changes a count in a message with
-every pod. A change that alters the meaning of the status (phase, a condition's or component's
-status or reason -- ``significant_key``) is written at once; a change of message text only
-(counts) is written at most once per ``message_interval`` per CR, the newest text winning.
-The writer reports when such a deferred CR is due (``deferred``), and the main loop comes back
-then, so the final counts always land.
+every pod, and the DaemonSet controller raises desiredNumberScheduled in steps, so a large
+rollout even passes through "all desired pods ready" (Running) many times. Writes are
+therefore split in two:
+- urgent (``significant_key`` differs): a failure appears or goes away (phase Failed in or
+  out), a condition's status or reason changes, the spec generation moves. Written at once.
+- everything else (Running <-> Progressing, a component flipping, message text and counts):
+  taken from a per-CR token bucket of ``burst`` writes refilled one per ``message_interval``.
+  An isolated change (a node joins: Progressing, then Running) is written at once; a storm
+  is cut to one write per interval, the newest status winning.
+The writer reports when a deferred CR is due (``deferred``) and the main loop comes back then,
+so the final state always lands.
 """
 
 from __future__ import annotations
@@ -154,21 +160,18 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
 
 
 def significant_key(st: Obj | None) -> str:
-    """What a status *means*: phase, and each condition's and component's status and reason.
-
-    Two statuses with the same key differ at most in message text (counts); such a change is
-    rate-limited, any other is written at once.
+    """What must reach the CR at once: failed or not, each condition's status and reason, and
+    the generation. Statuses with the same key are written through the per-CR rate limit.
     """
     s = st or {}
     return repr(
         (
-            s.get("phase"),
+            s.get("phase") == status.PHASE_FAILED,
             s.get("observedGeneration"),
             sorted(
                 (c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
                 for c in s.get("conditions") or []
             ),
-            sorted((c.get("component"), c.get("status")) for c in s.get("driverComponents") or []),
         )
     )
 
@@ -218,18 +221,28 @@ class StatusWriter:
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    # Minimum seconds between two writes of one CR that only change message text.
+    # Non-urgent writes of one CR: ``burst`` at once, then one per ``message_interval`` s.
     message_interval: float = 10.0
+    burst: int = 3
     progress_deadline: timedelta = status.DEFAULT_PROGRESS_DEADLINE
     # CR name -> monotonic time when its deferred message-only change may be written.
     deferred: dict[str, float] = field(default_factory=dict)
-    _last_write: dict[str, float] = field(default_factory=dict, init=False)
+    # CR name -> (tokens, monotonic time they were counted)
+    _tokens: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
+
+    def _available(self, name: str) -> float:
+        tokens, at = self._tokens.get(name, (float(self.burst), self.monotonic()))
+        now = self.monotonic()
+        return min(float(self.burst), tokens + (now - at) / self.message_interval)
+
+    def _take(self, name: str) -> None:
+        self._tokens[name] = (max(0.0, self._available(name) - 1.0), self.monotonic())
 
     def reconcile(self, name: str, changed_at: float | None = None) -> bool:
         """Bring one CR's status up to date; True when a patch was written."""
         cr = self.cache.cr(name)
         if cr is None:
-            self._last_write.pop(name, None)
+            self._tokens.pop(name, None)
             self.deferred.pop(name, None)
             return False  # deleted (or not created yet): nothing to report on
         if not self.cache.cr_settled(cr):
@@ -260,13 +273,10 @@ class StatusWriter:
             if status.status_equal_ignoring_time(old, new):
                 self.deferred.pop(name, None)
                 return
-            last = self._last_write.get(name)
-            if (
-                last is not None
-                and significant_key(old) == significant_key(new)
-                and self.monotonic() - last < self.message_interval
-            ):
-                self.deferred[name] = last + self.message_interval
+            available = self._available(name)
+            if significant_key(old) == significant_key(new) and available < 1.0 - 1e-6:
+                wait = (1.0 - available) * self.message_interval
+                self.deferred[name] = self.monotonic() + wait
                 return
             self.deferred.pop(name, None)
             patch = {
@@ -302,7 +312,7 @@ class StatusWriter:
         if state["written"] is None:
             return False
         current, old, new, result = state["written"]
-        self._last_write[name] = self.monotonic()
+        self._take(name)
         self.metrics.status_writes.inc()
         if changed_at is not None:
             self.metrics.change_to_write.observe(max(0.0, self.monotonic() - changed_at))

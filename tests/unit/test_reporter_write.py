@@ -200,21 +200,29 @@ def test_build_observed_splits_pods_by_owner():
     }
 
 
-def test_message_only_changes_are_rate_limited_per_cr_and_land_later():
+def test_non_urgent_changes_use_a_per_cr_token_bucket_and_land_later():
     cache, api, writer, _ = setup()
     clock = [100.0]
     writer.monotonic = lambda: clock[0]
     cache.objects = {}
-    assert writer.reconcile(NAME)
-    # One more object exists: only the message text (the list of missing objects) changes.
-    cache.objects = {("ServiceAccount", "pmem-csi-intel-com-controller"): {"metadata": {}}}
-    clock[0] = 103.0
-    assert not writer.reconcile(NAME)
-    assert len(api.patches) == 1
-    assert writer.deferred == {NAME: 100.0 + writer.message_interval}
-    clock[0] = 100.0 + writer.message_interval
-    assert writer.reconcile(NAME)
-    assert len(api.patches) == 2 and writer.deferred == {}
+    assert writer.reconcile(NAME)  # first status: one token
+    # Objects appear one by one: only message text changes (the list of missing objects).
+    extra = [
+        ("ServiceAccount", "pmem-csi-intel-com-controller"),
+        ("Service", "pmem-csi-intel-com-controller"),
+        ("Service", "pmem-csi-intel-com-metrics"),
+    ]
+    for i, key in enumerate(extra):
+        cache.objects = {**cache.objects, key: {"metadata": {}}}
+        clock[0] += 0.1
+        written = writer.reconcile(NAME)
+        assert written == (i < writer.burst - 1), i  # the burst is used up after 3 writes
+    assert len(api.patches) == writer.burst
+    due = writer.deferred[NAME]
+    assert 0 < due - clock[0] <= writer.message_interval
+    clock[0] = due
+    assert writer.reconcile(NAME)  # the newest text lands when a token is back
+    assert len(api.patches) == writer.burst + 1 and writer.deferred == {}
 
 
 def test_a_change_of_meaning_is_written_at_once_within_the_interval():
@@ -229,7 +237,7 @@ def test_a_change_of_meaning_is_written_at_once_within_the_interval():
     assert len(api.patches) == 2 and writer.deferred == {}
 
 
-def test_significant_key_ignores_message_text_only():
+def test_significant_key_is_failure_conditions_and_generation_only():
     from reporter.write import significant_key
 
     a = {
@@ -239,10 +247,14 @@ def test_significant_key_ignores_message_text_only():
     }
     b = copy.deepcopy(a)
     b["conditions"][0]["message"] = "2 of 9"
-    b["driverComponents"][0]["reason"] = "2 of 9"
+    b["driverComponents"][0] = {"component": "Node", "status": "Ready", "reason": "all"}
+    b["phase"] = "Running"  # Running <-> Progressing goes through the rate limit
     assert significant_key(a) == significant_key(b)
-    b["driverComponents"][0]["status"] = "Ready"
+    b["phase"] = "Failed"  # a failure is written at once
     assert significant_key(a) != significant_key(b)
+    c = copy.deepcopy(a)
+    c["conditions"][0]["status"] = "False"
+    assert significant_key(a) != significant_key(c)
 
 
 def test_status_api_calls_carry_a_request_timeout():

@@ -38,6 +38,8 @@ DEBOUNCE_SECONDS = 0.05
 # A CR whose message-only write is pending is recomputed at most this often while events keep
 # coming (a rollout over thousands of nodes): each computation walks all of its pods.
 RECOMPUTE_SECONDS = 0.5
+# The main loop looks at the stop flag (set by SIGTERM) at least this often.
+STOP_CHECK = 1.0
 
 
 def default_namespace() -> str:
@@ -214,7 +216,7 @@ class Reporter:
         last_run: dict[str, float] = {}
         while not self.stop.is_set():
             wake = min([next_resync, *(due for due, _ in pending.values())])
-            dirty = self.observer.take_dirty(max(0.0, wake - time.monotonic()))
+            dirty = self.observer.take_dirty(min(STOP_CHECK, max(0.0, wake - time.monotonic())))
             self._beat = time.monotonic()
             if self.stop.is_set():
                 break
@@ -262,6 +264,21 @@ class Reporter:
         self.http.stop()
 
 
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM/SIGINT only set ``stop``.
+
+    The handler runs on the main thread between any two bytecodes, possibly while that thread
+    holds a cache lock, so a handler that takes locks can deadlock (one did: SIGTERM left the
+    process running forever). The main loop wakes at least every ``STOP_CHECK`` seconds.
+    """
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(
@@ -278,15 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pmem-csi-reporter: error: {exc}", file=sys.stderr)
         return 2
 
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: shutting down", signum)
-        reporter.stop.set()
-        reporter.observer.shutdown()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    install_signal_handlers(reporter.stop)
     try:
         reporter.run()
+        log.info("shutting down")
     finally:
         reporter.shutdown()
     return 0

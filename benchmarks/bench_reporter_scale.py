@@ -399,8 +399,14 @@ def heal_pod(scale: Scale, pod: Obj) -> None:
     )
 
 
-def latency(scale: Scale, watcher: CrWatcher, drivers: list[Driver], reps: int) -> dict[str, Any]:
-    """Crash-loop one node pod (-> Failed) and heal it (-> Running), reps times."""
+def latency(
+    scale: Scale, watcher: CrWatcher, drivers: list[Driver], reps: int, gap: float = 0.0
+) -> dict[str, Any]:
+    """Crash-loop one node pod (-> Failed) and heal it (-> Running), reps times.
+
+    ``gap`` seconds between repetitions: 0 measures back-to-back changes (which use up the
+    writer's per-CR budget for non-urgent writes), 30 measures isolated changes.
+    """
     to_failed: list[float] = []
     to_running: list[float] = []
     pods = {
@@ -419,6 +425,7 @@ def latency(scale: Scale, watcher: CrWatcher, drivers: list[Driver], reps: int) 
         heal_pod(scale, pod)
         ev = watcher.wait(drv.name, mark, lambda s: s.get("phase") == "Running", timeout=120)
         to_running.append(ev.at - t0)
+        time.sleep(gap)
     both = to_failed + to_running
     return {
         "samples": len(both),
@@ -482,7 +489,7 @@ def nodes_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
         log(f"burst: {out['burst']}")
         out["steady_with_pods"] = steady(scale, rep, args.steady_seconds, pause_compare=True)
         log(f"steady with pods: {out['steady_with_pods']}")
-        out["latency"] = latency(scale, watcher, [drv], args.reps)
+        out["latency"] = latency(scale, watcher, [drv], args.reps, args.rep_gap)
         log(f"latency: {out['latency']}")
         out["final"] = proc_stats(rep.pid)
     finally:
@@ -518,7 +525,7 @@ def deployments_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, An
         log(f"all {d} Running")
         out["steady"] = steady(scale, rep, args.steady_seconds, pause_compare=True)
         log(f"steady: {out['steady']}")
-        out["latency"] = latency(scale, watcher, drivers, args.reps)
+        out["latency"] = latency(scale, watcher, drivers, args.reps, args.rep_gap)
         log(f"latency: {out['latency']}")
         out["final"] = proc_stats(rep.pid)
     finally:
@@ -533,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes-per", type=int, default=10, help="nodes in the deployment scenario")
     p.add_argument("--steady-seconds", type=float, default=60.0)
     p.add_argument("--reps", type=int, default=20, help="crash-loop/heal repetitions")
+    p.add_argument("--rep-gap", type=float, default=0.0, help="seconds between repetitions")
     p.add_argument("--burst-timeout", type=float, default=900.0)
     p.add_argument("--message-interval", type=float, default=10.0)
     p.add_argument("--json", default=None)

@@ -346,8 +346,7 @@ class Bench:
             identity,
             self.workdir / f"reporter-{identity}.log",
             resync_seconds=self.resync,
-            # Production secret poll (ReporterProcess defaults to the tests' 1 s).
-            extra_args=(*extra, "--secret-poll-seconds", "10"),
+            extra_args=tuple(extra),
         )
         self.reporters.append(proc)
         return proc

@@ -1,9 +1,10 @@
 """``python -m reporter`` / ``pmem-csi-reporter``: wire caches, election, writer and probes.
 
-The main thread only waits for dirty CRs (or the resync timer) and reconciles them one at a
-time: a single writer means no two patches for one CR race inside one process, and the work
-per change (a few dict lookups, two Secret GETs and a status computation) is far below what
-one thread can do for many CRs.
+The main thread only waits for dirty CRs (or the resync timer, or a deferred message-only
+write falling due) and reconciles them one at a time: a single writer means no two patches
+for one CR race inside one process, and the work per change (dict lookups and a status
+computation over the cached, trimmed objects; no API read) is far below what one thread can
+do for many CRs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 
 from pmem_components.names import CLUSTER_EVENT_NAMESPACE, DeploymentNames
 from reporter.health import HealthServer
@@ -33,6 +35,11 @@ FALLBACK_NAMESPACE = "pmem-csi"
 DEFAULT_LEASE = "pmem-csi-reporter"
 # Coalesce a burst of watch events (a rollout touches many pods) into one reconcile.
 DEBOUNCE_SECONDS = 0.05
+# A CR whose message-only write is pending is recomputed at most this often while events keep
+# coming (a rollout over thousands of nodes): each computation walks all of its pods.
+RECOMPUTE_SECONDS = 0.5
+# The main loop looks at the stop flag (set by SIGTERM) at least this often.
+STOP_CHECK = 1.0
 
 
 def default_namespace() -> str:
@@ -95,10 +102,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--resync-seconds", type=float, default=60.0, help="full recompute period")
     p.add_argument(
-        "--secret-poll-seconds",
+        "--message-interval",
         type=float,
         default=10.0,
-        help="how often the Secrets (which may only be read by name) are re-read; 0 = at resync",
+        help="non-urgent status writes of one CR (Running<->Progressing, counts in messages) "
+        "are limited to 3 at once, then one per this many seconds; failures and condition "
+        "changes are written at once",
+    )
+    p.add_argument(
+        "--progress-deadline-seconds",
+        type=float,
+        default=600.0,
+        help="how long a deployment may be Progressing without progress before it is Failed",
     )
     p.add_argument("--lease-duration", type=float, default=10.0, help="Lease duration (seconds)")
     p.add_argument(
@@ -130,19 +145,16 @@ class Reporter:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
         self.raw = RawApi(load_api_client(args.kubeconfig))
         self.metrics = Metrics()
-        self.observer = Observer(
-            self.raw,
-            self.metrics,
-            deployments=args.deployment or None,
-            secret_poll_seconds=args.secret_poll_seconds,
-        )
+        self.observer = Observer(self.raw, self.metrics, deployments=args.deployment or None)
+        renew_deadline = args.lease_duration * 0.7
         self.elector = LeaderElector(
-            self.raw,
+            # GET + PUT of one renewal must fit well inside the renew deadline.
+            self.raw.with_timeout(max(1.0, renew_deadline / 3)),
             namespace,
             lease,
             identity,
             lease_duration=args.lease_duration,
-            renew_deadline=args.lease_duration * 0.7,
+            renew_deadline=renew_deadline,
             on_started_leading=self._started_leading,
             on_stopped_leading=lambda: self.metrics.is_leader.set(0),
         )
@@ -153,6 +165,8 @@ class Reporter:
             is_leader=self.elector.is_leader,
             # The API server accepts Events about cluster-scoped objects only there.
             event_namespace=CLUSTER_EVENT_NAMESPACE,
+            message_interval=args.message_interval,
+            progress_deadline=timedelta(seconds=args.progress_deadline_seconds),
         )
         self.http = HealthServer(
             args.metrics_port,
@@ -161,6 +175,10 @@ class Reporter:
             registry=self.metrics.registry,
         )
         self._leader_thread: threading.Thread | None = None
+        # The main loop's last sign of life: a writer stuck in a call (which request
+        # timeouts should prevent) must turn /healthz red, not hide behind a live Lease thread.
+        self._beat = time.monotonic()
+        self.stall_seconds = max(args.resync_seconds, 1.0) + 120.0
         log.info(
             "reporter %s: deployments=%s lease=%s/%s",
             identity,
@@ -180,6 +198,7 @@ class Reporter:
             and self.observer.healthy
             and self._leader_thread is not None
             and self._leader_thread.is_alive()
+            and time.monotonic() - self._beat < self.stall_seconds
         )
 
     def run(self) -> None:
@@ -192,10 +211,27 @@ class Reporter:
         self._leader_thread = self.elector.start(self.stop)
         resync = max(self.args.resync_seconds, 1.0)
         next_resync = time.monotonic() + resync
+        # CR -> (due, earliest change time): message-only writes the writer put off.
+        pending: dict[str, tuple[float, float | None]] = {}
+        last_run: dict[str, float] = {}
         while not self.stop.is_set():
-            dirty = self.observer.take_dirty(max(0.0, next_resync - time.monotonic()))
+            wake = min([next_resync, *(due for due, _ in pending.values())])
+            dirty = self.observer.take_dirty(min(STOP_CHECK, max(0.0, wake - time.monotonic())))
+            self._beat = time.monotonic()
             if self.stop.is_set():
                 break
+            now = time.monotonic()
+            for name, (due, changed_at) in list(pending.items()):
+                if name in dirty:
+                    # Fold new changes into the pending entry; look again soon, not at once.
+                    later = dirty.pop(name)
+                    known = [t for t in (changed_at, later) if t is not None]
+                    changed_at = min(known) if known else None
+                    due = min(due, last_run.get(name, 0.0) + RECOMPUTE_SECONDS)
+                    pending[name] = (due, changed_at)
+                if due <= now:
+                    del pending[name]
+                    merge_dirty(dirty, {name: changed_at})
             if time.monotonic() >= next_resync:
                 next_resync = time.monotonic() + resync
                 for cr in self.observer.crs():
@@ -209,11 +245,16 @@ class Reporter:
             for name, changed_at in sorted(dirty.items()):
                 if self.stop.is_set():
                     break
+                last_run[name] = time.monotonic()
                 try:
                     self.writer.reconcile(name, changed_at)
                 except Exception:
                     log.exception("%s: reconcile failed", name)
                     self.observer.mark_dirty(name, changed_at)
+                self._beat = time.monotonic()
+                due = self.writer.deferred.pop(name, None)
+                if due is not None:
+                    pending[name] = (due, changed_at)
 
     def shutdown(self) -> None:
         self.stop.set()
@@ -221,6 +262,21 @@ class Reporter:
         if self._leader_thread is not None:
             self._leader_thread.join(timeout=5)
         self.http.stop()
+
+
+def install_signal_handlers(stop: threading.Event) -> None:
+    """SIGTERM/SIGINT only set ``stop``.
+
+    The handler runs on the main thread between any two bytecodes, possibly while that thread
+    holds a cache lock, so a handler that takes locks can deadlock (one did: SIGTERM left the
+    process running forever). The main loop wakes at least every ``STOP_CHECK`` seconds.
+    """
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -239,15 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pmem-csi-reporter: error: {exc}", file=sys.stderr)
         return 2
 
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: shutting down", signum)
-        reporter.stop.set()
-        reporter.observer.shutdown()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    install_signal_handlers(reporter.stop)
     try:
         reporter.run()
+        log.info("shutting down")
     finally:
         reporter.shutdown()
     return 0

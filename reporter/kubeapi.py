@@ -11,16 +11,28 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+# Applied to every listed or watched object before it is kept (see reporter.trim).
+Transform = Callable[[Obj], Obj]
+
+# Every non-watch request gives up after this long: a half-open connection must not block a
+# status write or a Lease renewal forever (the Lease would be renewed by another thread while
+# the writer hangs, so /healthz would stay green).
+REQUEST_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 5.0
+# TCP keepalive on every connection: an idle watch on a dead connection is noticed after
+# about IDLE + INTERVAL * COUNT = 30 s instead of at the end of the watch's read timeout.
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 15, 5, 3
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Api(Protocol):
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        transform: Transform | None = None,
     ) -> tuple[list[Obj], str]: ...
 
     def watch(
@@ -104,9 +117,15 @@ class _HttpWatchStream:
 class RawApi:
     """The real ``Api``, on top of one ``kubernetes.client.ApiClient``."""
 
-    def __init__(self, api_client: client.ApiClient, request_timeout: float = 30.0) -> None:
+    def __init__(
+        self, api_client: client.ApiClient, request_timeout: float = REQUEST_TIMEOUT
+    ) -> None:
         self.api_client = api_client
         self.request_timeout = request_timeout
+
+    def with_timeout(self, request_timeout: float) -> RawApi:
+        """The same client (connections, credentials) with another per-request timeout."""
+        return RawApi(self.api_client, request_timeout)
 
     def request(
         self,
@@ -129,9 +148,9 @@ class RawApi:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api_client.call_api(
-            *req, _request_timeout=timeout if timeout is not None else self.request_timeout
-        )
+        if timeout is None:
+            timeout = (min(CONNECT_TIMEOUT, self.request_timeout), self.request_timeout)
+        resp = self.api_client.call_api(*req, _request_timeout=timeout)
         if not 200 <= resp.status <= 299:
             resp.read()
             raise ApiException.from_response(http_resp=resp, body=None, data=None)
@@ -156,8 +175,13 @@ class RawApi:
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        transform: Transform | None = None,
     ) -> tuple[list[Obj], str]:
-        """All matching objects and the list's resourceVersion, following ``continue``."""
+        """All matching objects and the list's resourceVersion, following ``continue``.
+
+        ``transform`` trims each item as its page arrives, so a re-list of thousands of pods
+        never holds more than one page of full objects at a time.
+        """
         items: list[Obj] = []
         cont: str | None = None
         while True:
@@ -171,7 +195,7 @@ class RawApi:
                 # look the same whether they came from a list or a watch event.
                 item.setdefault("kind", res.kind)
                 item.setdefault("apiVersion", res.api_version)
-                items.append(item)
+                items.append(transform(item) if transform else item)
             meta = data.get("metadata") or {}
             cont = meta.get("continue")
             if not cont:
@@ -194,9 +218,12 @@ class RawApi:
             ("timeoutSeconds", timeout_seconds),
         ]
         # The server ends the watch after timeout_seconds; the client-side read timeout only
-        # catches a connection that died silently (no bookmark, no close) well after that.
+        # catches a connection that died silently (TCP keepalive usually notices first).
         resp = self.request(
-            "GET", res.path(namespace), query=query, timeout=(10.0, timeout_seconds + 30.0)
+            "GET",
+            res.path(namespace),
+            query=query,
+            timeout=(CONNECT_TIMEOUT, timeout_seconds + 15.0),
         )
         return _HttpWatchStream(resp.response)
 
@@ -217,6 +244,46 @@ class RawApi:
 
     def replace(self, res: Resource, name: str, body: Obj, namespace: str | None = None) -> Obj:
         return self.request_json("PUT", res.path(namespace, name), body=body)
+
+    def merge_patch_status(self, res: Resource, name: str, patch: Obj, field_manager: str) -> Obj:
+        """JSON merge patch on an object's ``/status`` subresource."""
+        return self.request_json(
+            "PATCH",
+            res.path(None, name) + "/status",
+            body=patch,
+            query=[("fieldManager", field_manager)],
+            content_type="application/merge-patch+json",
+        )
+
+
+def configure(configuration: client.Configuration) -> client.Configuration:
+    """No hidden client retries, and TCP keepalive, on every connection of the reporter.
+
+    urllib3 retries failed reads of idempotent requests three times by default; on top of
+    our own timeouts that would let a Lease renewal take several times its deadline.
+    """
+    configuration.retries = False
+    configuration.socket_options = tcp_keepalive_socket_options(
+        KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT
+    )
+    return configuration
+
+
+def is_too_large_resource_version(exc: BaseException) -> bool:
+    """The server's "Too large resource version" answer (504 with cause ResourceVersionTooLarge).
+
+    It means the server (or its watch cache) has not caught up with a resourceVersion we saw
+    elsewhere, e.g. from an API server that was ahead. Retrying the same version can go on
+    forever; client-go re-lists instead, and so do we.
+    """
+    if getattr(exc, "status", None) != 504:
+        return False
+    body = getattr(exc, "body", None) or ""
+    reason = str(getattr(exc, "reason", "") or "")
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
+    return "ResourceVersionTooLarge" in text + reason or "Too large resource version" in (
+        text + reason
+    )
 
 
 class KubeconfigError(Exception):
@@ -246,17 +313,21 @@ def load_api_client(kubeconfig: str | None) -> client.ApiClient:
                 f"cannot read kubeconfig {kubeconfig}: {exc.strerror or exc}"
             ) from exc
         try:
-            return config.new_client_from_config(config_file=kubeconfig)
+            configuration = client.Configuration()
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+            return client.ApiClient(configure(configuration))
         except Exception as exc:  # ConfigException, YAML errors, wrongly shaped documents
             raise KubeconfigError(f"invalid kubeconfig {kubeconfig}: {_first_line(exc)}") from exc
     try:
         configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)
-        return client.ApiClient(configuration)
+        return client.ApiClient(configure(configuration))
     except config.ConfigException:
         pass
     try:
-        return config.new_client_from_config()
+        configuration = client.Configuration()
+        config.load_kube_config(client_configuration=configuration)
+        return client.ApiClient(configure(configuration))
     except Exception as exc:
         raise KubeconfigError(
             "not running in a cluster and no usable kubeconfig ($KUBECONFIG or ~/.kube/config): "

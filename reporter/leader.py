@@ -15,6 +15,12 @@ The algorithm follows client-go's ``leaderelection`` package:
   sees another holder, and also once no renewal has succeeded for ``renew_deadline`` (shorter
   than the lease duration), so a partitioned leader has stopped writing before anybody else can
   acquire the Lease.
+- ``renew_deadline`` counts from when the successful renewal was *sent*, not from when its
+  answer arrived: the renewTime it wrote is the send time, and others measure the Lease's
+  expiry from their first sight of it, which is after the send. A slow answer therefore eats
+  into our leadership, never into the safety margin. The Lease API handed in must have a
+  per-request timeout well below ``renew_deadline`` and no hidden client retries
+  (``reporter.kubeapi``): an answer that would arrive after the deadline is worthless.
 
 Takeover bound with the defaults (lease 10 s, candidates retry every 1 s): a candidate sees the
 dead leader's last renewal at most 1 s late, waits out 10 s, and acquires on its next try:
@@ -100,6 +106,7 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True when we hold the Lease afterwards. API errors propagate."""
+        sent = self.clock()  # leadership from this renewal is counted from here
         now_wall = self.now()
         lease = self.api.get(LEASE, self.name, self.namespace)
         if lease is None:
@@ -118,7 +125,7 @@ class LeaderElector:
                     return False
                 raise
             self._observe(created)
-            self._renewed()
+            self._renewed(sent)
             return True
 
         spec = lease.get("spec") or {}
@@ -146,7 +153,7 @@ class LeaderElector:
                 return False
             raise
         self._observe(updated)
-        self._renewed()
+        self._renewed(sent)
         return True
 
     def _observe(self, lease: Obj) -> None:
@@ -161,9 +168,9 @@ class LeaderElector:
             self._observed_record = record
             self._observed_time = self.clock()
 
-    def _renewed(self) -> None:
+    def _renewed(self, sent: float) -> None:
         with self._lock:
-            self._last_renew = self.clock()
+            self._last_renew = max(self._last_renew, sent)
         self.holder = self.identity
 
     def step(self) -> bool:

@@ -55,6 +55,11 @@ class Metrics:
             "1 while this replica holds the Lease and may write status.",
             registry=self.registry,
         )
+        self.watches = Gauge(
+            "pmem_csi_reporter_watches",
+            "Informers (one list-then-watch loop and one open watch each) currently running.",
+            registry=self.registry,
+        )
         self.reconciles = Counter(
             "pmem_csi_reporter_reconciles",
             "Status computations of one CR (most of which write nothing).",

@@ -106,6 +106,9 @@ class Observed:
         node_pods: pods of the node DaemonSet.
         nodes: the cluster's nodes, when the I/O side has them; optional because the status
             can be computed from the DaemonSet's counters alone.
+        unreadable: kind -> why the reporter could not read objects of that kind (401/403,
+            or no list yet after an error). Objects of such a kind are unknown, not missing:
+            a failed read must not be reported as a missing Secret.
     """
 
     cr: Obj
@@ -113,6 +116,7 @@ class Observed:
     controller_pods: Sequence[Obj] = ()
     node_pods: Sequence[Obj] = ()
     nodes: Sequence[Obj] | None = None
+    unreadable: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

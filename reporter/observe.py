@@ -2,24 +2,27 @@
 
 Why list-then-watch rather than polling: at steady state a watch costs the API server nothing
 but an idle connection and the occasional bookmark, and a changed pod reaches the reporter in
-milliseconds, which is what the change-to-write histogram measures.
+milliseconds. Nothing is polled, Secrets included: they are watched by name.
 
 Shape:
 - ``Informer``: one list-then-watch loop for one resource (optionally one namespace, with
-  server-side label/field selectors), keeping an in-memory cache. It resumes from the last
-  resourceVersion (bookmarks keep that fresh), re-lists on 410 Gone, and reports each change
-  (including deletions noticed only by a re-list) to a callback.
+  server-side label/field selectors), keeping an in-memory cache of *trimmed* objects
+  (``reporter.trim``: only the fields the status rules read). It resumes from the last
+  resourceVersion (bookmarks keep that fresh), re-lists on 410 Gone and on "too large
+  resourceVersion", backs off when the server closes watches at once, and reports each change
+  (including deletions noticed only by a re-list) to a callback. After 401/403 it no longer
+  counts as synced and records the error, so the status can say "could not be read" instead
+  of "missing".
 - ``Observer``: owns the informers, maps every change to the CR(s) it affects and queues those
-  names as dirty. Namespaced informers are started per driver namespace (the CR's
-  ``spec.namespace``) when the first CR naming that namespace shows up, so the reporter's
-  RBAC can stay a Role in the driver's namespace. Objects are cached whether or not their CR
-  exists yet, so sub-objects that appear before their CR are already known when it arrives.
-- Secrets are not watched: the reporter may only ``get`` the deployment's two Secrets by name
-  (issue 4: "get on the deployment's two Secrets by name only"). ``Observer`` fetches them on
-  every reconcile of a dirty CR, at resync, and in a short poll loop (default 10 s) whose
-  resourceVersion comparison marks the CR dirty when a Secret changed. A watch with
-  ``fieldSelector=metadata.name=X`` would be authorized by resourceNames too, but only with
-  the extra ``list``/``watch`` verbs on Secrets, which is more than the issue grants.
+  names as dirty. Two layouts:
+  * named CRs (``--deployment``, what the Pulumi program deploys): per CR, its cluster-scoped
+    objects and its two Secrets are watched *by name* (``fieldSelector=metadata.name=X``,
+    which RBAC ``resourceNames`` authorize), and the namespaced kinds per driver namespace by
+    label. The informers of a CR (and of a namespace no CR uses any more) are stopped when the
+    CR is deleted or moves, and their caches dropped.
+  * every CR (no ``--deployment``): one cluster-wide informer per kind, by label. Threads and
+    watches then stay constant however many deployments exist (it needs cluster-wide read
+    RBAC, which is the price of watching every deployment with one process).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kubernetes.client.exceptions import ApiException
 
@@ -44,8 +47,8 @@ from pmem_components.names import (
     PART_OF,
     DeploymentNames,
 )
-from reporter import model
-from reporter.kubeapi import Api, Obj, Resource
+from reporter import model, trim
+from reporter.kubeapi import Api, Obj, Resource, Transform, is_too_large_resource_version
 from reporter.metrics import Metrics
 from reporter.retry import GONE, Backoff, describe_error
 
@@ -53,6 +56,9 @@ log = logging.getLogger(__name__)
 
 CR = Resource(CRD_KIND, f"{CRD_GROUP}/{CRD_STORAGE_VERSION}", CRD_PLURAL, False)
 POD = Resource("Pod", "v1", "pods", True)
+ALL_NAMESPACES = "*"
+# A watch that ends sooner than this without delivering anything counts as a failure (backoff).
+MIN_WATCH_SECONDS = 1.0
 
 
 def resource_for(kind: str) -> Resource:
@@ -62,7 +68,7 @@ def resource_for(kind: str) -> Resource:
 
 
 SECRET = resource_for(model.SECRET)
-# Watched per driver namespace (Secrets are fetched by name instead, see module docstring).
+# Watched per driver namespace by label (Secrets are watched by name in the named layout).
 NAMESPACED_KINDS: tuple[Resource, ...] = (
     *(
         resource_for(kind)
@@ -75,7 +81,9 @@ CLUSTER_KINDS: tuple[Resource, ...] = tuple(
     resource_for(kind) for kind, api in model.API_RESOURCES.items() if not api.namespaced
 )
 
-# (event type, new object or None, old object or None)
+# (informer, event type, new object or None, old object or None). Event type "SETTLED" (no
+# objects) says the informer listed, or failed with 401/403, for the first time since a
+# (re)start: CRs depending on it can be computed now.
 ChangeCallback = Callable[["Informer", str, Obj | None, Obj | None], None]
 
 
@@ -88,6 +96,18 @@ def obj_rv(obj: Obj | None) -> str | None:
     return None if obj is None else (obj.get("metadata") or {}).get("resourceVersion")
 
 
+def rv_older(candidate: str | None, known: str | None) -> bool:
+    """True when ``candidate`` is provably older than ``known``.
+
+    resourceVersions are opaque by contract, but every API server backed by etcd uses the
+    etcd revision, an integer; only when both parse is a comparison made.
+    """
+    try:
+        return int(candidate or "") < int(known or "")
+    except ValueError:
+        return False
+
+
 def label_selector_for(deployments: Iterable[str] | None) -> str:
     """Server-side selector for the sub-objects of the given CRs (None: of every CR)."""
     selector = f"{LABEL_PART_OF}={PART_OF}"
@@ -95,6 +115,12 @@ def label_selector_for(deployments: Iterable[str] | None) -> str:
         instances = sorted({DeploymentNames(name).hyphened for name in deployments})
         selector += f",{LABEL_INSTANCE} in ({','.join(instances)})"
     return selector
+
+
+def _transform_for(res: Resource) -> Transform:
+    if res.kind == CRD_KIND:
+        return trim.custom_resource
+    return trim.BY_KIND.get(res.kind, trim.existence)
 
 
 class Informer:
@@ -111,8 +137,9 @@ class Informer:
         label_selector: str | None = None,
         field_selector: str | None = None,
         backoff: Backoff | None = None,
-        watch_timeout: tuple[int, int] = (300, 600),
-        sleep: Callable[[float], None] = time.sleep,
+        watch_timeout: tuple[int, int] = (240, 300),
+        clock: Callable[[], float] = time.monotonic,
+        owner: str | None = None,
     ) -> None:
         self.api = api
         self.res = res
@@ -123,15 +150,22 @@ class Informer:
         self.field_selector = field_selector
         self.backoff = backoff or Backoff(base=0.5, cap=30.0, max_attempts=0)
         self.watch_timeout = watch_timeout
-        self.sleep = sleep
+        self.clock = clock
+        self.owner = owner  # the CR a by-name informer belongs to (None: shared)
+        self.transform = _transform_for(res)
         self.resource_version: str | None = None
         self.restarts = 0
         self.relists = 0
-        self._cache: dict[tuple[str, str], Obj] = {}
+        self.error: str | None = None  # last 401/403, until the next successful list
+        # namespace -> name -> trimmed object: pods of one namespace without a scan.
+        self._cache: dict[str, dict[str, Obj]] = {}
         self._lock = threading.Lock()
         self._synced = threading.Event()
+        self._settled_once = False
+        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._stream: object | None = None
+        self._events_in_session = 0
 
     @property
     def label(self) -> str:
@@ -140,7 +174,8 @@ class Informer:
 
     def __repr__(self) -> str:
         where = f" in {self.namespace}" if self.namespace else ""
-        return f"Informer({self.res.plural}{where})"
+        which = f" {self.field_selector}" if self.field_selector else ""
+        return f"Informer({self.res.plural}{where}{which})"
 
     # --- cache access -------------------------------------------------------------------
 
@@ -148,60 +183,108 @@ class Informer:
     def synced(self) -> bool:
         return self._synced.is_set()
 
+    @property
+    def settled(self) -> bool:
+        """Listed, or known to be unreadable (401/403): either way the status can be computed."""
+        return self._synced.is_set() or self.error is not None
+
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
 
     def get(self, name: str, namespace: str | None = None) -> Obj | None:
         with self._lock:
-            return self._cache.get((namespace or "", name))
+            return self._cache.get(namespace or "", {}).get(name)
 
-    def items(self) -> list[Obj]:
+    def items(self, namespace: str | None = None) -> list[Obj]:
+        """Cached objects, of one namespace when given."""
         with self._lock:
-            return list(self._cache.values())
+            if namespace is not None:
+                return list(self._cache.get(namespace, {}).values())
+            return [obj for objs in self._cache.values() for obj in objs.values()]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(objs) for objs in self._cache.values())
 
     def put(self, obj: Obj) -> None:
         """Store an object we just wrote (the API's answer) before its watch event arrives.
 
         Without it a change queued in between would be computed against the pre-write status
-        and end in a needless 409. The watch event later replaces it with the same or newer.
+        and end in a needless 409. The watch event of that write later carries the same
+        resourceVersion and is then recognised as nothing new (no self-triggered reconcile);
+        an older event can no longer roll the cache back.
         """
+        obj = self.transform(obj)
+        ns, name = obj_key(obj)
         with self._lock:
-            key = obj_key(obj)
-            if key in self._cache:
-                self._cache[key] = obj
+            objs = self._cache.get(ns)
+            if objs is not None and name in objs and not rv_older(obj_rv(obj), obj_rv(objs[name])):
+                objs[name] = obj
+
+    def _store(self, obj: Obj) -> None:
+        ns, name = obj_key(obj)
+        self._cache.setdefault(ns, {})[name] = obj
+
+    def _drop(self, key: tuple[str, str]) -> Obj | None:
+        ns, name = key
+        objs = self._cache.get(ns)
+        if objs is None:
+            return None
+        before = objs.pop(name, None)
+        if not objs:
+            del self._cache[ns]
+        return before
 
     # --- list and watch -----------------------------------------------------------------
 
     def relist(self) -> None:
         """Replace the cache by a fresh list, reporting the difference as changes."""
         items, rv = self.api.list(
-            self.res, self.namespace, self.label_selector, self.field_selector
+            self.res,
+            self.namespace,
+            self.label_selector,
+            self.field_selector,
+            transform=self.transform,
         )
-        fresh = {obj_key(obj): obj for obj in items}
+        fresh: dict[str, dict[str, Obj]] = {}
+        for obj in items:
+            ns, name = obj_key(obj)
+            fresh.setdefault(ns, {})[name] = obj
         with self._lock:
             old = self._cache
             self._cache = fresh
             self.resource_version = rv
+            self.error = None
         self.relists += 1
-        for key, obj in old.items():
-            if key not in fresh:
-                self._notify("DELETED", None, obj)
-        for key, obj in fresh.items():
-            before = old.get(key)
-            if before is None:
-                self._notify("ADDED", obj, None)
-            elif obj_rv(before) != obj_rv(obj):
-                self._notify("MODIFIED", obj, before)
+        for ns, objs in old.items():
+            for name, obj in objs.items():
+                if name not in fresh.get(ns, {}):
+                    self._notify("DELETED", None, obj)
+        for ns, objs in fresh.items():
+            for name, obj in objs.items():
+                before = old.get(ns, {}).get(name)
+                if before is None:
+                    self._notify("ADDED", obj, None)
+                elif obj_rv(before) != obj_rv(obj):
+                    self._notify("MODIFIED", obj, before)
         self._synced.set()
+        self._settle()
+
+    def _settle(self) -> None:
+        if not self._settled_once:
+            self._settled_once = True
+            self._notify("SETTLED", None, None)
 
     def watch_once(self) -> None:
         """One watch session from the current resourceVersion until the server ends it.
 
-        A 410 Gone (as an HTTP error or as an ERROR event) forgets the resourceVersion, so the
-        next ``run_once`` re-lists. Other ERROR events raise like HTTP errors do.
+        A 410 Gone or a "too large resourceVersion" (as an HTTP error or as an ERROR event)
+        forgets the resourceVersion, so the next ``run_once`` re-lists. Other ERROR events
+        raise like HTTP errors do.
         """
         assert self.resource_version is not None
         timeout = random.randint(*self.watch_timeout)
+        self._events_in_session = 0
         try:
             stream = self.api.watch(
                 self.res,
@@ -212,13 +295,16 @@ class Informer:
                 timeout_seconds=timeout,
             )
         except ApiException as exc:
-            if exc.status == GONE:
-                self._gone()
+            if exc.status == GONE or is_too_large_resource_version(exc):
+                self._gone(str(exc.status))
                 return
             raise
         self._stream = stream
         try:
             for event in stream:
+                if self._stop.is_set():
+                    return
+                self._events_in_session += 1
                 if not self._handle(event):
                     return
         finally:
@@ -232,8 +318,13 @@ class Informer:
         obj = event.get("object") or {}
         if etype == "ERROR":
             code = obj.get("code")
-            if code == GONE:
-                self._gone()
+            causes = (obj.get("details") or {}).get("causes") or []
+            too_large = code == 504 and (
+                any(c.get("reason") == "ResourceVersionTooLarge" for c in causes)
+                or "Too large resource version" in str(obj.get("message") or "")
+            )
+            if code == GONE or too_large:
+                self._gone(str(code))
                 return False
             raise ApiException(status=code or 500, reason=f"{obj.get('reason')}: watch error")
         rv = obj_rv(obj)
@@ -245,24 +336,29 @@ class Informer:
             log.warning("%r: unknown watch event type %r ignored", self, etype)
             return True
         obj.setdefault("kind", self.res.kind)
-        obj.setdefault("apiVersion", self.res.api_version)
+        obj = self.transform(obj)
         key = obj_key(obj)
         with self._lock:
-            before = self._cache.get(key)
-            if etype == "DELETED":
-                self._cache.pop(key, None)
-            else:
-                self._cache[key] = obj
+            before = self._cache.get(key[0], {}).get(key[1])
             if rv:
                 self.resource_version = rv
+            if etype == "DELETED":
+                self._drop(key)
+            elif before is not None and (obj_rv(before) == rv or rv_older(rv, obj_rv(before))):
+                # Our own write (already stored by put) or an older copy: nothing new.
+                return True
+            else:
+                self._store(obj)
         if etype == "DELETED":
             self._notify(etype, None, before or obj)
         else:
             self._notify(etype, obj, before)
         return True
 
-    def _gone(self) -> None:
-        log.info("%r: resourceVersion %s is gone (410), re-listing", self, self.resource_version)
+    def _gone(self, why: str) -> None:
+        log.info(
+            "%r: resourceVersion %s unusable (%s), re-listing", self, self.resource_version, why
+        )
         self.resource_version = None
         self.metrics.relists.labels(resource=self.label).inc()
 
@@ -278,33 +374,58 @@ class Informer:
             self.relist()
         self.watch_once()
 
-    def run(self, stop: threading.Event) -> None:
-        """Loop until ``stop``: errors back off and resume from the last resourceVersion."""
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Loop until stopped: errors back off and resume from the last resourceVersion."""
         failures = 0
         first = True
-        while not stop.is_set():
+        while not self.stopped(stop):
             if not first:
                 self.restarts += 1
                 self.metrics.watch_restarts.labels(resource=self.label).inc()
             first = False
+            started = self.clock()
             try:
                 self.run_once()
-                failures = 0
             except Exception as exc:
-                if stop.is_set():
+                if self.stopped(stop):
                     return
                 status = getattr(exc, "status", None)
                 log.warning("%r: list/watch failed (%s): %s", self, status, describe_error(exc))
                 if status in (401, 403):
                     # Permissions may be granted later (RBAC created after us); the cache
-                    # stays as it was, but it must not claim to be complete.
+                    # must no longer claim to be complete, and the status says why.
                     self.resource_version = None
-                stop.wait(self.backoff.wait_for(min(failures, 8), exc))
+                    self._synced.clear()
+                    self.error = describe_error(exc)
+                    self._settle()
+                self._stop.wait(self.backoff.wait_for(min(failures, 8), exc))
                 failures += 1
+                continue
+            if self._events_in_session == 0 and self.clock() - started < MIN_WATCH_SECONDS:
+                # The server closed the watch at once (overload, a proxy, a bad RV): back off
+                # like after an error instead of reconnecting in a hot loop.
+                self._stop.wait(self.backoff.wait_for(min(failures, 8)))
+                failures += 1
+            else:
+                failures = 0
 
-    def start(self, stop: threading.Event) -> None:
+    def stopped(self, stop: threading.Event | None = None) -> bool:
+        return self._stop.is_set() or (stop is not None and stop.is_set())
+
+    def start(self, stop: threading.Event | None = None) -> None:
         self._thread = threading.Thread(target=self.run, args=(stop,), name=repr(self), daemon=True)
         self._thread.start()
+
+    def stop(self) -> None:
+        """End the loop, abort a blocking watch read, and forget the cache."""
+        self._stop.set()
+        stream = self._stream
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()  # type: ignore[attr-defined]
+        with self._lock:
+            self._cache = {}
+        self._synced.clear()
 
     @property
     def alive(self) -> bool:
@@ -312,12 +433,10 @@ class Informer:
 
 
 @dataclass
-class _Namespace:
-    informers: dict[str, Informer]
+class _Group:
+    """Informers that live and die together: those of one driver namespace, or of one CR."""
 
-    @property
-    def synced(self) -> bool:
-        return all(inf.synced for inf in self.informers.values())
+    informers: list[Informer] = field(default_factory=list)
 
 
 class Observer:
@@ -328,41 +447,57 @@ class Observer:
         api: Api,
         metrics: Metrics,
         deployments: Iterable[str] | None = None,
-        secret_poll_seconds: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         informer_factory: Callable[..., Informer] = Informer,
     ) -> None:
         self.api = api
         self.metrics = metrics
         self.deployments = sorted(set(deployments or ())) or None
-        self.secret_poll_seconds = secret_poll_seconds
         self.clock = clock
         self._new_informer = informer_factory
         self.selector = label_selector_for(self.deployments)
         self.stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._dirty: dict[str, float | None] = {}
-        self._dirty_cv = threading.Condition(self._lock)
-        self._namespaces: dict[str, _Namespace] = {}
-        self._secrets: dict[tuple[str, str], Obj | None] = {}
-        self._secrets_lock = threading.Lock()
+        self._dirty_cv = threading.Condition(threading.Lock())
+        self._groups: dict[str, _Group] = {}
         self._started = False
-        self._threads: list[threading.Thread] = []
-        # CR informers: one per configured name (a field selector, so RBAC may restrict the
-        # CR to resourceNames), or one for all CRs.
+        # kind -> {namespace or ALL_NAMESPACES or "" (cluster-scoped) -> informers}
+        self._index: dict[str, dict[str, list[Informer]]] = {}
         if self.deployments:
+            # By name, so RBAC may restrict the CR to resourceNames.
             self.cr_informers = [
                 self._informer(CR, field_selector=f"metadata.name={name}")
                 for name in self.deployments
             ]
+            self.shared: list[Informer] = []
         else:
             self.cr_informers = [self._informer(CR)]
-        self.cluster_informers = {
-            res.kind: self._informer(res, label_selector=self.selector) for res in CLUSTER_KINDS
-        }
+            self.shared = [
+                self._informer(res, label_selector=self.selector) for res in CLUSTER_KINDS
+            ] + [
+                self._informer(res, label_selector=self.selector)
+                for res in (*NAMESPACED_KINDS, SECRET)
+            ]
+            for inf in self.shared:
+                self._register(inf, "" if not inf.res.namespaced else ALL_NAMESPACES)
+
+    @property
+    def named(self) -> bool:
+        return self.deployments is not None
 
     def _informer(self, res: Resource, **kwargs: object) -> Informer:
         return self._new_informer(self.api, res, self._on_change, self.metrics, **kwargs)
+
+    def _register(self, inf: Informer, where: str) -> None:
+        self._index.setdefault(inf.res.kind, {}).setdefault(where, []).append(inf)
+
+    def _unregister(self, inf: Informer) -> None:
+        for where, infs in list(self._index.get(inf.res.kind, {}).items()):
+            if inf in infs:
+                infs.remove(inf)
+                if not infs:
+                    del self._index[inf.res.kind][where]
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -370,40 +505,35 @@ class Observer:
         self._started = True
         for inf in self.all_informers():
             inf.start(self.stop)
-        if self.secret_poll_seconds > 0:
-            thread = threading.Thread(target=self._poll_secrets, name="secret-poll", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        self.metrics.watches.set(len(self.all_informers()))
 
     def shutdown(self) -> None:
         self.stop.set()
+        for inf in self.all_informers():
+            inf.stop()
         with self._dirty_cv:
             self._dirty_cv.notify_all()
 
     def all_informers(self) -> list[Informer]:
         with self._lock:
-            namespaced = [i for ns in self._namespaces.values() for i in ns.informers.values()]
-        return [*self.cr_informers, *self.cluster_informers.values(), *namespaced]
+            grouped = [i for g in self._groups.values() for i in g.informers]
+        return [*self.cr_informers, *self.shared, *grouped]
 
     @property
     def synced(self) -> bool:
-        """Every cache has listed once, including those of every known CR's namespace."""
-        if not all(inf.synced for inf in self.all_informers()):
+        """Every cache has listed once, including those of every known CR."""
+        if not all(inf.synced for inf in self.cr_informers):
             return False
-        with self._lock:
-            return all(
-                ns in self._namespaces and self._namespaces[ns].synced
-                for ns in self._cr_namespaces()
-            )
+        return all(self.cr_settled(cr) for cr in self.crs()) and all(
+            inf.synced for inf in self.all_informers()
+        )
 
     @property
     def healthy(self) -> bool:
         """Every watch loop is still running (they never end on their own before stop)."""
         if not self._started:
             return False
-        return all(inf.alive for inf in self.all_informers()) and all(
-            t.is_alive() for t in self._threads
-        )
+        return all(inf.alive for inf in self.all_informers())
 
     # --- lookups (for reporter.write) -----------------------------------------------------
 
@@ -421,133 +551,158 @@ class Observer:
         for inf in self.cr_informers:
             inf.put(cr)
 
-    def namespace_synced(self, namespace: str) -> bool:
-        """The caches a CR in this namespace depends on (its own and the cluster-wide) listed."""
-        if not all(inf.synced for inf in self.cluster_informers.values()):
-            return False
+    def _informers_for(self, kind: str, namespace: str) -> list[Informer]:
+        namespaced = kind == POD.kind or model.API_RESOURCES[kind].namespaced
         with self._lock:
-            ns = self._namespaces.get(namespace)
-            return ns is not None and ns.synced
+            by_where = self._index.get(kind, {})
+            return [
+                *by_where.get(namespace if namespaced else "", []),
+                *by_where.get(ALL_NAMESPACES, []),
+            ]
+
+    def _relevant(self, cr: Obj) -> list[Informer]:
+        """The informers a CR's status is computed from (besides the CR informer)."""
+        namespace = cr_namespace(cr)
+        out: list[Informer] = []
+        kinds = {e.kind for e in model.expected_objects(DeploymentNames(_name(cr)))} | {POD.kind}
+        for kind in kinds:
+            out += self._informers_for(kind, namespace)
+        name = _name(cr)
+        return [i for i in out if i.owner in (None, name)]
+
+    def cr_settled(self, cr: Obj) -> bool:
+        """Every cache this CR depends on has listed (or is known to be unreadable)."""
+        relevant = self._relevant(cr)
+        return bool(relevant) and all(inf.settled for inf in relevant)
+
+    def unreadable_for(self, cr: Obj) -> dict[str, str]:
+        """kind -> error, for the kinds this CR depends on that the reporter cannot read."""
+        out: dict[str, str] = {}
+        for inf in self._relevant(cr):
+            if inf.error is not None and not inf.synced:
+                out.setdefault(inf.res.kind, inf.error)
+        return out
 
     def find(self, kind: str, name: str, namespace: str) -> Obj | None:
-        """A cached sub-object (Secrets: the last fetched copy), or None when missing."""
-        if kind == model.SECRET:
-            with self._secrets_lock:
-                return self._secrets.get((namespace, name))
-        if kind in self.cluster_informers:
-            return self.cluster_informers[kind].get(name)
-        with self._lock:
-            ns = self._namespaces.get(namespace)
-        if ns is None:
-            return None
-        inf = ns.informers.get(kind)
-        return inf.get(name, namespace) if inf else None
+        """A cached sub-object, or None when missing."""
+        for inf in self._informers_for(kind, namespace):
+            obj = inf.get(name, namespace if inf.res.namespaced else None)
+            if obj is not None:
+                return obj
+        return None
 
     def pods(self, namespace: str) -> list[Obj]:
+        return [p for inf in self._informers_for(POD.kind, namespace) for p in inf.items(namespace)]
+
+    # --- named layout: informers per CR and per namespace ---------------------------------
+
+    def ensure_for(self, cr: Obj) -> None:
+        """Start the informers a named CR needs (no-op in the every-CR layout)."""
+        if not self.named:
+            return
+        name, namespace = _name(cr), cr_namespace(cr)
+        self._ensure_group(f"ns/{namespace}", lambda: self._namespace_informers(namespace))
+        self._ensure_group(f"cr/{name}/{namespace}", lambda: self._cr_informers(name, namespace))
+
+    def _namespace_informers(self, namespace: str) -> list[tuple[Informer, str]]:
+        return [
+            (self._informer(res, namespace=namespace, label_selector=self.selector), namespace)
+            for res in NAMESPACED_KINDS
+        ]
+
+    def _cr_informers(self, name: str, namespace: str) -> list[tuple[Informer, str]]:
+        out: list[tuple[Informer, str]] = []
+        for exp in model.expected_objects(DeploymentNames(name)):
+            res = resource_for(exp.kind)
+            if exp.kind == model.SECRET:
+                inf = self._informer(
+                    res,
+                    namespace=namespace,
+                    field_selector=f"metadata.name={exp.name}",
+                    owner=name,
+                )
+                out.append((inf, namespace))
+            elif not exp.namespaced:
+                inf = self._informer(res, field_selector=f"metadata.name={exp.name}", owner=name)
+                out.append((inf, ""))
+        return out
+
+    def _ensure_group(self, key: str, build: Callable[[], list[tuple[Informer, str]]]) -> None:
         with self._lock:
-            ns = self._namespaces.get(namespace)
-        return ns.informers[POD.kind].items() if ns else []
+            if key in self._groups:
+                return
+            made = build()
+            self._groups[key] = _Group([inf for inf, _ in made])
+            for inf, where in made:
+                self._register(inf, where)
+        log.info("watching %s", key)
+        if self._started:
+            for inf, _ in made:
+                inf.start(self.stop)
+            self.metrics.watches.set(len(self.all_informers()))
 
-    # --- secrets ------------------------------------------------------------------------
-
-    def refresh_secrets(self, cr: Obj, changed_at: float | None = None) -> bool:
-        """GET the CR's two Secrets by name; True (and the CR marked dirty) if one changed.
-
-        A forbidden Secret counts as missing: the status then says so, which is the most
-        useful thing a reporter without access can say. The Secret's data is kept for the
-        certificate checks and never logged.
-        """
-        name = (cr.get("metadata") or {}).get("name") or ""
-        names = DeploymentNames(name)
-        namespace = _cr_namespace(cr)
-        changed = False
-        for secret in (names.registry_secret, names.node_secret):
-            try:
-                obj = self.api.get(SECRET, secret, namespace)
-            except ApiException as exc:
-                if exc.status not in (401, 403):
-                    raise
-                log.warning("no access to Secret %s/%s: %s", namespace, secret, describe_error(exc))
-                obj = None
-            key = (namespace, secret)
-            with self._secrets_lock:
-                before = self._secrets.get(key)
-                self._secrets[key] = obj
-            if obj_rv(before) != obj_rv(obj) or (before is None) != (obj is None):
-                changed = True
-        if changed:
-            self.mark_dirty(name, changed_at if changed_at is not None else self.clock())
-        return changed
-
-    def _poll_secrets(self) -> None:
-        while not self.stop.wait(self.secret_poll_seconds):
-            for cr in self.crs():
-                try:
-                    self.refresh_secrets(cr)
-                except Exception as exc:
-                    log.warning("polling Secrets failed: %s", describe_error(exc))
+    def _prune_groups(self) -> None:
+        """Stop the informers no current CR needs: deleted CRs, namespaces left behind."""
+        if not self.named:
+            return
+        wanted: set[str] = set()
+        for cr in self.crs():
+            wanted |= {f"ns/{cr_namespace(cr)}", f"cr/{_name(cr)}/{cr_namespace(cr)}"}
+        with self._lock:
+            dead = {k: g for k, g in self._groups.items() if k not in wanted}
+            for key, group in dead.items():
+                del self._groups[key]
+                for inf in group.informers:
+                    self._unregister(inf)
+        for key, group in dead.items():
+            log.info("no longer watching %s", key)
+            for inf in group.informers:
+                inf.stop()
+        if dead and self._started:
+            self.metrics.watches.set(len(self.all_informers()))
 
     # --- change tracking ----------------------------------------------------------------
 
-    def _cr_namespaces(self) -> set[str]:
-        return {_cr_namespace(cr) for cr in self.crs()}
-
     def _known_names(self) -> set[str]:
-        names = {(cr.get("metadata") or {}).get("name") or "" for cr in self.crs()}
+        names = {_name(cr) for cr in self.crs()}
         names.update(self.deployments or ())
         names.discard("")
         return names
 
-    def affected(self, res: Resource, obj: Obj) -> set[str]:
+    def affected(self, inf: Informer, obj: Obj) -> set[str]:
         """Names of the CRs whose status may depend on this object."""
-        meta = obj.get("metadata") or {}
-        if res.kind == CR.kind and res.api_version == CR.api_version:
-            return {meta.get("name") or ""}
-        instance = (meta.get("labels") or {}).get(LABEL_INSTANCE)
+        if inf.res.kind == CR.kind and inf.res.api_version == CR.api_version:
+            return {_name(obj)}
+        if inf.owner is not None:
+            return {inf.owner}
+        instance = ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_INSTANCE)
         return {n for n in self._known_names() if DeploymentNames(n).hyphened == instance}
+
+    def _settled_names(self, inf: Informer) -> set[str]:
+        """CRs that may become computable because this informer listed or failed."""
+        if inf in self.cr_informers:
+            return {_name(cr) for cr in inf.items()}
+        if inf.owner is not None:
+            return {inf.owner}
+        return {_name(cr) for cr in self.crs() if inf.namespace in (None, cr_namespace(cr))}
 
     def _on_change(self, inf: Informer, etype: str, obj: Obj | None, before: Obj | None) -> None:
         now = self.clock()
+        if etype == "SETTLED":
+            for name in self._settled_names(inf):
+                self.mark_dirty(name, now)
+            return
         names: set[str] = set()
         for o in (obj, before):
             if o is not None:
-                names |= self.affected(inf.res, o)
-        if inf.res is CR and obj is not None:
-            self.ensure_namespace(_cr_namespace(obj))
+                names |= self.affected(inf, o)
+        if inf in self.cr_informers:
+            if obj is not None:
+                self.ensure_for(obj)
+            if obj is None or (before is not None and cr_namespace(before) != cr_namespace(obj)):
+                self._prune_groups()
         for name in names:
             self.mark_dirty(name, now)
-
-    def ensure_namespace(self, namespace: str) -> None:
-        """Start the namespaced informers of a driver namespace, once."""
-        with self._lock:
-            if namespace in self._namespaces:
-                return
-            informers = {
-                res.kind: self._informer(res, namespace=namespace, label_selector=self.selector)
-                for res in NAMESPACED_KINDS
-            }
-            self._namespaces[namespace] = _Namespace(informers)
-        log.info("watching driver namespace %s", namespace)
-        if self._started:
-            for inf in informers.values():
-                inf.start(self.stop)
-            thread = threading.Thread(target=self._mark_when_synced, args=(namespace,), daemon=True)
-            thread.start()
-
-    def _mark_when_synced(self, namespace: str) -> None:
-        """Once a namespace's caches are complete, its CRs need a (possibly first) status.
-
-        Individual ADDED events already mark CRs dirty, but a namespace where every
-        sub-object is missing produces none, and its CRs still need DriverDeployed=False.
-        """
-        while not self.stop.is_set():
-            if self.namespace_synced(namespace):
-                now = self.clock()
-                for cr in self.crs():
-                    if _cr_namespace(cr) == namespace:
-                        self.mark_dirty((cr.get("metadata") or {}).get("name") or "", now)
-                return
-            self.stop.wait(0.1)
 
     def mark_dirty(self, name: str, changed_at: float | None = None) -> None:
         """Queue a CR for reconcile; keep the earliest unprocessed change time."""
@@ -576,5 +731,9 @@ class Observer:
             return dirty
 
 
-def _cr_namespace(cr: Obj) -> str:
+def _name(cr: Obj) -> str:
+    return str((cr.get("metadata") or {}).get("name") or "")
+
+
+def cr_namespace(cr: Obj) -> str:
     return str((cr.get("spec") or {}).get("namespace") or model.DEFAULT_NAMESPACE)

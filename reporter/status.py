@@ -6,6 +6,18 @@ can recompute on every event without cost. The shape follows the reference opera
 keep working, with two upgrades: conditions use the KEP-1623 (``metav1.Condition``) shape, and
 readiness follows the kstatus rules instead of only comparing two counters.
 
+Phases follow kstatus' three outcomes, so that a rollout or a node joining a large cluster is
+not reported as a failure (at thousands of nodes one node is always starting, and a binary
+Running/Failed phase would flap and fire Warning Events all day):
+- ``Running`` (kstatus Current): every condition True and both driver components Ready.
+- ``Progressing`` (kstatus InProgress): not there yet, but nothing is known to be broken --
+  pods starting, a rollout under way, a node not ready, an object that could not be read.
+- ``Failed``: a real failure -- a missing object, missing or invalid certificates, a pod in a
+  crash loop, failing to pull its image, unschedulable or failed -- or no progress for longer
+  than the progress deadline (``DEFAULT_PROGRESS_DEADLINE``, the default of a Deployment's
+  ``progressDeadlineSeconds``). Progress is measured from the last change of any unready
+  component's reason or unready condition, so a rollout that keeps moving never times out.
+
 Timestamps are carried over from the current status wherever the meaning did not change,
 because a timestamp that moves on every resync would make every resync a write.
 """
@@ -17,8 +29,8 @@ import binascii
 import copy
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
-from typing import Any, Literal
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, NamedTuple
 
 from reporter.certcheck import Validator, default_verifier
 from reporter.model import (
@@ -44,10 +56,30 @@ NODE = "Node"
 READY = "Ready"
 NOT_READY = "NotReady"
 
-# Phases (reference: DeploymentPhase). PHASE_NEW is what an unobserved CR shows.
+# Phases (reference: DeploymentPhase, plus kstatus' InProgress). PHASE_NEW is what an
+# unobserved CR shows. The CRD's status.phase enum lists exactly these.
 PHASE_NEW = ""
 PHASE_RUNNING = "Running"
+PHASE_PROGRESSING = "Progressing"
 PHASE_FAILED = "Failed"
+PHASES = (PHASE_NEW, PHASE_RUNNING, PHASE_PROGRESSING, PHASE_FAILED)
+
+# How long a deployment may make no progress before Progressing turns into Failed.
+DEFAULT_PROGRESS_DEADLINE = timedelta(seconds=600)
+
+# Container waiting reasons that are failures, not steps of a normal start (kubelet's names).
+FAILING_WAITING_REASONS = frozenset(
+    {
+        "CrashLoopBackOff",
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+    }
+)
 
 RUNNING_REASON = "All driver components are deployed successfully"
 
@@ -120,6 +152,14 @@ def _certs_ready(
     """CertsReady, plus the decoded secrets when it is True (input for CertsVerified)."""
     gen = observed.generation
     ns = observed.namespace
+    unreadable = observed.unreadable.get(SECRET)
+    if unreadable is not None:
+        # A failed read says nothing about the Secrets: not "missing", and no Warning Event.
+        message = (
+            f"Secrets {ns}/{observed.names.registry_secret} and {ns}/{observed.names.node_secret} "
+            f"could not be read: {unreadable}"
+        )
+        return _condition(CERTS_READY, UNKNOWN, "SecretsUnreadable", message, gen), None
     problems: list[str] = []
     reason = "SecretsComplete"
     decoded: dict[str, dict[str, str]] = {}
@@ -220,13 +260,20 @@ def _certs_verified(
 def _driver_deployed(observed: Observed) -> Obj:
     gen = observed.generation
     expected = expected_objects(observed.names)
-    missing = [f"{e.kind}/{e.name}" for e in expected if observed.get(e.kind, e.name) is None]
+    readable = [e for e in expected if e.kind not in observed.unreadable]
+    missing = [f"{e.kind}/{e.name}" for e in readable if observed.get(e.kind, e.name) is None]
     if missing:
         message = (
             f"Missing {', '.join(missing)}; run `pulumi up --refresh` to re-create "
             f"{'it' if len(missing) == 1 else 'them'}"
         )
         return _condition(DRIVER_DEPLOYED, FALSE, "ObjectsMissing", message, gen)
+    unknown = sorted({e.kind for e in expected} & set(observed.unreadable))
+    if unknown:
+        message = "; ".join(
+            f"{kind} objects could not be read: {observed.unreadable[kind]}" for kind in unknown
+        )
+        return _condition(DRIVER_DEPLOYED, UNKNOWN, "ObjectsUnreadable", message, gen)
     return _condition(
         DRIVER_DEPLOYED,
         TRUE,
@@ -297,6 +344,48 @@ def pod_problem(pod: Obj) -> str:
     return "NotReady"
 
 
+def pod_failure(pod: Obj) -> str | None:
+    """The problem of a pod that is broken rather than on its way (None: not broken).
+
+    A crash loop, an image that cannot be pulled, a pod the scheduler cannot place or a
+    pod that ended in phase Failed: each needs a person, so it makes the phase Failed at once.
+    Everything else (Pending, ContainerCreating, a node not ready) is progress.
+    """
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == FALSE
+            and cond.get("reason") == "Unschedulable"
+        ):
+            return pod_problem(pod)
+    if status.get("phase") == "Failed":
+        return pod_problem(pod)
+    for cs in list(status.get("initContainerStatuses") or []) + list(
+        status.get("containerStatuses") or []
+    ):
+        if ((cs.get("state") or {}).get("waiting") or {}).get("reason") in FAILING_WAITING_REASONS:
+            return pod_problem(pod)
+    return None
+
+
+def _failing_pods(pods: Sequence[Obj]) -> str | None:
+    """'<pod> on <node>: <problem>' of the first broken pod (by name), and how many more."""
+    failing = sorted(
+        ((p.get("metadata") or {}).get("name", "?"), p) for p in pods if pod_failure(p)
+    )
+    if not failing:
+        return None
+    name, pod = failing[0]
+    node = (pod.get("spec") or {}).get("nodeName")
+    text = f"pod {name}{f' on {node}' if node else ''}: {pod_failure(pod)}"
+    if len(failing) > 1:
+        text += f" (and {len(failing) - 1} more failing pod(s))"
+    return text
+
+
 def _describe_pods(pods: Sequence[Obj], nodes: Sequence[Obj] | None) -> list[str]:
     """'<pod> on <node>: <problem>' for each pod that is not ready, sorted for stable text."""
     node_ready = {(n.get("metadata") or {}).get("name"): _node_ready(n) for n in nodes or []}
@@ -331,23 +420,39 @@ def _generation_lag(obj: Obj) -> str | None:
     return None
 
 
-def _node_component(observed: Observed) -> tuple[str, str]:
+class ComponentState(NamedTuple):
+    """A driver component's Ready/NotReady with its reason, and why it is broken (if it is)."""
+
+    status: str
+    reason: str
+    failure: str | None = None
+
+
+def _node_component(observed: Observed) -> ComponentState:
     name = observed.names.node_driver
+    if DAEMON_SET in observed.unreadable:
+        return ComponentState(
+            NOT_READY, f"DaemonSets could not be read: {observed.unreadable[DAEMON_SET]}"
+        )
     ds = observed.get(DAEMON_SET, name)
     if ds is None:
-        return NOT_READY, f"Node driver DaemonSet {observed.namespace}/{name} is missing"
+        return ComponentState(
+            NOT_READY, f"Node driver DaemonSet {observed.namespace}/{name} is missing"
+        )
     ds = {"kind": DAEMON_SET, **ds}
     lag = _generation_lag(ds)
+    failure = _failing_pods(observed.node_pods)
     pods = _describe_pods(observed.node_pods, observed.nodes)
     if lag:
-        return NOT_READY, "; ".join([lag, *pods])
+        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     desired = _int(ds, "status", "desiredNumberScheduled")
     current = _int(ds, "status", "currentNumberScheduled")
     updated = _int(ds, "status", "updatedNumberScheduled")
     available = _int(ds, "status", "numberAvailable")
     ready = _int(ds, "status", "numberReady")
     if desired == 0:
-        return NOT_READY, "Node daemon set has not started yet: no node is selected for it"
+        # kstatus: a DaemonSet that selects no node has nothing left to do (Current).
+        return ComponentState(READY, "No node is selected for the node driver (0 pods needed)")
     parts: list[str] = []
     if updated < desired:
         parts.append(f"Rollout in progress: {updated} of {desired} node driver pod(s) updated")
@@ -356,20 +461,27 @@ def _node_component(observed: Observed) -> tuple[str, str]:
     if ready < desired or available < desired:
         parts.append(f"{min(ready, available)} out of {desired} driver pods are ready")
     if parts:
-        return NOT_READY, "; ".join(parts + pods)
-    return READY, f"All {desired} node driver pod(s) running successfully"
+        return ComponentState(NOT_READY, "; ".join(parts + pods), failure)
+    return ComponentState(READY, f"All {desired} node driver pod(s) running successfully")
 
 
-def _controller_component(observed: Observed) -> tuple[str, str]:
+def _controller_component(observed: Observed) -> ComponentState:
     name = observed.names.controller_driver
+    if STATEFUL_SET in observed.unreadable:
+        return ComponentState(
+            NOT_READY, f"StatefulSets could not be read: {observed.unreadable[STATEFUL_SET]}"
+        )
     ss = observed.get(STATEFUL_SET, name)
     if ss is None:
-        return NOT_READY, f"Controller driver StatefulSet {observed.namespace}/{name} is missing"
+        return ComponentState(
+            NOT_READY, f"Controller driver StatefulSet {observed.namespace}/{name} is missing"
+        )
     ss = {"kind": STATEFUL_SET, **ss}
     lag = _generation_lag(ss)
+    failure = _failing_pods(observed.controller_pods)
     pods = _describe_pods(observed.controller_pods, observed.nodes)
     if lag:
-        return NOT_READY, "; ".join([lag, *pods])
+        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     spec_replicas = _int(ss, "spec", "replicas", default=1)
     replicas = _int(ss, "status", "replicas")
     ready = _int(ss, "status", "readyReplicas")
@@ -378,11 +490,12 @@ def _controller_component(observed: Observed) -> tuple[str, str]:
     current_rev = (ss.get("status") or {}).get("currentRevision")
     update_rev = (ss.get("status") or {}).get("updateRevision")
     if spec_replicas == 0:
-        return NOT_READY, "Controller stateful set is scaled to 0 replicas"
+        return ComponentState(NOT_READY, "Controller stateful set is scaled to 0 replicas")
     parts: list[str] = []
     if replicas > spec_replicas:
         parts.append(f"Waiting for {replicas - spec_replicas} extra pod(s) to terminate")
     strategy = (ss.get("spec") or {}).get("updateStrategy") or {}
+    partition = 0
     if strategy.get("type", "RollingUpdate") == "RollingUpdate":
         partition = _int(strategy, "rollingUpdate", "partition")
         want_updated = max(spec_replicas - partition, 0)
@@ -396,11 +509,15 @@ def _controller_component(observed: Observed) -> tuple[str, str]:
         parts.append(
             f"Waiting for stateful set to be ready: {ready} of {spec_replicas} replicas are ready"
         )
-    elif current < spec_replicas and not parts:
+    elif current < spec_replicas and not parts and partition == 0:
+        # With a partition, pods below it stay at the old revision by design: kstatus calls
+        # a partitioned rollout done once the pods above the partition are updated.
         parts.append(f"{current} of {spec_replicas} controller pod(s) at the current revision")
     if parts:
-        return NOT_READY, "; ".join(parts + pods)
-    return READY, f"{ready} instance(s) of controller driver is running successfully"
+        return ComponentState(NOT_READY, "; ".join(parts + pods), failure)
+    return ComponentState(
+        READY, f"{ready} instance(s) of controller driver is running successfully"
+    )
 
 
 # --------------------------------------------------------------------------- status
@@ -454,9 +571,9 @@ def _carry_condition_times(conditions: list[Obj], old: Obj, now_s: str) -> None:
             cond["lastTransitionTime"] = now_s
 
 
-def _component(component: str, state: tuple[str, str], old: Obj, now_s: str) -> Obj:
+def _component(component: str, state: ComponentState, old: Obj, now_s: str) -> Obj:
     """A driverComponents entry; lastUpdated only moves when status or reason changed."""
-    status, reason = state
+    status, reason = state.status, state.reason
     entry: Obj = {"component": component, "status": status, "reason": reason}
     for prev in old.get("driverComponents") or []:
         if (
@@ -473,7 +590,7 @@ def _component(component: str, state: tuple[str, str], old: Obj, now_s: str) -> 
 
 
 def _summary(conditions: Iterable[Obj], components: Iterable[Obj]) -> str:
-    """Short reason for a Failed phase: what is wrong, first cause first."""
+    """Short reason for a phase other than Running: what is not done, first cause first."""
     parts: list[str] = []
     for cond in conditions:
         if cond["status"] != TRUE:
@@ -489,14 +606,51 @@ def _utc(t: datetime) -> datetime:
     return t.replace(tzinfo=UTC) if t.tzinfo is None else t.astimezone(UTC)
 
 
+def _parse_time(value: Any) -> datetime | None:
+    try:
+        return datetime.strptime(str(value), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def _phase(
+    conditions: Sequence[Obj],
+    components: Sequence[Obj],
+    failures: Sequence[str],
+    now: datetime,
+    progress_deadline: timedelta,
+) -> tuple[str, str]:
+    """Phase and its reason from conditions, components and real failures (module docstring)."""
+    if all(c["status"] == TRUE for c in conditions) and all(
+        c["status"] == READY for c in components
+    ):
+        return PHASE_RUNNING, RUNNING_REASON
+    summary = _summary(conditions, components)
+    if any(c["status"] == FALSE for c in conditions) or failures:
+        return PHASE_FAILED, "; ".join([*failures, summary]) if failures else summary
+    # The last change of anything unfinished is the last sign of progress.
+    stamps = [_parse_time(c.get("lastTransitionTime")) for c in conditions if c["status"] != TRUE]
+    stamps += [_parse_time(c.get("lastUpdated")) for c in components if c["status"] != READY]
+    known = [t for t in stamps if t is not None]
+    if known and now - max(known) > progress_deadline:
+        minutes = int(progress_deadline.total_seconds() // 60)
+        return PHASE_FAILED, f"No progress for more than {minutes} minute(s): {summary}"
+    return PHASE_PROGRESSING, summary
+
+
 def compute_status(
-    observed: Observed, now: datetime, *, verify_certs: Validator | None = None
+    observed: Observed,
+    now: datetime,
+    *,
+    verify_certs: Validator | None = None,
+    progress_deadline: timedelta = DEFAULT_PROGRESS_DEADLINE,
 ) -> Obj:
     """The full desired ``.status`` of the CR in ``observed``.
 
-    Always yields phase Running or Failed; ``""`` (PHASE_NEW) only exists before the first
-    write. Timestamps of unchanged parts are taken from the CR's current status.
-    ``verify_certs`` defaults to the process-wide memoized verifier (reporter.certcheck).
+    Yields phase Running, Progressing or Failed (module docstring); ``""`` (PHASE_NEW) only
+    exists before the first write. Timestamps of unchanged parts are taken from the CR's
+    current status. ``verify_certs`` defaults to the process-wide memoized verifier
+    (reporter.certcheck).
     """
     now = _utc(now)
     old = without_implausible_times(observed.current_status, observed.cr, now)
@@ -508,16 +662,13 @@ def compute_status(
         _driver_deployed(observed),
     ]
     _carry_condition_times(conditions, old, now_s)
-    components = [
-        _component(CONTROLLER, _controller_component(observed), old, now_s),
-        _component(NODE, _node_component(observed), old, now_s),
-    ]
-    healthy = all(c["status"] == TRUE for c in conditions) and all(
-        c["status"] == READY for c in components
-    )
+    states = {CONTROLLER: _controller_component(observed), NODE: _node_component(observed)}
+    components = [_component(name, state, old, now_s) for name, state in states.items()]
+    failures = [f"{name} driver: {st.failure}" for name, st in states.items() if st.failure]
+    phase, reason = _phase(conditions, components, failures, now, progress_deadline)
     status: Obj = {
-        "phase": PHASE_RUNNING if healthy else PHASE_FAILED,
-        "reason": RUNNING_REASON if healthy else _summary(conditions, components),
+        "phase": phase,
+        "reason": reason,
         "conditions": conditions,
         "driverComponents": components,
         "lastUpdated": now_s,
@@ -573,10 +724,12 @@ def phase_event(
     """The Kubernetes Event to record on the CR when its phase changes, else None.
 
     Reasons are the reference operator's (Running / Failed) so existing event filters match.
+    Entering Progressing records nothing: at thousands of nodes some node is always joining,
+    and an Event per join would be noise; only real failures warn.
     """
     old_phase = (old_status or {}).get("phase") or PHASE_NEW
     new_phase = new_status.get("phase") or PHASE_NEW
-    if new_phase in (old_phase, PHASE_NEW):
+    if new_phase in (old_phase, PHASE_NEW, PHASE_PROGRESSING):
         return None
     if new_phase == PHASE_RUNNING:
         return "Normal", "Running", "Driver deployment successful"

@@ -11,6 +11,19 @@ change, but the precondition makes the API server refuse (409) a patch computed 
 copy, e.g. one whose lastTransitionTime bookkeeping missed another replica's last write. On a
 conflict the CR is read again and the status recomputed, so a retry never overwrites newer
 information. Spec and metadata are never modified.
+
+Write amplification: a rollout over thousands of nodes changes a count in a message with
+every pod, and the DaemonSet controller raises desiredNumberScheduled in steps, so a large
+rollout even passes through "all desired pods ready" (Running) many times. Writes are
+therefore split in two:
+- urgent (``significant_key`` differs): a failure appears or goes away (phase Failed in or
+  out), a condition's status or reason changes, the spec generation moves. Written at once.
+- everything else (Running <-> Progressing, a component flipping, message text and counts):
+  taken from a per-CR token bucket of ``burst`` writes refilled one per ``message_interval``.
+  An isolated change (a node joins: Progressing, then Running) is written at once; a storm
+  is cut to one write per interval, the newest status winning.
+The writer reports when a deferred CR is due (``deferred``) and the main loop comes back then,
+so the final state always lands.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
@@ -53,11 +66,11 @@ class Cache(Protocol):
 
     def pods(self, namespace: str) -> list[Obj]: ...
 
-    def namespace_synced(self, namespace: str) -> bool: ...
+    def cr_settled(self, cr: Obj) -> bool: ...
 
-    def ensure_namespace(self, namespace: str) -> None: ...
+    def ensure_for(self, cr: Obj) -> None: ...
 
-    def refresh_secrets(self, cr: Obj, changed_at: float | None = None) -> bool: ...
+    def unreadable_for(self, cr: Obj) -> dict[str, str]: ...
 
     def remember_cr(self, cr: Obj) -> None: ...
 
@@ -72,35 +85,24 @@ class StatusApi(Protocol):
     def create_event(self, namespace: str, event: Obj) -> Obj: ...
 
 
+CR_RESOURCE = Resource(CRD_KIND, f"{CRD_GROUP}/{CRD_STORAGE_VERSION}", CRD_PLURAL, False)
+
+
 class KubeStatusApi:
-    """``StatusApi`` on the official client: CustomObjectsApi for the CR, raw POST for Events."""
+    """``StatusApi`` on ``RawApi``: every call has the RawApi's request timeout.
+
+    (The generated CustomObjectsApi calls had none: on a half-open connection a status
+    write blocked forever while the Lease kept being renewed by another thread.)
+    """
 
     def __init__(self, raw: RawApi) -> None:
-        from kubernetes import client
-
         self.raw = raw
-        self.custom = client.CustomObjectsApi(raw.api_client)
 
     def get_cr(self, name: str) -> Obj | None:
-        try:
-            return self.custom.get_cluster_custom_object(
-                CRD_GROUP, CRD_STORAGE_VERSION, CRD_PLURAL, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self.raw.get(CR_RESOURCE, name)
 
     def patch_status(self, name: str, patch: Obj) -> Obj:
-        return self.custom.patch_cluster_custom_object_status(
-            CRD_GROUP,
-            CRD_STORAGE_VERSION,
-            CRD_PLURAL,
-            name,
-            patch,
-            field_manager=COMPONENT,
-            _content_type="application/merge-patch+json",
-        )
+        return self.raw.merge_patch_status(CR_RESOURCE, name, patch, COMPONENT)
 
     def create_event(self, namespace: str, event: Obj) -> Obj:
         return self.raw.create(EVENTS, event, namespace)
@@ -140,13 +142,37 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
     objects: dict[str, dict[str, Obj | None]] = {}
     for exp in model.expected_objects(names):
         objects.setdefault(exp.kind, {})[exp.name] = cache.find(exp.kind, exp.name, namespace)
-    pods = cache.pods(namespace)
+    controller_pods: list[Obj] = []
+    node_pods: list[Obj] = []
+    for pod in cache.pods(namespace):
+        if _owned_by(pod, "DaemonSet", names.node_driver):
+            node_pods.append(pod)
+        elif _owned_by(pod, "StatefulSet", names.controller_driver):
+            controller_pods.append(pod)
     return model.Observed(
         cr=cr,
         objects=objects,
-        controller_pods=[p for p in pods if _owned_by(p, "StatefulSet", names.controller_driver)],
-        node_pods=[p for p in pods if _owned_by(p, "DaemonSet", names.node_driver)],
+        controller_pods=controller_pods,
+        node_pods=node_pods,
         nodes=None,
+        unreadable=cache.unreadable_for(cr),
+    )
+
+
+def significant_key(st: Obj | None) -> str:
+    """What must reach the CR at once: failed or not, each condition's status and reason, and
+    the generation. Statuses with the same key are written through the per-CR rate limit.
+    """
+    s = st or {}
+    return repr(
+        (
+            s.get("phase") == status.PHASE_FAILED,
+            s.get("observedGeneration"),
+            sorted(
+                (c.get("type"), c.get("status"), c.get("reason"), c.get("observedGeneration"))
+                for c in s.get("conditions") or []
+            ),
+        )
     )
 
 
@@ -195,26 +221,37 @@ class StatusWriter:
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     monotonic: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
+    # Non-urgent writes of one CR: ``burst`` at once, then one per ``message_interval`` s.
+    message_interval: float = 10.0
+    burst: int = 3
+    progress_deadline: timedelta = status.DEFAULT_PROGRESS_DEADLINE
+    # CR name -> monotonic time when its deferred message-only change may be written.
+    deferred: dict[str, float] = field(default_factory=dict)
+    # CR name -> (tokens, monotonic time they were counted)
+    _tokens: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
+
+    def _available(self, name: str) -> float:
+        tokens, at = self._tokens.get(name, (float(self.burst), self.monotonic()))
+        now = self.monotonic()
+        return min(float(self.burst), tokens + (now - at) / self.message_interval)
+
+    def _take(self, name: str) -> None:
+        self._tokens[name] = (max(0.0, self._available(name) - 1.0), self.monotonic())
 
     def reconcile(self, name: str, changed_at: float | None = None) -> bool:
         """Bring one CR's status up to date; True when a patch was written."""
         cr = self.cache.cr(name)
         if cr is None:
+            self._tokens.pop(name, None)
+            self.deferred.pop(name, None)
             return False  # deleted (or not created yet): nothing to report on
-        namespace = cr_namespace(cr)
-        if not self.cache.namespace_synced(namespace):
-            # The namespace's caches mark the CR dirty again once they have listed.
-            self.cache.ensure_namespace(namespace)
+        if not self.cache.cr_settled(cr):
+            # Its caches mark the CR dirty again once they have listed.
+            self.cache.ensure_for(cr)
             return False
         if not self.is_leader():
             return False
         self.metrics.reconciles.inc()
-        try:
-            self.cache.refresh_secrets(cr, changed_at)
-        except Exception as exc:
-            log.warning(
-                "%s: fetching Secrets failed, using last known: %s", name, describe_error(exc)
-            )
         state: dict[str, Any] = {"cr": cr, "written": None}
 
         def attempt(n: int) -> None:
@@ -228,9 +265,20 @@ class StatusWriter:
                 current = state["cr"] = fresh
                 state["conflict"] = False
             old = dict(current.get("status") or {})
-            new = status.compute_status(build_observed(self.cache, current), self.now())
+            new = status.compute_status(
+                build_observed(self.cache, current),
+                self.now(),
+                progress_deadline=self.progress_deadline,
+            )
             if status.status_equal_ignoring_time(old, new):
+                self.deferred.pop(name, None)
                 return
+            available = self._available(name)
+            if significant_key(old) == significant_key(new) and available < 1.0 - 1e-6:
+                wait = (1.0 - available) * self.message_interval
+                self.deferred[name] = self.monotonic() + wait
+                return
+            self.deferred.pop(name, None)
             patch = {
                 "metadata": {
                     "resourceVersion": (current.get("metadata") or {}).get("resourceVersion")
@@ -264,6 +312,7 @@ class StatusWriter:
         if state["written"] is None:
             return False
         current, old, new, result = state["written"]
+        self._take(name)
         self.metrics.status_writes.inc()
         if changed_at is not None:
             self.metrics.change_to_write.observe(max(0.0, self.monotonic() - changed_at))

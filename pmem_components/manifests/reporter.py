@@ -1,18 +1,22 @@
 """The status reporter's Deployment, ServiceAccount and least-privilege RBAC.
 
-Each rule exists because ``reporter/`` makes exactly that call:
-- ClusterRole: get/list/watch on the one Deployment CR (resourceNames; the reporter lists and
-  watches it with ``fieldSelector=metadata.name=NAME``, which resourceNames authorize), patch on
-  its ``/status``; get/list/watch on the cluster-scoped kinds it checks (ClusterRoles,
-  ClusterRoleBindings, CSIDrivers), which it watches by label selector.
-- Role in the driver's namespace (where the reporter itself runs): get/list/watch on the
-  namespaced kinds it watches; ``get`` on the two certificate Secrets by name only (they are
-  read by name, never listed); the Lease: ``create`` (cannot be limited by name) and
-  get/update on its own Lease by name.
-- Role in ``default`` (``names.CLUSTER_EVENT_NAMESPACE``): create/patch on Events. Events
-  about the cluster-scoped CR are only accepted there (see ``reporter.write``), and a Role
-  there grants less than the same rule in the ClusterRole would. When the driver's namespace
-  is ``default`` itself, the rule goes into the main Role instead.
+Each rule exists because ``reporter/`` makes exactly that call (the unit test
+``tests/unit/test_reporter_rbac_calls.py`` drives the reporter against a recording API and
+checks every call is granted and every grant is used):
+- ClusterRole: list/watch on the one Deployment CR (resourceNames; the reporter lists and
+  watches it with ``fieldSelector=metadata.name=NAME``, which resourceNames authorize), get on
+  it (a fresh copy after a 409), patch on its ``/status``; list/watch by name on the three
+  cluster-scoped objects it checks (its provisioner ClusterRole and ClusterRoleBinding, its
+  CSIDriver) -- nothing else cluster-wide.
+- Role in the driver's namespace (where the reporter itself runs): list/watch on the
+  namespaced kinds it watches (by label; never a plain get); list/watch on the two
+  certificate Secrets by name only (watched with a name field selector, so no polling and no
+  other Secret); the Lease: ``create`` (cannot be limited by name) and get/update on its own
+  Lease by name.
+- Role in ``default`` (``names.CLUSTER_EVENT_NAMESPACE``): create on Events (never patched).
+  Events about the cluster-scoped CR are only accepted there (see ``reporter.write``), and a
+  Role there grants less than the same rule in the ClusterRole would. When the driver's
+  namespace is ``default`` itself, the rule goes into the main Role instead.
 Nothing here grants writes on spec, deletes, or access to other Secrets.
 """
 
@@ -27,7 +31,7 @@ COMPONENT_REPORTER = "reporter"
 METRICS_PORT = 8080
 # The image (tools/image.py) creates its non-root user with this uid and runs as it.
 REPORTER_UID = 10001
-READ = ["get", "list", "watch"]
+WATCH = ["list", "watch"]
 
 
 def _rule(
@@ -55,26 +59,27 @@ def reporter_selector(names: n.DeploymentNames) -> dict[str, str]:
     return {**names.selector_labels(), n.LABEL_COMPONENT: COMPONENT_REPORTER}
 
 
-def cluster_role_rules(names: n.DeploymentNames, restrict_to_name: bool = True) -> list[dict]:
-    cr_names = [names.name] if restrict_to_name else None
+def cluster_role_rules(names: n.DeploymentNames) -> list[dict]:
+    cr_names = [names.name]
     return [
-        _rule(n.CRD_GROUP, [n.CRD_PLURAL], READ, cr_names),
+        _rule(n.CRD_GROUP, [n.CRD_PLURAL], ["get", *WATCH], cr_names),
         _rule(n.CRD_GROUP, [f"{n.CRD_PLURAL}/status"], ["patch"], cr_names),
-        _rule(RBAC_API, ["clusterroles", "clusterrolebindings"], READ),
-        _rule("storage.k8s.io", ["csidrivers"], READ),
+        _rule(RBAC_API, ["clusterroles"], WATCH, [names.provisioner_cluster_role]),
+        _rule(RBAC_API, ["clusterrolebindings"], WATCH, [names.provisioner_cluster_role_binding]),
+        _rule("storage.k8s.io", ["csidrivers"], WATCH, [names.csi_driver]),
     ]
 
 
-EVENT_RULE = _rule("", ["events"], ["create", "patch"])
+EVENT_RULE = _rule("", ["events"], ["create"])
 
 
 def role_rules(names: n.DeploymentNames, with_events: bool = False) -> list[dict]:
     """Rules in the driver's namespace; ``with_events`` when that is the Events' namespace."""
     rules = [
-        _rule("", ["pods", "services", "serviceaccounts"], READ),
-        _rule("apps", ["daemonsets", "statefulsets"], READ),
-        _rule(RBAC_API, ["roles", "rolebindings"], READ),
-        _rule("", ["secrets"], ["get"], [names.registry_secret, names.node_secret]),
+        _rule("", ["pods", "services", "serviceaccounts"], WATCH),
+        _rule("apps", ["daemonsets", "statefulsets"], WATCH),
+        _rule(RBAC_API, ["roles", "rolebindings"], WATCH),
+        _rule("", ["secrets"], WATCH, [names.registry_secret, names.node_secret]),
         _rule("coordination.k8s.io", ["leases"], ["create"]),
         _rule("coordination.k8s.io", ["leases"], ["get", "update"], [names.reporter]),
     ]

@@ -286,8 +286,6 @@ class ReporterProcess:
             identity,
             "--resync-seconds",
             str(resync_seconds),
-            "--secret-poll-seconds",
-            "1",
             "--log-level",
             "DEBUG",
             *extra_args,

@@ -164,12 +164,17 @@ def test_adding_a_labelled_node_changes_node_message_to_four_pods(
     cluster.add_node(node, dict(cluster.PMEM_LABEL))
     try:
         wait_for(
-            lambda: component(driver.status(), "Node").get("reason")
-            == "All 4 node driver pod(s) running successfully",
+            lambda: (
+                component(driver.status(), "Node").get("reason")
+                == "All 4 node driver pod(s) running successfully"
+            ),
             STATUS_TIMEOUT,
             "Node message naming 4 pods",
         )
         assert component(driver.status(), "Node")["status"] == "Ready"
+        # A node joining is progress, not a failure: no Warning Event (kstatus phases).
+        assert driver.status()["phase"] == "Running"
+        assert ("Warning", "Failed") not in _events(api_client, driver)
     finally:
         # Other tests count 3 PMEM nodes: remove the node and, without waiting for the pod
         # garbage collector, the pods bound to it.
@@ -377,3 +382,34 @@ def test_phase_changes_produce_events_on_the_cr(
         "a Warning/Failed Event",
     )
     assert driver.status()["phase"] == "Failed"
+
+
+def test_rollout_is_progressing_and_a_daemonset_selecting_no_node_is_running(
+    driver: Driver,
+    start_reporter: Callable[..., ReporterProcess],
+    raw: RawApi,
+    api_client: Any,
+) -> None:
+    """A node driver rollout that ends with no node selected: never Failed, then Running."""
+    reporter = start_reporter()
+    wait_running(driver)
+    phases: list[str] = []
+    client.AppsV1Api(api_client).patch_namespaced_daemon_set(
+        driver.names.node_driver,
+        driver.namespace,
+        {"spec": {"template": {"spec": {"nodeSelector": {"no-such-label": "x"}}}}},
+    )
+
+    def no_node_ready() -> dict[str, Any]:
+        status = driver.status()
+        phases.append(str(status.get("phase")))
+        comp = component(status, "Node")
+        return status if "No node is selected" in str(comp.get("reason")) else {}
+
+    status = wait_for(no_node_ready, STATUS_TIMEOUT, "Node Ready with no node selected", 0.05)
+    assert component(status, "Node")["status"] == "Ready"
+    assert status["phase"] == "Running"
+    assert "Failed" not in phases
+    assert ("Warning", "Failed") not in _events(api_client, driver)
+    # The rollout (pods of three nodes going away) took few writes, not one per pod event.
+    assert reporter.metric(WRITES) <= 4

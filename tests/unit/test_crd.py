@@ -119,7 +119,7 @@ def test_spec_has_every_config_field() -> None:
 
 def test_status_schema() -> None:
     status = schema()["properties"]["status"]["properties"]
-    assert status["phase"]["enum"] == ["", "Running", "Failed"]
+    assert status["phase"]["enum"] == ["", "Running", "Progressing", "Failed"]
     assert status["reason"]["type"] == "string"
     assert status["lastUpdated"]["format"] == "date-time"
     assert status["observedGeneration"]["type"] == "integer"

@@ -52,3 +52,82 @@ def test_merge_dirty_keeps_earliest_change():
     into = {"a": 5.0, "b": None}
     merge_dirty(into, {"a": 3.0, "b": 4.0, "c": None})
     assert into == {"a": 3.0, "b": 4.0, "c": None}
+
+
+def test_healthz_turns_red_when_the_main_loop_stalls() -> None:
+    """A writer stuck in a call must not hide behind the live Lease thread."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from reporter.__main__ import Reporter
+
+    rep = Reporter.__new__(Reporter)
+    rep.stop = threading.Event()
+    rep.observer = SimpleNamespace(healthy=True)
+    rep._leader_thread = SimpleNamespace(is_alive=lambda: True)  # type: ignore[assignment]
+    rep.stall_seconds = 180.0
+    rep._beat = time.monotonic()
+    assert rep.healthy()
+    rep._beat = time.monotonic() - 181.0
+    assert not rep.healthy()
+
+
+def test_sigterm_handler_takes_no_lock_and_only_sets_stop() -> None:
+    """The handler may interrupt the main thread inside a cache lock: it must not take one."""
+    import os
+    import signal
+    import threading
+
+    from reporter.__main__ import install_signal_handlers
+
+    old = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    stop = threading.Event()
+    try:
+        install_signal_handlers(stop)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(5)
+    finally:
+        signal.signal(signal.SIGTERM, old[0])
+        signal.signal(signal.SIGINT, old[1])
+
+
+def test_reporter_process_exits_on_sigterm(tmp_path) -> None:
+    """Started against an unreachable API server (informers backing off), SIGTERM ends it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reporter",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--deployment",
+            "x",
+            "--metrics-port",
+            "0",
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and "serving" in proc.stdout.readline()
+        proc.terminate()
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

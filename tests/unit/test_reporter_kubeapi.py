@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -119,3 +120,30 @@ def test_status_patch_is_a_merge_patch_on_the_status_subresource(api: RawApi) ->
     assert path.startswith("/apis/pmem-csi.intel.com/v1beta1/deployments/pmem-csi.intel.com/status")
     assert headers["ct"] == "application/merge-patch+json"
     assert json.loads(body) == {"status": {"phase": "Running"}}
+
+
+def test_in_cluster_credentials_need_no_kubeconfig_and_disable_hidden_retries(
+    tmp_path, monkeypatch
+):
+    """As in its pod: the ServiceAccount token and CA from files, no kubeconfig anywhere."""
+    from kubernetes.config import incluster_config
+
+    from reporter import kubeapi
+
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("sa-token")
+    ca.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    api_client = kubeapi.load_api_client(None)
+    conf = api_client.configuration
+    assert conf.host == "https://10.96.0.1:443"
+    assert "sa-token" in str(conf.api_key) + str(conf.access_token or "")
+    # No urllib3 retries on top of our timeouts (a Lease renewal must not take 4x as long),
+    # and TCP keepalive so a dead connection is noticed.
+    assert conf.retries is False
+    assert any(opt[1] == socket.SO_KEEPALIVE for opt in conf.socket_options)

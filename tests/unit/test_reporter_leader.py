@@ -138,3 +138,28 @@ def test_release_lets_others_acquire_immediately():
     assert api.lease["spec"]["holderIdentity"] == ""
     assert not a.is_leader()
     assert b.step()
+
+
+def test_renew_deadline_counts_from_when_the_request_was_sent():
+    """A slow renewal answer must not extend leadership past what the Lease guarantees."""
+    api, clock = FakeLeases(), Clock()
+    a = elector(api, "a", clock)
+    assert a.step()
+    sent = clock.t + 10.0
+    clock.t = sent
+
+    class Slow(FakeLeases):
+        def replace(self, res, name, body, namespace=None):
+            clock.t += 5.0  # the answer takes 5 s
+            return FakeLeases.replace(api, res, name, body, namespace)
+
+        def get(self, res, name, namespace=None):
+            return api.get(res, name, namespace)
+
+    a.api = Slow()
+    assert a.step()
+    assert clock.t == sent + 5.0 and a.is_leader()
+    clock.t = sent + a.renew_deadline - 0.1
+    assert a.is_leader()
+    clock.t = sent + a.renew_deadline + 0.1  # answered at +5, but sent at +0
+    assert not a.is_leader()

@@ -66,15 +66,21 @@ def test_cluster_role_is_least_privilege():
     assert verbs_for(rules, "pmem-csi.intel.com", "deployments") == [
         (["get", "list", "watch"], ["pmem-csi.intel.com"])
     ]
+    # Only this deployment's own cluster-scoped objects, by name; nothing cluster-wide.
     assert verbs_for(rules, "pmem-csi.intel.com", "deployments/status") == [
         (["patch"], ["pmem-csi.intel.com"])
     ]
-    for group, res in [
-        ("rbac.authorization.k8s.io", "clusterroles"),
-        ("rbac.authorization.k8s.io", "clusterrolebindings"),
-        ("storage.k8s.io", "csidrivers"),
+    for group, res, name in [
+        ("rbac.authorization.k8s.io", "clusterroles", NAMES.provisioner_cluster_role),
+        (
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            NAMES.provisioner_cluster_role_binding,
+        ),
+        ("storage.k8s.io", "csidrivers", NAMES.csi_driver),
     ]:
-        assert verbs_for(rules, group, res) == [(["get", "list", "watch"], None)]
+        assert verbs_for(rules, group, res) == [(["list", "watch"], [name])]
+    assert all(r.get("resourceNames") for r in rules)
     all_verbs = {v for r in rules for v in r["verbs"]}
     assert all_verbs == {"get", "list", "watch", "patch"}
     assert not any("*" in r["resources"] or "*" in r["verbs"] for r in rules)
@@ -83,7 +89,10 @@ def test_cluster_role_is_least_privilege():
 def test_role_secrets_by_name_events_and_lease():
     rules = objects()["Role"]["rules"]
     assert verbs_for(rules, "", "secrets") == [
-        (["get"], ["pmem-csi-intel-com-registry-secrets", "pmem-csi-intel-com-node-secrets"])
+        (
+            ["list", "watch"],
+            ["pmem-csi-intel-com-registry-secrets", "pmem-csi-intel-com-node-secrets"],
+        )
     ]
     assert verbs_for(rules, "", "events") == []  # they go to "default", see below
     assert verbs_for(rules, "coordination.k8s.io", "leases") == [
@@ -99,7 +108,7 @@ def test_role_secrets_by_name_events_and_lease():
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
     ]:
-        assert verbs_for(rules, group, res) == [(["get", "list", "watch"], None)]
+        assert verbs_for(rules, group, res) == [(["list", "watch"], None)]
     binding = objects()["RoleBinding"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "pmem-csi-intel-com-reporter", "namespace": "drv"}
@@ -134,7 +143,7 @@ def test_events_role_in_default_namespace():
     assert [o["kind"] for o in extra] == ["Role", "RoleBinding"]
     role, binding = extra
     assert role["metadata"]["name"] == "pmem-csi-intel-com-reporter-events"
-    assert verbs_for(role["rules"], "", "events") == [(["create", "patch"], None)]
+    assert verbs_for(role["rules"], "", "events") == [(["create"], None)]
     assert len(role["rules"]) == 1
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "pmem-csi-intel-com-reporter", "namespace": "drv"}
@@ -146,4 +155,4 @@ def test_driver_in_default_namespace_gets_events_rule_in_its_role():
     objs = all_objects(namespace="default")
     assert [o["kind"] for o in objs].count("Role") == 1
     (role,) = [o for o in objs if o["kind"] == "Role"]
-    assert verbs_for(role["rules"], "", "events") == [(["create", "patch"], None)]
+    assert verbs_for(role["rules"], "", "events") == [(["create"], None)]

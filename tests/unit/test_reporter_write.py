@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from datetime import UTC, datetime
 
@@ -23,20 +24,23 @@ class FakeCache:
     def cr(self, name):
         return self.crs.get(name)
 
+    objects: dict = {}  # noqa: RUF012 - tests replace it per instance
+
     def find(self, kind, name, namespace):
-        return None  # everything missing: a Failed status, which is enough to test writing
+        # Everything missing unless a test adds it: a Failed status is enough to test writing.
+        return self.objects.get((kind, name))
 
     def pods(self, namespace):
         return []
 
-    def namespace_synced(self, namespace):
+    def cr_settled(self, cr):
         return self.synced
 
-    def ensure_namespace(self, namespace):
+    def ensure_for(self, cr):
         pass
 
-    def refresh_secrets(self, cr, changed_at=None):
-        return False
+    def unreadable_for(self, cr):
+        return {}
 
     def remember_cr(self, cr):
         self.crs[cr["metadata"]["name"]] = cr
@@ -194,3 +198,90 @@ def test_build_observed_splits_pods_by_owner():
         "pmem-csi-intel-com-registry-secrets": None,
         "pmem-csi-intel-com-node-secrets": None,
     }
+
+
+def test_non_urgent_changes_use_a_per_cr_token_bucket_and_land_later():
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    cache.objects = {}
+    assert writer.reconcile(NAME)  # first status: one token
+    # Objects appear one by one: only message text changes (the list of missing objects).
+    extra = [
+        ("ServiceAccount", "pmem-csi-intel-com-controller"),
+        ("Service", "pmem-csi-intel-com-controller"),
+        ("Service", "pmem-csi-intel-com-metrics"),
+    ]
+    for i, key in enumerate(extra):
+        cache.objects = {**cache.objects, key: {"metadata": {}}}
+        clock[0] += 0.1
+        written = writer.reconcile(NAME)
+        assert written == (i < writer.burst - 1), i  # the burst is used up after 3 writes
+    assert len(api.patches) == writer.burst
+    due = writer.deferred[NAME]
+    assert 0 < due - clock[0] <= writer.message_interval
+    clock[0] = due
+    assert writer.reconcile(NAME)  # the newest text lands when a token is back
+    assert len(api.patches) == writer.burst + 1 and writer.deferred == {}
+
+
+def test_a_change_of_meaning_is_written_at_once_within_the_interval():
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    clock[0] = 100.5
+    cr = cache.crs[NAME]
+    cache.crs[NAME] = {**cr, "metadata": {**cr["metadata"], "generation": 2}}
+    assert writer.reconcile(NAME)  # observedGeneration moved: not a message-only change
+    assert len(api.patches) == 2 and writer.deferred == {}
+
+
+def test_significant_key_is_failure_conditions_and_generation_only():
+    from reporter.write import significant_key
+
+    a = {
+        "phase": "Progressing",
+        "conditions": [{"type": "X", "status": "True", "reason": "R", "message": "1 of 9"}],
+        "driverComponents": [{"component": "Node", "status": "NotReady", "reason": "1 of 9"}],
+    }
+    b = copy.deepcopy(a)
+    b["conditions"][0]["message"] = "2 of 9"
+    b["driverComponents"][0] = {"component": "Node", "status": "Ready", "reason": "all"}
+    b["phase"] = "Running"  # Running <-> Progressing goes through the rate limit
+    assert significant_key(a) == significant_key(b)
+    b["phase"] = "Failed"  # a failure is written at once
+    assert significant_key(a) != significant_key(b)
+    c = copy.deepcopy(a)
+    c["conditions"][0]["status"] = "False"
+    assert significant_key(a) != significant_key(c)
+
+
+def test_status_api_calls_carry_a_request_timeout():
+    """Every status call goes through RawApi, whose requests always pass a timeout."""
+    from reporter.kubeapi import RawApi
+    from reporter.write import KubeStatusApi
+
+    seen: list = []
+
+    class Client:
+        def param_serialize(self, **kw):
+            return (kw["method"], kw["resource_path"])
+
+        def call_api(self, *req, _request_timeout=None):
+            seen.append((req[0], _request_timeout))
+
+            class R:
+                status = 200
+
+                def read(self):
+                    return b"{}"
+
+            return R()
+
+    api = KubeStatusApi(RawApi(Client()))
+    api.get_cr(NAME)
+    api.patch_status(NAME, {"status": {}})
+    api.create_event("default", {})
+    assert [m for m, _ in seen] == ["GET", "PATCH", "POST"]
+    assert all(t is not None and t[1] <= 10.0 for _, t in seen)

@@ -9,8 +9,10 @@ API server's JSON unchanged. ``RawApi`` is also the seam the unit tests replace 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -107,6 +109,14 @@ class _HttpWatchStream:
             self.close()
 
     def close(self) -> None:
+        # Another thread may be blocked reading this response. Closing the buffered file
+        # waits for that read (it holds the buffer's lock) until data or the read timeout
+        # arrives, which held up SIGTERM by up to the timeout; shutting the socket down
+        # first makes the blocked read return at once.
+        sock = getattr(getattr(self._response, "connection", None), "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         try:
             self._response.close()
             self._response.release_conn()

@@ -362,7 +362,12 @@ def test_reporter_credentials_cannot_read_other_secrets_or_change_any_spec(
     try:
         # What it needs works (so the 403s below are about permissions, not a broken token).
         assert (
-            _status_of(lambda: core.read_namespaced_secret(a.names.registry_secret, a.namespace))
+            # It watches its two Secrets by name (list/watch with a name field selector).
+            _status_of(
+                lambda: core.list_namespaced_secret(
+                    a.namespace, field_selector=f"metadata.name={a.names.registry_secret}"
+                )
+            )
             == 200
         )
         cr_args = (names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, a.name)
@@ -500,7 +505,7 @@ def test_reporter_rules_write_nothing_but_its_status_events_and_lease(ops: Ops) 
                 assert sorted(rule.resource_names or []) == sorted(
                     [a.names.registry_secret, a.names.node_secret]
                 ), rule
-                assert set(rule.verbs) == {"get"}, rule
+                assert set(rule.verbs) == {"list", "watch"}, rule
             if "deployments/status" in rule.resources:
                 assert rule.resource_names == [a.name], rule
         if ns == b.namespace:

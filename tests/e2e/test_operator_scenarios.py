@@ -398,14 +398,17 @@ def test_reporter_credentials_cannot_read_other_secrets_or_change_any_spec(
             lambda: apps.delete_namespaced_daemon_set(a.names.node_driver, a.namespace),
         ):
             assert _status_of(patch) == 403
-        ds = apps.read_namespaced_daemon_set(a.names.node_driver, a.namespace)
+        # The objects to PUT back are read as the administrator: the reporter only lists and
+        # watches workloads.
+        admin_apps = client.AppsV1Api(api_client)
+        ds = admin_apps.read_namespaced_daemon_set(a.names.node_driver, a.namespace)
         assert (
             _status_of(
                 lambda: apps.replace_namespaced_daemon_set(a.names.node_driver, a.namespace, ds)
             )
             == 403
         )
-        sts = apps.read_namespaced_stateful_set(a.names.controller_driver, a.namespace)
+        sts = admin_apps.read_namespaced_stateful_set(a.names.controller_driver, a.namespace)
         assert (
             _status_of(
                 lambda: apps.replace_namespaced_stateful_set(

@@ -543,8 +543,15 @@ def _populate(rootfs: Path, work: Path, packages: list[dict[str, str]], log: Pat
         log,
         env=_pip_env(),
     )  # fmt: skip
-    # Console scripts carry the build host's interpreter path; the reporter needs none.
+    # Console scripts carry the build host's interpreter path (so the checkout's path would
+    # reach the digest); the reporter needs none. Their RECORD lines go with them.
     shutil.rmtree(site / "bin", ignore_errors=True)
+    for record in site.glob("*.dist-info/RECORD"):
+        lines = record.read_text(encoding="utf-8").splitlines(keepends=True)
+        record.write_text(
+            "".join(line for line in lines if not line.startswith("../../bin/")),
+            encoding="utf-8",
+        )
     for rel in UNUSED_PATHS:
         shutil.rmtree(site / rel)
     for rel in reporter_sources():

@@ -18,7 +18,7 @@ from typing import Any
 
 import pulumi
 
-from pmem_components import awaiting, cert_resource, names, registry
+from pmem_components import awaiting, cert_resource, names, registry, takeover_transform
 from pmem_components.config import (
     ConfigError,
     DeploymentConfig,
@@ -202,6 +202,12 @@ class PmemCsiDeploymentArgs:
     index: int = 0
     validate: bool = True
     previous: PreviousDeployment | None = None
+    # See pmem_components.takeover_transform: before each object is applied, fields other
+    # field managers own are taken over. Off for library use unless asked for: it calls the
+    # API server from the program, with the client ``kube_client`` makes (the program passes
+    # one connecting as the default provider does, and the stack's ``takeOverFields``).
+    take_over_fields: bool = False
+    kube_client: Callable[[], Any] | None = None
 
 
 def stack_id() -> str:
@@ -266,6 +272,11 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         transforms = [awaiting.transform(cfg)]
         if cfg.patches:
             transforms.append(PatchSet.for_deployment(args.index, cfg.patches).transform)
+        if args.take_over_fields:
+            if args.kube_client is None:
+                raise TypeError("take_over_fields needs kube_client (a Kubernetes API client)")
+            # Last: it must see the inputs exactly as the provider will apply them.
+            transforms.append(takeover_transform.transform(args.kube_client))
         prev = args.previous
         own_aliases: list[Any] = []
         if prev is not None and prev.name != cfg.name and name == cfg.name:
@@ -303,9 +314,12 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             else None
         )
         extra: dict[str, str] = {}
-        if cfg.adopt_existing:
+        if cfg.adopt_existing or args.take_over_fields:
             # Objects someone else created with these names (e.g. the operator) are taken
-            # over: server-side apply takes the conflicting fields instead of failing.
+            # over: server-side apply takes the conflicting fields instead of failing. With
+            # take_over_fields the declared state wins over any other field manager; forcing
+            # also keeps the preview's dry-run apply from failing on a conflict that the
+            # take-over (done in `up` only) resolves.
             extra[PATCH_FORCE_ANNOTATION] = "true"
         if extra:
             for obj in objs.all():

@@ -309,10 +309,22 @@ class StackConfig(_Model):
     retain_namespaces: bool = True
     # Read the cluster before registering anything (adoption, renames, operator migration).
     preflight: bool = True
+    # On `pulumi up`, take over fields of the deployments' objects that other field managers
+    # own, so the declared state wins (pmem_components/takeover.py; README: "Changed behind
+    # Pulumi's back"). False leaves such fields to their owners (and `up` may then fail with
+    # a server-side apply conflict).
+    take_over_fields: bool = True
 
 
 # Top-level keys of the config namespace that load_config knows.
-STACK_KEYS = ("deployments", "manageCrd", "retainCrd", "retainNamespaces", "preflight")
+STACK_KEYS = (
+    "deployments",
+    "manageCrd",
+    "retainCrd",
+    "retainNamespaces",
+    "preflight",
+    "takeOverFields",
+)
 
 
 # --------------------------------------------------------------------------- error reporting

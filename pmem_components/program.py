@@ -117,6 +117,8 @@ def deploy(
                 index=i,
                 validate=False,
                 previous=PreviousDeployment(prev.name, prev.namespace) if prev else None,
+                take_over_fields=stack.take_over_fields,
+                kube_client=kube_client,
             ),
         )
         outputs[dep.name] = {
@@ -125,6 +127,17 @@ def deploy(
             "caCert": component.ca_cert,
         }
     return outputs
+
+
+def kube_client() -> Any:
+    """A Kubernetes API client connecting as the default Kubernetes provider does
+    (``kubernetes:kubeconfig``, ``kubernetes:context``, else ``KUBECONFIG``)."""
+    from pmem_components import preflight as pf
+
+    return pf.api_client_from(
+        runtime_config.get_config("kubernetes:kubeconfig"),
+        runtime_config.get_config("kubernetes:context"),
+    )
 
 
 def preflight(stack: StackConfig) -> dict[int, Any]:

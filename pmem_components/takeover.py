@@ -1,0 +1,103 @@
+"""Field ownership take-over: what makes ``pulumi up`` win over edits made behind its back.
+
+Why: the Kubernetes provider creates and updates by server-side apply under a field manager
+of its own (``pulumi-kubernetes-<random>``, one per resource). When someone changes a field
+with a PUT (``kubectl edit``, ``kubectl replace``, any client that reads, edits and writes
+back) or a patch, the API server moves that field's ownership to *their* manager. The
+provider's next apply then either fails with a server-side-apply conflict (a manager it does
+not know; pulumi/pulumi-kubernetes#2404) or, for what it does not see in its diff (a label or
+a list item someone added), leaves their change in place for good.
+
+The cure is Flux's "override manager" (fluxcd/helm-controller PR #1365): before applying,
+move every field owned by a foreign manager into Pulumi's own apply entry, then apply with
+force. Pulumi then owns what others touched: fields it declares get the declared value back,
+fields it does not declare are removed by the apply (server-side apply deletes a field its
+only owner stops applying).
+
+This module is the pure half: managedFields in, the JSON Patch that rewrites them out. The
+API calls are in :mod:`pmem_components.takeover_transform`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# The provider's field managers: ``pulumi-kubernetes-<random>`` under server-side apply.
+PULUMI_MANAGER_PREFIX = "pulumi-kubernetes"
+# Kubernetes' own controllers keep what they own (status-like metadata, defaults they set).
+KUBERNETES_MANAGERS = frozenset(
+    {"kube-controller-manager", "kube-apiserver", "kube-scheduler", "kubelet"}
+)
+
+
+def is_pulumi(entry: Mapping[str, Any]) -> bool:
+    return str(entry.get("manager", "")).startswith(PULUMI_MANAGER_PREFIX)
+
+
+def is_foreign(entry: Mapping[str, Any]) -> bool:
+    """An entry of the main resource (no ``subresource``) owned neither by Pulumi nor by
+    Kubernetes' own controllers: the reporter's status writes (subresource ``status``) and the
+    controllers' bookkeeping are left alone."""
+    if entry.get("subresource"):
+        return False
+    manager = str(entry.get("manager", ""))
+    return not is_pulumi(entry) and manager not in KUBERNETES_MANAGERS
+
+
+def merge_fields(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
+    """The union of two ``fieldsV1`` trees (each a set of field paths as nested keys)."""
+    out = copy.deepcopy(dict(ours))
+    for key, sub in theirs.items():
+        if key in out and isinstance(out[key], Mapping) and isinstance(sub, Mapping):
+            out[key] = merge_fields(out[key], sub)
+        else:
+            out[key] = copy.deepcopy(sub)
+    return out
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """What :func:`plan` decided for one object."""
+
+    manager: str  # Pulumi's manager that receives the fields
+    foreign: tuple[str, ...]  # the managers whose entries go, in managedFields order
+    patch: tuple[dict[str, Any], ...]  # RFC 6902 operations for the object
+
+
+def pulumi_entry(managed_fields: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """Pulumi's apply entry of the main resource (the newest, should there be several)."""
+    applies = [
+        e
+        for e in managed_fields
+        if is_pulumi(e) and e.get("operation") == "Apply" and not e.get("subresource")
+    ]
+    return max(applies, key=lambda e: str(e.get("time") or "")) if applies else None
+
+
+def plan(managed_fields: Sequence[Mapping[str, Any]], resource_version: str) -> TakeOver | None:
+    """The take-over for an object with these managedFields, or None when there is nothing to
+    take (no foreign entry) or nobody to give it to (Pulumi has not applied the object yet:
+    then the provider creates or adopts it, see ``adoptExisting``).
+
+    The patch first tests ``resourceVersion``: if someone writes the object in between, the
+    patch fails instead of dropping their new entry unseen.
+    """
+    foreign = [e for e in managed_fields if is_foreign(e)]
+    ours = pulumi_entry(managed_fields)
+    if not foreign or ours is None:
+        return None
+    merged = dict(ours)
+    fields: Mapping[str, Any] = ours.get("fieldsV1") or {}
+    for entry in foreign:
+        fields = merge_fields(fields, entry.get("fieldsV1") or {})
+    merged["fieldsV1"] = fields
+    entries = [merged if e is ours else dict(e) for e in managed_fields if not is_foreign(e)]
+    patch = (
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
+        {"op": "replace", "path": "/metadata/managedFields", "value": entries},
+    )
+    names = tuple(dict.fromkeys(str(e.get("manager", "")) for e in foreign))
+    return TakeOver(manager=str(ours["manager"]), foreign=names, patch=patch)

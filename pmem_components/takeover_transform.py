@@ -1,0 +1,219 @@
+"""The resource transform that takes field ownership back before the provider applies.
+
+For every Kubernetes object of a deployment, right before the engine diffs and applies it
+(a transform runs then, with the final, resolved inputs), this reads the live object and, if
+field managers other than Pulumi's and Kubernetes' own own fields of it
+(:func:`pmem_components.takeover.is_foreign`):
+
+1. rewrites ``metadata.managedFields`` with a JSON Patch: the foreign entries are merged
+   into Pulumi's apply entry (guarded by a ``resourceVersion`` test);
+2. applies the declared object (exactly the inputs the provider is about to apply) with
+   ``force`` under Pulumi's own field manager, so declared values come back and whatever
+   others added is removed -- also when the provider's diff, which compares only the fields
+   the program declares, would see nothing (an added label, an appended list item).
+
+The provider's own update then finds the declared state and no conflict. Each object taken
+over is named in the CLI output with the managers and fields it was taken from. Nothing of
+this runs in a preview (``pulumi preview`` and the preview of ``pulumi up``): there the
+transform only reads and says what ``up`` would take over.
+
+Why a transform and not a step before registration: only at this point are the inputs
+complete (certificate values, transforms such as the stack config's patches); so the apply
+here sends the same object as the provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+from pulumi.runtime import rpc
+
+from pmem_components import takeover
+
+CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
+REQUEST_TIMEOUT = 15
+# Marks, in a preview only, an object whose fields `pulumi up` will take over (see _marked).
+PREVIEW_ANNOTATION = "pmem-csi.intel.com/fields-taken-over"
+
+
+class TakeOverError(RuntimeError):
+    """A take-over that could not be done (the update stops before the provider applies)."""
+
+
+async def _plain(value: Any) -> Any:
+    """Resolved transform inputs as a plain object: secrets (wrapped or Outputs) unwrapped;
+    raises :class:`_Unknown` for a value not known yet (a preview)."""
+    if isinstance(value, pulumi.Output):
+        if not await value.is_known():
+            raise _Unknown
+        value = await value.future()
+    value = rpc.unwrap_rpc_secret(value)
+    if value == rpc.UNKNOWN:
+        raise _Unknown
+    if isinstance(value, dict):
+        return {k: await _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [await _plain(v) for v in value]
+    return value
+
+
+class _Unknown(Exception):
+    pass
+
+
+class KubeApi:
+    """The three calls the take-over needs, through the Kubernetes client's auth and TLS."""
+
+    def __init__(self, api_client: Any) -> None:
+        self.api = api_client
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str | None = None,
+        query: list[tuple[str, str]] | None = None,
+    ) -> dict[str, Any] | None:
+        headers = {"Accept": "application/json"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        req = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(*req, _request_timeout=REQUEST_TIMEOUT)
+        data = resp.read()
+        if resp.status == 404 and method == "GET":
+            return None
+        if not 200 <= resp.status <= 299:
+            raise TakeOverError(f"{method} {path}: HTTP {resp.status}: {data[:300]!r}")
+        return json.loads(data or b"{}")
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return self._call("GET", path)
+
+    def json_patch(self, path: str, ops: Any, manager: str) -> dict[str, Any] | None:
+        return self._call(
+            "PATCH", path, list(ops), "application/json-patch+json", [("fieldManager", manager)]
+        )
+
+    def apply(self, path: str, obj: dict[str, Any], manager: str) -> dict[str, Any] | None:
+        query = [("fieldManager", manager), ("force", "true")]
+        return self._call("PATCH", path, obj, "application/apply-patch+yaml", query)
+
+
+def object_path(obj: dict[str, Any]) -> str:
+    from pmem_components.preflight import _path
+
+    meta = obj.get("metadata") or {}
+    return _path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+
+
+def describe(obj: dict[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    ns = meta.get("namespace")
+    return f"{obj['kind']} {ns + '/' if ns else ''}{meta.get('name')}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :func:`correct` did (or, in a dry run, would do) to one object."""
+
+    plan: takeover.TakeOver
+    message: str  # the CLI line
+
+
+def correct(api: KubeApi, obj: dict[str, Any], dry_run: bool) -> Outcome | None:
+    """Take over one object (see the module docstring); returns what was taken, if anything.
+
+    In a dry run nothing is written; the message says what ``pulumi up`` would do.
+    """
+    path = object_path(obj)
+    live = api.get(path)
+    if live is None:
+        return None  # not there: the provider creates it
+    meta = live.get("metadata") or {}
+    managed = meta.get("managedFields") or []
+    plan = takeover.plan(managed, str(meta.get("resourceVersion", "")))
+    if plan is None:
+        return None
+    what = ", ".join(plan.foreign)
+    if dry_run:
+        return Outcome(plan, f"pulumi up would take over fields of {describe(obj)} ({what})")
+    api.json_patch(path, plan.patch, plan.manager)
+    api.apply(path, obj, plan.manager)
+    return Outcome(plan, f"took over fields of {describe(obj)} and applied it ({what})")
+
+
+def transform(
+    client_factory: Callable[[], Any],
+    *,
+    log: Callable[[str], None] | None = None,
+) -> pulumi.ResourceTransform:
+    """The transform; ``client_factory`` makes the Kubernetes API client (once, when first
+    needed) the way the provider connects."""
+    clients: list[KubeApi] = []
+
+    def api() -> KubeApi:
+        if not clients:
+            clients.append(KubeApi(client_factory()))
+        return clients[0]
+
+    def info(message: str) -> None:
+        (log or pulumi.log.info)(message)
+
+    async def apply(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
+        if not args.custom or not args.type_.startswith("kubernetes:") or args.type_ == CRD_TYPE:
+            return None
+        try:
+            obj = await _plain(dict(args.props))
+        except _Unknown:
+            return None  # a preview with inputs not known yet: nothing to compare with
+        obj = {k: v for k, v in obj.items() if v is not None}
+        dry_run = pulumi.runtime.is_dry_run()
+        try:
+            outcome = await asyncio.to_thread(correct, api(), obj, dry_run)
+        except Exception as err:
+            message = f"cannot take over fields of {describe(obj)}: {err}"
+            if dry_run:
+                pulumi.log.warn(f"{message} (pulumi up will try again)")
+                return None
+            raise TakeOverError(
+                f"{message}; set pmem-csi:takeOverFields: false to leave fields that other "
+                "field managers own to them"
+            ) from None
+        if outcome is None:
+            return None
+        info(outcome.message)
+        if not dry_run:
+            return None
+        return pulumi.ResourceTransformResult(props=_marked(args.props), opts=args.opts)
+
+    return apply
+
+
+def _marked(props: dict[str, Any]) -> dict[str, Any]:
+    """The preview's inputs of an object that ``up`` will take over: with an annotation whose
+    value is unknown until the update (:data:`PREVIEW_ANNOTATION`).
+
+    Why: the provider previews an update with a dry-run apply against the object as it is,
+    foreign fields included (a Service port someone added makes the declared ports invalid,
+    for example), not as the take-over will leave it. An unknown input makes it show the
+    update without that dry run, as for any input computed during the update. The real
+    update never sets the annotation.
+    """
+    out = dict(props)
+    meta = dict(out.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), PREVIEW_ANNOTATION: rpc.UNKNOWN}
+    out["metadata"] = meta
+    return out

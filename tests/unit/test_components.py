@@ -173,9 +173,13 @@ def _test_resources_get_exactly_the_builder_dicts(mocks: Mocks) -> Any:
         ds = mocks.one("kubernetes:apps/v1:DaemonSet")
         expected = node.build_node_daemonset(s.deployments[0])
         assert ds.name == "ns1/a-b-node"
-        # The component adds what is Pulumi's business: foreground deletion of the workload
-        # and the certificates' fingerprint in the pod template.
-        policy = {"pulumi.com/deletionPropagationPolicy": "foreground"}
+        # The component adds what is Pulumi's business: foreground deletion of the workload,
+        # forced applies (takeOverFields, on by default) and the certificates' fingerprint in
+        # the pod template.
+        policy = {
+            "pulumi.com/deletionPropagationPolicy": "foreground",
+            "pulumi.com/patchForce": "true",
+        }
         assert ds.inputs["metadata"] == {**expected["metadata"], "annotations": policy}
         template = expected["spec"]["template"]["metadata"]
         template["annotations"][bundle.CERTIFICATES_HASH_ANNOTATION] = (

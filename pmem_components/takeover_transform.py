@@ -37,12 +37,18 @@ from pmem_components import takeover
 
 CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
 REQUEST_TIMEOUT = 15
+# Reads and patches of one object when someone else writes it in between.
+ATTEMPTS = 5
 # Marks, in a preview only, an object whose fields `pulumi up` will take over (see _marked).
 PREVIEW_ANNOTATION = "pmem-csi.intel.com/fields-taken-over"
 
 
 class TakeOverError(RuntimeError):
     """A take-over that could not be done (the update stops before the provider applies)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 async def _plain(value: Any) -> Any:
@@ -96,7 +102,8 @@ class KubeApi:
         if resp.status == 404 and method == "GET":
             return None
         if not 200 <= resp.status <= 299:
-            raise TakeOverError(f"{method} {path}: HTTP {resp.status}: {data[:300]!r}")
+            text = data[:300].decode(errors="replace")
+            raise TakeOverError(f"{method} {path}: HTTP {resp.status}: {text}", resp.status)
         return json.loads(data or b"{}")
 
     def get(self, path: str) -> dict[str, Any] | None:
@@ -139,20 +146,29 @@ def correct(api: KubeApi, obj: dict[str, Any], dry_run: bool) -> Outcome | None:
     In a dry run nothing is written; the message says what ``pulumi up`` would do.
     """
     path = object_path(obj)
-    live = api.get(path)
-    if live is None:
-        return None  # not there: the provider creates it
-    meta = live.get("metadata") or {}
-    managed = meta.get("managedFields") or []
-    plan = takeover.plan(managed, str(meta.get("resourceVersion", "")))
-    if plan is None:
-        return None
-    what = ", ".join(plan.foreign)
-    if dry_run:
-        return Outcome(plan, f"pulumi up would take over fields of {describe(obj)} ({what})")
-    api.json_patch(path, plan.patch, plan.manager)
-    api.apply(path, obj, plan.manager)
-    return Outcome(plan, f"took over fields of {describe(obj)} and applied it ({what})")
+    for attempt in range(ATTEMPTS):
+        live = api.get(path)
+        if live is None:
+            return None  # not there: the provider creates it
+        meta = live.get("metadata") or {}
+        managed = meta.get("managedFields") or []
+        plan = takeover.plan(managed, str(meta.get("resourceVersion", "")))
+        if plan is None:
+            return None
+        what = ", ".join(plan.foreign)
+        if dry_run:
+            return Outcome(plan, f"pulumi up would take over fields of {describe(obj)} ({what})")
+        try:
+            api.json_patch(path, plan.patch, plan.manager)
+        except TakeOverError as err:
+            # Written in between (a controller's status update, say): the resourceVersion
+            # test failed. Read again.
+            if err.status in (409, 422) and attempt + 1 < ATTEMPTS:
+                continue
+            raise
+        api.apply(path, obj, plan.manager)
+        return Outcome(plan, f"took over fields of {describe(obj)} and applied it ({what})")
+    return None
 
 
 def transform(

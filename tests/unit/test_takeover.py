@@ -128,3 +128,80 @@ def test_a_bad_take_over_fields_value_names_the_key() -> None:
         load_config({"takeOverFields": "sometimes"})
     assert len(err.value.problems) == 1
     assert err.value.problems[0].startswith("pmem-csi:takeOverFields: ")
+
+
+# --------------------------------------------------------------------------------------------
+# takeover_transform.correct with a fake API: what is read and written, in which order
+
+
+class FakeApi:
+    """Serves one object; ``races`` JSON patches fail as a resourceVersion test would."""
+
+    def __init__(self, live: dict[str, Any] | None, races: int = 0) -> None:
+        self.live = live
+        self.races = races
+        self.calls: list[tuple[str, Any]] = []
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        self.calls.append(("get", path))
+        return self.live
+
+    def json_patch(self, path: str, ops: Any, manager: str) -> None:
+        from pmem_components.takeover_transform import TakeOverError
+
+        self.calls.append(("json_patch", manager))
+        if self.races:
+            self.races -= 1
+            raise TakeOverError("test failed", 422)
+
+    def apply(self, path: str, obj: dict[str, Any], manager: str) -> None:
+        self.calls.append(("apply", manager))
+
+
+DECLARED = {
+    "apiVersion": "apps/v1",
+    "kind": "DaemonSet",
+    "metadata": {"name": "d", "namespace": "ns"},
+}
+LIVE = {
+    **DECLARED,
+    "metadata": {**DECLARED["metadata"], "resourceVersion": "9", "managedFields": [OURS, EDIT]},
+}
+
+
+def test_correct_patches_managed_fields_then_applies_as_pulumi() -> None:
+    from pmem_components.takeover_transform import correct
+
+    api = FakeApi(LIVE)
+    outcome = correct(api, DECLARED, dry_run=False)
+    assert outcome is not None
+    assert outcome.message == ("took over fields of DaemonSet ns/d and applied it (kubectl-edit)")
+    path = "/apis/apps/v1/namespaces/ns/daemonsets/d"
+    assert api.calls == [("get", path), ("json_patch", PULUMI), ("apply", PULUMI)]
+
+
+def test_correct_in_a_preview_only_reads() -> None:
+    from pmem_components.takeover_transform import correct
+
+    api = FakeApi(LIVE)
+    outcome = correct(api, DECLARED, dry_run=True)
+    assert outcome is not None and outcome.message.startswith("pulumi up would take over")
+    assert [c[0] for c in api.calls] == ["get"]
+
+
+def test_correct_reads_again_when_the_object_changed_in_between() -> None:
+    from pmem_components.takeover_transform import correct
+
+    api = FakeApi(LIVE, races=2)
+    assert correct(api, DECLARED, dry_run=False) is not None
+    assert [c[0] for c in api.calls] == ["get", "json_patch"] * 3 + ["apply"]
+
+
+def test_correct_leaves_missing_and_clean_objects_alone() -> None:
+    from pmem_components.takeover_transform import correct
+
+    missing = FakeApi(None)
+    assert correct(missing, DECLARED, dry_run=False) is None
+    clean = FakeApi({**LIVE, "metadata": {**LIVE["metadata"], "managedFields": [OURS, KCM]}})
+    assert correct(clean, DECLARED, dry_run=False) is None
+    assert [c[0] for c in missing.calls + clean.calls] == ["get", "get"]

@@ -25,6 +25,7 @@ here sends the same object as the provider.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -102,8 +103,10 @@ class KubeApi:
         if resp.status == 404 and method == "GET":
             return None
         if not 200 <= resp.status <= 299:
-            text = data[:300].decode(errors="replace")
-            raise TakeOverError(f"{method} {path}: HTTP {resp.status}: {text}", resp.status)
+            # The API server's reason, unless the object is a Secret: never risk echoing
+            # key material into the CLI output.
+            text = "" if "/secrets/" in path else f": {data[:300].decode(errors='replace')}"
+            raise TakeOverError(f"{method} {path}: HTTP {resp.status}{text}", resp.status)
         return json.loads(data or b"{}")
 
     def get(self, path: str) -> dict[str, Any] | None:
@@ -171,6 +174,20 @@ def correct(api: KubeApi, obj: dict[str, Any], dry_run: bool) -> Outcome | None:
     return None
 
 
+_EXECUTORS: list[concurrent.futures.ThreadPoolExecutor] = []
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads of our own for the blocking API calls. Not the event loop's default executor:
+    the Pulumi SDK blocks its threads in RegisterResource calls, which wait for this
+    transform; with many resources they are all taken and the update would hang."""
+    if not _EXECUTORS:
+        _EXECUTORS.append(
+            concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="takeover")
+        )
+    return _EXECUTORS[0]
+
+
 def transform(
     client_factory: Callable[[], Any],
     *,
@@ -198,7 +215,8 @@ def transform(
         obj = {k: v for k, v in obj.items() if v is not None}
         dry_run = pulumi.runtime.is_dry_run()
         try:
-            outcome = await asyncio.to_thread(correct, api(), obj, dry_run)
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(_executor(), correct, api(), obj, dry_run)
         except Exception as err:
             message = f"cannot take over fields of {describe(obj)}: {err}"
             if dry_run:

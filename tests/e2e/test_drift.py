@@ -316,6 +316,8 @@ def test_up_refresh_restores_the_declared_state_and_owns_every_field(
         if foreign_managers(live):
             problems.append(f"{key}: still owned by {foreign_managers(live)}")
         declared = drifted.declared[key]
+        if live["metadata"]["uid"] != declared["metadata"]["uid"]:
+            problems.append(f"{key}: re-created")  # restored in place, never replaced
         # Exactly the declared state: the labels, the kind's fields (lists element for
         # element), no added key, annotation or list item.
         if live["metadata"]["labels"] != declared["metadata"]["labels"]:

@@ -36,7 +36,14 @@ from pulumi.runtime import rpc
 
 from pmem_components import takeover
 
-CRD_TYPE = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
+# Left alone: the CRD (the provider replaces it with a PUT and forces already) and
+# namespaces, which administrators label for others' sake (pod security, network policies).
+SKIPPED_TYPES = frozenset(
+    {
+        "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition",
+        "kubernetes:core/v1:Namespace",
+    }
+)
 REQUEST_TIMEOUT = 15
 # Reads and patches of one object when someone else writes it in between.
 ATTEMPTS = 5
@@ -206,7 +213,9 @@ def transform(
         (log or pulumi.log.info)(message)
 
     async def apply(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
-        if not args.custom or not args.type_.startswith("kubernetes:") or args.type_ == CRD_TYPE:
+        if not args.custom or not args.type_.startswith("kubernetes:"):
+            return None
+        if args.type_ in SKIPPED_TYPES:
             return None
         try:
             obj = await _plain(dict(args.props))

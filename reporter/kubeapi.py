@@ -249,8 +249,15 @@ class RawApi:
         obj.setdefault("apiVersion", res.api_version)
         return obj
 
-    def create(self, res: Resource, body: Obj, namespace: str | None = None) -> Obj:
-        return self.request_json("POST", res.path(namespace), body=body)
+    def create(
+        self,
+        res: Resource,
+        body: Obj,
+        namespace: str | None = None,
+        field_manager: str | None = None,
+    ) -> Obj:
+        query = [("fieldManager", field_manager)] if field_manager else None
+        return self.request_json("POST", res.path(namespace), body=body, query=query)
 
     def replace(self, res: Resource, name: str, body: Obj, namespace: str | None = None) -> Obj:
         return self.request_json("PUT", res.path(namespace, name), body=body)

@@ -273,6 +273,9 @@ class RawApi:
         )
 
 
+CONNECTION_POOL_SIZE = 32
+
+
 def configure(configuration: client.Configuration) -> client.Configuration:
     """No hidden client retries, and TCP keepalive, on every connection of the reporter.
 
@@ -280,6 +283,9 @@ def configure(configuration: client.Configuration) -> client.Configuration:
     our own timeouts that would let a Lease renewal take several times its deadline.
     """
     configuration.retries = False
+    # One connection per open watch (13 kinds) plus the Lease, the status writer and Events;
+    # urllib3's default pool of 10 dropped the surplus, with a warning for each, on shutdown.
+    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
     configuration.socket_options = tcp_keepalive_socket_options(
         KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT
     )

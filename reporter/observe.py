@@ -12,7 +12,9 @@ Shape:
   resourceVersion", backs off when the server closes watches at once, and reports each change
   (including deletions noticed only by a re-list) to a callback. After 401/403 it no longer
   counts as synced and records the error, so the status can say "could not be read" instead
-  of "missing".
+  of "missing". A 404 for the whole collection means the kind is gone (its CRD deleted): the
+  cache is emptied, the kind reported "unserved" once, and lists retried at most every
+  ``UNSERVED_RETRY_CAP`` seconds until the CRD is back.
 - ``Observer``: owns the informers, maps every change to the CR(s) it affects and queues those
   names as dirty. Two layouts:
   * named CRs (``--deployment``, what the Pulumi program deploys): per CR, its cluster-scoped

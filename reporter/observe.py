@@ -53,7 +53,7 @@ from pmem_components.names import (
 from reporter import model, trim
 from reporter.kubeapi import Api, Obj, Resource, Transform, is_too_large_resource_version
 from reporter.metrics import Metrics
-from reporter.retry import GONE, Backoff, describe_error
+from reporter.retry import GONE, TOO_MANY_REQUESTS, Backoff, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -436,7 +436,13 @@ class Informer:
                     self._stop.wait(self.unserved_backoff.wait_for(min(failures, 8)))
                     failures += 1
                     continue
-                log.warning("%r: list/watch failed (%s): %s", self, status, describe_error(exc))
+                if self.unserved and status == TOO_MANY_REQUESTS:
+                    # Seen on the local cluster while a deleted CRD was created again: one
+                    # 429 with Retry-After: 1, then the list worked. Part of the wait
+                    # already logged, not a new problem.
+                    log.debug("%r: not served yet: %s", self, describe_error(exc))
+                else:
+                    log.warning("%r: list/watch failed (%s): %s", self, status, describe_error(exc))
                 if status in (401, 403):
                     # Permissions may be granted later (RBAC created after us); the cache
                     # must no longer claim to be complete, and the status says why.
@@ -444,7 +450,9 @@ class Informer:
                     self._synced.clear()
                     self.error = describe_error(exc)
                     self._settle()
-                self._stop.wait(self.backoff.wait_for(min(failures, 8), exc))
+                # Still waiting for a CRD: keep its gentler cap (10 s, not 30 s).
+                backoff = self.unserved_backoff if self.unserved else self.backoff
+                self._stop.wait(backoff.wait_for(min(failures, 8), exc))
                 failures += 1
                 continue
             if self._events_in_session == 0 and self.clock() - started < MIN_WATCH_SECONDS:

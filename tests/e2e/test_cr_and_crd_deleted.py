@@ -21,6 +21,7 @@ is running then; the module leaves the CRD in place (re-created by the stack and
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 import uuid
@@ -60,6 +61,7 @@ WRITE_ERRORS = "pmem_csi_reporter_status_write_errors_total"
 RECONCILES = "pmem_csi_reporter_reconciles_total"
 CR_RESTARTS = 'pmem_csi_reporter_watch_restarts_total{resource="deployments"}'
 CRD_MISSING = "pmem_csi_reporter_crd_missing"
+WATCHES = "pmem_csi_reporter_watches"
 GONE_LINE = f"CRD {names.CRD_NAME} is gone"
 BACK_LINE = f"CRD {names.CRD_NAME} is served again"
 # How long the reporter is watched doing nothing: a few resync periods (2 s here) and a few
@@ -170,6 +172,10 @@ def env(
             dispose(stack)
         finally:
             ensure_crd(RawApi(api_client))  # the next modules need it, whatever happened here
+            with contextlib.suppress(ApiException):  # the reporter's Events about the CR
+                client.CoreV1Api(api_client).delete_collection_namespaced_event(
+                    names.CLUSTER_EVENT_NAMESPACE, field_selector=f"involvedObject.name={cfg.name}"
+                )
 
 
 def _quiet_counts(reporter: ReporterProcess) -> dict[str, float]:
@@ -199,6 +205,7 @@ def test_deleted_cr_is_left_alone_and_up_refresh_recreates_it(
     assert after[RECONCILES] == before[RECONCILES]  # nothing computed either
     assert after[WRITE_ERRORS] == 0
     assert after[CR_RESTARTS] == before[CR_RESTARTS]  # its watch stays open, no retry loop
+    assert rep.metric(WATCHES) == 1  # the CR's own watch; those of its objects are stopped
     assert rep.get("/healthz")[0] == 200 and rep.get("/readyz")[0] == 200
     assert "Traceback" not in rep.log()
     env.no_change_without_refresh()
@@ -235,6 +242,7 @@ def test_deleted_crd_is_waited_for_and_up_refresh_recreates_it(
     assert rep.get("/healthz")[0] == 200  # alive: a restart would not bring the CRD back
     assert rep.get("/readyz")[0] == 503
     assert rep.metric(CRD_MISSING) == 1
+    assert rep.metric(WATCHES) == 1  # the CR informer, retrying; nothing else watched
     assert rep.log().count(GONE_LINE) == 1  # one line, not one per retry
     retries = rep.metric(CR_RESTARTS) - restarts_at_gone
     # Backoff: about 1, 2, 4, 8 s, then every 5-10 s. A hot loop would count thousands.

@@ -202,3 +202,29 @@ def test_unserved_informer_is_still_alive_for_healthz():
         assert observer.healthy
     finally:
         stop.set()
+
+
+def test_a_429_while_the_crd_comes_back_is_part_of_the_wait_not_a_warning(
+    caplog: pytest.LogCaptureFixture,
+):
+    """Seen once per run on the local cluster: a 429 (Retry-After: 1) as the CRD comes back."""
+    initializing = ApiException(status=429, reason="Too Many Requests")
+    api = FakeApi(lists=[not_found(), initializing, ([cr("a", "9")], "9")], watches=[])
+    changes: list = []
+    inf = cr_informer(api, changes)
+    caplog.set_level(logging.DEBUG, logger="reporter.observe")
+    inf.backoff.base = 1000.0  # the normal backoff would wait its 30 s cap here
+    waits = run_until(inf, threading.Event(), rounds=2)
+    assert max(waits) <= UNSERVED_RETRY_CAP
+    assert not any(r.levelno >= logging.WARNING for r in caplog.records)
+    assert any("not served yet" in r.getMessage() for r in caplog.records)
+    inf.relist()
+    assert ("SERVED", None) in changes and inf.synced
+
+
+def test_a_429_in_normal_operation_is_still_a_warning(caplog: pytest.LogCaptureFixture):
+    api = FakeApi(lists=[([], "1")], watches=[[], ApiException(status=429, reason="Too Many")])
+    inf = cr_informer(api, [])
+    caplog.set_level(logging.INFO, logger="reporter.observe")
+    run_until(inf, threading.Event(), rounds=2)
+    assert any("list/watch failed (429)" in r.getMessage() for r in caplog.records)

@@ -178,6 +178,15 @@ def env(
                 )
 
 
+def reporter_warnings(log: str) -> list[str]:
+    """The reporter's own WARNING/ERROR lines (urllib3's pool notices are not its own)."""
+    return [
+        line
+        for line in log.splitlines()
+        if re.search(r" (WARNING|ERROR|CRITICAL) reporter[.:]", line)
+    ]
+
+
 def _quiet_counts(reporter: ReporterProcess) -> dict[str, float]:
     m = reporter.metrics()
     return {k: m.get(k, 0.0) for k in (WRITES, WRITE_ERRORS, RECONCILES, CR_RESTARTS)}
@@ -190,6 +199,7 @@ def test_deleted_cr_is_left_alone_and_up_refresh_recreates_it(
     pid = rep.pid
     old_uid = env.running()["metadata"]["uid"]
     uids = env.uids()
+    mark = len(rep.log())
     kubectl("delete", f"{names.CRD_PLURAL}.{names.CRD_GROUP}", env.cfg.name, "--wait=true")
     # The reporter noticed: it stopped the watches it had for this CR.
     wait_for(
@@ -220,6 +230,7 @@ def test_deleted_cr_is_left_alone_and_up_refresh_recreates_it(
     assert rep.metric(WRITES) > after[WRITES]
     assert rep.metric(WRITE_ERRORS) == 0
     assert "Traceback" not in rep.log()
+    assert reporter_warnings(rep.log()[mark:]) == []
     assert env.uids() == uids
 
 
@@ -231,6 +242,7 @@ def test_deleted_crd_is_waited_for_and_up_refresh_recreates_it(
     uids = env.uids()
     writes = rep.metric(WRITES)
     assert rep.get("/readyz")[0] == 200 and rep.metric(CRD_MISSING) == 0
+    mark = len(rep.log())
     kubectl("delete", "crd", names.CRD_NAME, "--wait=true", "--timeout=60s")
     gone_at = time.monotonic()
     wait_for(lambda: GONE_LINE in rep.log(), 30, "reporter logs that the CRD is gone")
@@ -244,6 +256,8 @@ def test_deleted_crd_is_waited_for_and_up_refresh_recreates_it(
     assert rep.metric(CRD_MISSING) == 1
     assert rep.metric(WATCHES) == 1  # the CR informer, retrying; nothing else watched
     assert rep.log().count(GONE_LINE) == 1  # one line, not one per retry
+    (warning,) = reporter_warnings(rep.log()[mark:])  # and no other warning
+    assert GONE_LINE in warning and "waiting for the CRD to be created again" in warning
     retries = rep.metric(CR_RESTARTS) - restarts_at_gone
     # Backoff: about 1, 2, 4, 8 s, then every 5-10 s. A hot loop would count thousands.
     assert 1 <= retries <= 6, retries
@@ -265,6 +279,7 @@ def test_deleted_crd_is_waited_for_and_up_refresh_recreates_it(
     assert rep.metric(CRD_MISSING) == 0
     assert rep.metric(WRITE_ERRORS) == 0
     assert "Traceback" not in rep.log()
+    assert len(reporter_warnings(rep.log()[mark:])) == 1  # the CRD's return is no warning
     assert env.uids() == uids
     # Figures for the README: requests while the CRD was gone, resume after it came back.
     total = rep.metric(CR_RESTARTS) - restarts_at_gone

@@ -56,6 +56,7 @@ from pmem_components import certs as certs_mod
 from pmem_components.config import DeploymentConfig
 from reporter.kubeapi import RawApi, Resource
 from tests.e2e.reporter_helpers import (
+    AS_PULUMI,
     CR_RESOURCE,
     Driver,
     ReporterProcess,
@@ -493,7 +494,7 @@ def delete_service(raw: RawApi) -> Callable[[Driver], None]:
 def create_service(raw: RawApi) -> Callable[[Driver], None]:
     def change(drv: Driver) -> None:
         body = service_body(drv, drv.names.metrics_service)
-        raw.create(resource_of(body), body, drv.namespace)
+        raw.create(resource_of(body), body, drv.namespace, field_manager=AS_PULUMI)
 
     return change
 

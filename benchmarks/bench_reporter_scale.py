@@ -56,6 +56,7 @@ from pmem_components import certs as certs_mod
 from pmem_components.config import DeploymentConfig
 from reporter.kubeapi import RawApi, Resource
 from tests.e2e.reporter_helpers import (
+    AS_PULUMI,
     PROJECT_DIR,
     Driver,
     component,
@@ -458,6 +459,7 @@ def nodes_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
             drv.names.node_driver,
             drv.namespace,
             {"spec": {"template": {"spec": {"nodeSelector": {NODE_LABEL: scale.suffix}}}}},
+            field_manager=AS_PULUMI,
         )
         want = f"All {n} node driver pod(s) running successfully"
         done = watcher.wait(

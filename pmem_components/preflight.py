@@ -26,6 +26,7 @@ So this module answers, before anything changes:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -325,6 +326,10 @@ class _Reader:
         return json.loads(body or b"{}")
 
 
+# Below the client's connection pool (10 by default), so no connection is thrown away.
+_PARALLEL_GETS = 8
+
+
 def observe(api_client: Any, stack: StackConfig) -> Observed:
     """Read what :func:`plan` needs: CRs, the namespaces, same-named objects, DaemonSets."""
     reader = _Reader(api_client)
@@ -338,19 +343,21 @@ def observe(api_client: Any, stack: StackConfig) -> Observed:
         live = reader.get(_path("v1", "Namespace", None, ns))
         if live is not None:
             out.namespaces[ns] = _observed(live, "Namespace")
+    wanted: list[tuple[int, str, str]] = []  # (deployment index, kind, path)
     for i, d in enumerate(stack.deployments):
-        found: list[ObservedObject] = []
-        objs = bundle.build_deployment_objects(d, create_namespace=False).all()
-        for obj in objs:
+        out.same_named[i] = []
+        for obj in bundle.build_deployment_objects(d, create_namespace=False).all():
             if obj["kind"] == names.CRD_KIND and obj["apiVersion"] == cr_api:
                 continue  # the CR is judged above
             meta = obj["metadata"]
-            live = reader.get(
-                _path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
-            )
-            if live is not None:
-                found.append(_observed(live, obj["kind"]))
-        out.same_named[i] = found
+            path = _path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+            wanted.append((i, obj["kind"], path))
+    # About 20 GETs per deployment, each a round trip to a remote API server: in parallel.
+    with ThreadPoolExecutor(max_workers=_PARALLEL_GETS) as pool:
+        lives = list(pool.map(lambda w: reader.get(w[2]), wanted))
+    for (i, kind, _), live in zip(wanted, lives, strict=True):
+        if live is not None:
+            out.same_named[i].append(_observed(live, kind))
     daemon_sets = reader.get(_path("apps/v1", "DaemonSet", None)) or {}
     out.daemon_sets = [_observed(d, "DaemonSet") for d in daemon_sets.get("items") or []]
     return out

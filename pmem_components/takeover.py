@@ -25,26 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# The provider's field managers: ``pulumi-kubernetes-<random>`` under server-side apply.
-PULUMI_MANAGER_PREFIX = "pulumi-kubernetes"
-# Kubernetes' own controllers keep what they own (status-like metadata, defaults they set).
-KUBERNETES_MANAGERS = frozenset(
-    {"kube-controller-manager", "kube-apiserver", "kube-scheduler", "kubelet"}
-)
+# Who is foreign is fieldowners' rule, shared with the reporter, which names the same
+# managers and fields in the CR's status until `pulumi up` takes them over.
+from pmem_components.fieldowners import is_foreign, is_pulumi_manager
 
-
-def is_pulumi(entry: Mapping[str, Any]) -> bool:
-    return str(entry.get("manager", "")).startswith(PULUMI_MANAGER_PREFIX)
-
-
-def is_foreign(entry: Mapping[str, Any]) -> bool:
-    """An entry of the main resource (no ``subresource``) owned neither by Pulumi nor by
-    Kubernetes' own controllers: the reporter's status writes (subresource ``status``) and the
-    controllers' bookkeeping are left alone."""
-    if entry.get("subresource"):
-        return False
-    manager = str(entry.get("manager", ""))
-    return not is_pulumi(entry) and manager not in KUBERNETES_MANAGERS
+__all__ = ["TakeOver", "is_foreign", "merge_fields", "plan", "pulumi_entry"]
 
 
 def merge_fields(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
@@ -72,7 +57,9 @@ def pulumi_entry(managed_fields: Sequence[Mapping[str, Any]]) -> Mapping[str, An
     applies = [
         e
         for e in managed_fields
-        if is_pulumi(e) and e.get("operation") == "Apply" and not e.get("subresource")
+        if is_pulumi_manager(str(e.get("manager", "")))
+        and e.get("operation") == "Apply"
+        and not e.get("subresource")
     ]
     return max(applies, key=lambda e: str(e.get("time") or "")) if applies else None
 

@@ -34,7 +34,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import rpc
 
-from pmem_components import takeover
+from pmem_components import fieldowners, takeover
 
 # Left alone: the CRD (the provider replaces it with a PUT and forces already) and
 # namespaces, which administrators label for others' sake (pod security, network policies).
@@ -165,7 +165,9 @@ def correct(api: KubeApi, obj: dict[str, Any], dry_run: bool) -> Outcome | None:
         plan = takeover.plan(managed, str(meta.get("resourceVersion", "")))
         if plan is None:
             return None
-        what = ", ".join(plan.foreign)
+        what = fieldowners.describe(fieldowners.foreign_owners(managed)) or ", ".join(
+            plan.foreign
+        )
         if dry_run:
             return Outcome(plan, f"pulumi up would take over fields of {describe(obj)} ({what})")
         try:

@@ -249,8 +249,15 @@ class RawApi:
         obj.setdefault("apiVersion", res.api_version)
         return obj
 
-    def create(self, res: Resource, body: Obj, namespace: str | None = None) -> Obj:
-        return self.request_json("POST", res.path(namespace), body=body)
+    def create(
+        self,
+        res: Resource,
+        body: Obj,
+        namespace: str | None = None,
+        field_manager: str | None = None,
+    ) -> Obj:
+        query = [("fieldManager", field_manager)] if field_manager else None
+        return self.request_json("POST", res.path(namespace), body=body, query=query)
 
     def replace(self, res: Resource, name: str, body: Obj, namespace: str | None = None) -> Obj:
         return self.request_json("PUT", res.path(namespace, name), body=body)
@@ -266,6 +273,9 @@ class RawApi:
         )
 
 
+CONNECTION_POOL_SIZE = 32
+
+
 def configure(configuration: client.Configuration) -> client.Configuration:
     """No hidden client retries, and TCP keepalive, on every connection of the reporter.
 
@@ -273,6 +283,9 @@ def configure(configuration: client.Configuration) -> client.Configuration:
     our own timeouts that would let a Lease renewal take several times its deadline.
     """
     configuration.retries = False
+    # One connection per open watch (13 kinds) plus the Lease, the status writer and Events;
+    # urllib3's default pool of 10 dropped the surplus, with a warning for each, on shutdown.
+    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
     configuration.socket_options = tcp_keepalive_socket_options(
         KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT
     )

@@ -60,6 +60,12 @@ class Metrics:
             "Informers (one list-then-watch loop and one open watch each) currently running.",
             registry=self.registry,
         )
+        self.crd_missing = Gauge(
+            "pmem_csi_reporter_crd_missing",
+            "1 while the deployments.pmem-csi.intel.com CRD is not served (deleted): the "
+            "reporter then waits for it, not ready, retrying with backoff.",
+            registry=self.registry,
+        )
         self.reconciles = Counter(
             "pmem_csi_reporter_reconciles",
             "Status computations of one CR (most of which write nothing).",

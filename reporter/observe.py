@@ -12,7 +12,9 @@ Shape:
   resourceVersion", backs off when the server closes watches at once, and reports each change
   (including deletions noticed only by a re-list) to a callback. After 401/403 it no longer
   counts as synced and records the error, so the status can say "could not be read" instead
-  of "missing".
+  of "missing". A 404 for the whole collection means the kind is gone (its CRD deleted): the
+  cache is emptied, the kind reported "unserved" once, and lists retried at most every
+  ``UNSERVED_RETRY_CAP`` seconds until the CRD is back.
 - ``Observer``: owns the informers, maps every change to the CR(s) it affects and queues those
   names as dirty. Two layouts:
   * named CRs (``--deployment``, what the Pulumi program deploys): per CR, its cluster-scoped
@@ -40,6 +42,7 @@ from kubernetes.client.exceptions import ApiException
 from pmem_components.names import (
     CRD_GROUP,
     CRD_KIND,
+    CRD_NAME,
     CRD_PLURAL,
     CRD_STORAGE_VERSION,
     LABEL_INSTANCE,
@@ -50,7 +53,7 @@ from pmem_components.names import (
 from reporter import model, trim
 from reporter.kubeapi import Api, Obj, Resource, Transform, is_too_large_resource_version
 from reporter.metrics import Metrics
-from reporter.retry import GONE, Backoff, describe_error
+from reporter.retry import GONE, TOO_MANY_REQUESTS, Backoff, describe_error
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,11 @@ POD = Resource("Pod", "v1", "pods", True)
 ALL_NAMESPACES = "*"
 # A watch that ends sooner than this without delivering anything counts as a failure (backoff).
 MIN_WATCH_SECONDS = 1.0
+# A resource the API server does not serve (404 on its collection: the CRD was deleted) is
+# asked for again at least this often, so the reporter resumes within seconds of the CRD
+# coming back; a 404 costs the server next to nothing.
+UNSERVED_RETRY_CAP = 10.0
+NOT_FOUND = 404
 
 
 def resource_for(kind: str) -> Resource:
@@ -83,7 +91,9 @@ CLUSTER_KINDS: tuple[Resource, ...] = tuple(
 
 # (informer, event type, new object or None, old object or None). Event type "SETTLED" (no
 # objects) says the informer listed, or failed with 401/403, for the first time since a
-# (re)start: CRs depending on it can be computed now.
+# (re)start: CRs depending on it can be computed now. "UNSERVED" (no objects) says the API
+# server answered 404 for the whole collection (the kind is gone: its CRD was deleted), after
+# every cached object was reported DELETED; "SERVED" says a list works again.
 ChangeCallback = Callable[["Informer", str, Obj | None, Obj | None], None]
 
 
@@ -157,6 +167,9 @@ class Informer:
         self.restarts = 0
         self.relists = 0
         self.error: str | None = None  # last 401/403, until the next successful list
+        # The collection answered 404 (CRD deleted), until a list succeeds again.
+        self.unserved = False
+        self.unserved_backoff = Backoff(base=1.0, cap=UNSERVED_RETRY_CAP, max_attempts=0)
         # namespace -> name -> trimmed object: pods of one namespace without a scan.
         self._cache: dict[str, dict[str, Obj]] = {}
         self._lock = threading.Lock()
@@ -256,6 +269,10 @@ class Informer:
             self.resource_version = rv
             self.error = None
         self.relists += 1
+        if self.unserved:
+            self.unserved = False
+            log.debug("%r: served again", self)
+            self._notify("SERVED", None, None)
         for ns, objs in old.items():
             for name, obj in objs.items():
                 if name not in fresh.get(ns, {}):
@@ -362,6 +379,28 @@ class Informer:
         self.resource_version = None
         self.metrics.relists.labels(resource=self.label).inc()
 
+    def _gone_kind(self, exc: BaseException) -> None:
+        """The API server does not serve this resource (404 on the collection).
+
+        For a custom resource that means its CRD was deleted, and with it every object of the
+        kind, whether or not their DELETED events reached us before the watch ended. So the
+        cache is emptied (each object reported DELETED: their per-CR watches stop, nothing is
+        written for them), the next attempt lists afresh, and the cache no longer counts as
+        synced. Only the first 404 of a run is reported ("UNSERVED"); retries stay quiet.
+        """
+        self.resource_version = None
+        self._synced.clear()
+        with self._lock:
+            old, self._cache = self._cache, {}
+        for objs in old.values():
+            for obj in objs.values():
+                self._notify("DELETED", None, obj)
+        if self.unserved:
+            log.debug("%r: still not served: %s", self, describe_error(exc))
+            return
+        self.unserved = True
+        self._notify("UNSERVED", None, None)
+
     def _notify(self, etype: str, obj: Obj | None, before: Obj | None) -> None:
         try:
             self.on_change(self, etype, obj, before)
@@ -390,7 +429,20 @@ class Informer:
                 if self.stopped(stop):
                     return
                 status = getattr(exc, "status", None)
-                log.warning("%r: list/watch failed (%s): %s", self, status, describe_error(exc))
+                if status == NOT_FOUND:
+                    # Not an outage: the kind is gone (CRD deleted). The Observer says so
+                    # once; retry at a gentle pace until it is back.
+                    self._gone_kind(exc)
+                    self._stop.wait(self.unserved_backoff.wait_for(min(failures, 8)))
+                    failures += 1
+                    continue
+                if self.unserved and status == TOO_MANY_REQUESTS:
+                    # Seen on the local cluster while a deleted CRD was created again: one
+                    # 429 with Retry-After: 1, then the list worked. Part of the wait
+                    # already logged, not a new problem.
+                    log.debug("%r: not served yet: %s", self, describe_error(exc))
+                else:
+                    log.warning("%r: list/watch failed (%s): %s", self, status, describe_error(exc))
                 if status in (401, 403):
                     # Permissions may be granted later (RBAC created after us); the cache
                     # must no longer claim to be complete, and the status says why.
@@ -398,7 +450,9 @@ class Informer:
                     self._synced.clear()
                     self.error = describe_error(exc)
                     self._settle()
-                self._stop.wait(self.backoff.wait_for(min(failures, 8), exc))
+                # Still waiting for a CRD: keep its gentler cap (10 s, not 30 s).
+                backoff = self.unserved_backoff if self.unserved else self.backoff
+                self._stop.wait(backoff.wait_for(min(failures, 8), exc))
                 failures += 1
                 continue
             if self._events_in_session == 0 and self.clock() - started < MIN_WATCH_SECONDS:
@@ -462,6 +516,7 @@ class Observer:
         self._dirty_cv = threading.Condition(threading.Lock())
         self._groups: dict[str, _Group] = {}
         self._started = False
+        self._crd_missing = False  # last state logged and exported by _served_changed
         # kind -> {namespace or ALL_NAMESPACES or "" (cluster-scoped) -> informers}
         self._index: dict[str, dict[str, list[Informer]]] = {}
         if self.deployments:
@@ -521,7 +576,11 @@ class Observer:
 
     @property
     def synced(self) -> bool:
-        """Every cache has listed once, including those of every known CR."""
+        """Every cache has listed once, including those of every known CR.
+
+        False while the CRD is missing (``crd_missing``): the CR cache cannot list, and a
+        reporter with nothing to report on should show as not ready, not restart.
+        """
         if not all(inf.synced for inf in self.cr_informers):
             return False
         return all(self.cr_settled(cr) for cr in self.crs()) and all(
@@ -686,8 +745,45 @@ class Observer:
             return {inf.owner}
         return {_name(cr) for cr in self.crs() if inf.namespace in (None, cr_namespace(cr))}
 
+    @property
+    def crd_missing(self) -> bool:
+        """The CR kind is not served (its CRD was deleted): nothing to report on, yet."""
+        return any(inf.unserved for inf in self.cr_informers)
+
+    def _served_changed(self, inf: Informer, etype: str) -> None:
+        """Say once, in words an administrator searches for, that the CRD is gone or back.
+
+        Why not crash (and let the pod restart): a restarted reporter finds the CRD just as
+        missing, and a crash-looping pod hides the reason among restarts. The reporter keeps
+        running, retries with backoff, is not ready (``synced``) and sets a gauge.
+        """
+        if inf not in self.cr_informers:
+            if etype == "UNSERVED":
+                log.warning("%r: the API server does not serve %s; waiting", inf, inf.res.plural)
+            return
+        with self._lock:
+            missing = self.crd_missing
+            changed = missing != self._crd_missing
+            self._crd_missing = missing
+        if not changed:
+            return
+        self.metrics.crd_missing.set(1 if missing else 0)
+        if missing:
+            log.warning(
+                "CRD %s is gone (the API server answers 404 for %s): no Deployment CR to report "
+                "on; waiting for the CRD to be created again (retrying at least every %.0f s)",
+                CRD_NAME,
+                CR.path(),
+                UNSERVED_RETRY_CAP,
+            )
+        else:
+            log.info("CRD %s is served again; watching its Deployment CRs", CRD_NAME)
+
     def _on_change(self, inf: Informer, etype: str, obj: Obj | None, before: Obj | None) -> None:
         now = self.clock()
+        if etype in ("UNSERVED", "SERVED"):
+            self._served_changed(inf, etype)
+            return
         if etype == "SETTLED":
             for name in self._settled_names(inf):
                 self.mark_dirty(name, now)

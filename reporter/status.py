@@ -32,11 +32,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
+from pmem_components.fieldowners import describe, foreign_owners
 from reporter.certcheck import Validator, default_verifier
 from reporter.model import (
     DAEMON_SET,
     SECRET,
     STATEFUL_SET,
+    ExpectedObject,
     Obj,
     Observed,
     expected_objects,
@@ -257,17 +259,41 @@ def _certs_verified(
     )
 
 
+# Objects named in an ObjectsModified message; the rest are counted (a status stays small).
+_MAX_LISTED_MODIFIED = 3
+
+
+def _modified(observed: Observed, expected: Sequence[ExpectedObject]) -> list[str]:
+    """``Kind/name by manager (paths)`` for each object someone else changed."""
+    changed = []
+    for e in expected:
+        obj = observed.get(e.kind, e.name)
+        owners = foreign_owners(((obj or {}).get("metadata") or {}).get("managedFields"))
+        if owners:
+            changed.append(f"{e.kind}/{e.name} by {describe(owners)}")
+    return changed
+
+
 def _driver_deployed(observed: Observed) -> Obj:
     gen = observed.generation
     expected = expected_objects(observed.names)
     readable = [e for e in expected if e.kind not in observed.unreadable]
     missing = [f"{e.kind}/{e.name}" for e in readable if observed.get(e.kind, e.name) is None]
-    if missing:
-        message = (
-            f"Missing {', '.join(missing)}; run `pulumi up --refresh` to re-create "
-            f"{'it' if len(missing) == 1 else 'them'}"
-        )
-        return _condition(DRIVER_DEPLOYED, FALSE, "ObjectsMissing", message, gen)
+    modified = _modified(observed, readable)
+    if missing or modified:
+        parts = []
+        if missing:
+            parts.append(f"Missing {', '.join(missing)}")
+        if modified:
+            listed = "; ".join(modified[:_MAX_LISTED_MODIFIED])
+            more = len(modified) - _MAX_LISTED_MODIFIED
+            parts.append(
+                f"Changed behind Pulumi's back: {listed}"
+                + (f"; and {more} more" if more > 0 else "")
+            )
+        message = "; ".join(parts) + ("; run `pulumi up --refresh` to restore the declared state")
+        reason = "ObjectsMissing" if missing else "ObjectsModified"
+        return _condition(DRIVER_DEPLOYED, FALSE, reason, message, gen)
     unknown = sorted({e.kind for e in expected} & set(observed.unreadable))
     if unknown:
         message = "; ".join(
@@ -278,7 +304,7 @@ def _driver_deployed(observed: Observed) -> Obj:
         DRIVER_DEPLOYED,
         TRUE,
         "AllObjectsExist",
-        f"All {len(expected)} driver objects exist",
+        f"All {len(expected)} driver objects exist, changed by no one but Pulumi",
         gen,
     )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pmem_components.fieldowners import is_foreign
 from pmem_components.names import LABEL_INSTANCE
 
 Obj = dict[str, Any]
@@ -22,9 +23,15 @@ Obj = dict[str, Any]
 _META_KEYS = ("name", "namespace", "resourceVersion", "generation", "deletionTimestamp", "uid")
 
 
-def _meta(obj: Obj, *, owners: bool = False) -> Obj:
+def _meta(obj: Obj, *, owners: bool = False, field_owners: bool = False) -> Obj:
     meta = obj.get("metadata") or {}
     out = {k: meta[k] for k in _META_KEYS if k in meta}
+    if field_owners:
+        # Only the entries of managers that changed the object behind Pulumi's back: usually
+        # none, so drift detection costs nothing in the common case.
+        foreign = [e for e in meta.get("managedFields") or [] if is_foreign(e)]
+        if foreign:
+            out["managedFields"] = foreign
     instance = (meta.get("labels") or {}).get(LABEL_INSTANCE)
     if instance is not None:
         out["labels"] = {LABEL_INSTANCE: instance}
@@ -80,7 +87,7 @@ def workload(obj: Obj) -> Obj:
     kept_spec = {k: spec[k] for k in ("replicas", "updateStrategy") if k in spec}
     return {
         "kind": obj.get("kind"),
-        "metadata": _meta(obj),
+        "metadata": _meta(obj, field_owners=True),
         "spec": kept_spec,
         "status": dict(obj.get("status") or {}),
     }
@@ -91,14 +98,14 @@ def secret(obj: Obj) -> Obj:
     data = obj.get("data") or {}
     return {
         "kind": "Secret",
-        "metadata": _meta(obj),
+        "metadata": _meta(obj, field_owners=True),
         "data": {k: data[k] for k in ("ca.crt", "tls.crt", "tls.key") if k in data},
     }
 
 
 def existence(obj: Obj) -> Obj:
-    """Kinds whose existence is all the status rules check (RBAC objects, Services, ...)."""
-    return {"kind": obj.get("kind"), "metadata": _meta(obj)}
+    """Kinds whose existence and field owners are all the status rules check (RBAC, ...)."""
+    return {"kind": obj.get("kind"), "metadata": _meta(obj, field_owners=True)}
 
 
 def custom_resource(obj: Obj) -> Obj:

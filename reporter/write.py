@@ -22,6 +22,10 @@ therefore split in two:
   taken from a per-CR token bucket of ``burst`` writes refilled one per ``message_interval``.
   An isolated change (a node joins: Progressing, then Running) is written at once; a storm
   is cut to one write per interval, the newest status winning.
+- one exception: the way back to Running after a failure. Healing goes Failed -> Progressing
+  (urgent) -> Running (not urgent, as the DaemonSet's counters catch up a moment later); a
+  user watching a recovery must not wait for a token there, so the first Running after a
+  write out of Failed is urgent too. Rollouts that never failed still go through the budget.
 The writer reports when a deferred CR is due (``deferred``) and the main loop comes back then,
 so the final state always lands.
 """
@@ -229,6 +233,19 @@ class StatusWriter:
     deferred: dict[str, float] = field(default_factory=dict)
     # CR name -> (tokens, monotonic time they were counted)
     _tokens: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
+    # CRs whose last written phase change left Failed and has not reached Running yet.
+    _recovering: set[str] = field(default_factory=set, init=False)
+
+    def _urgent(self, name: str, old: Obj, new: Obj) -> bool:
+        if significant_key(old) != significant_key(new):
+            return True
+        return name in self._recovering and new.get("phase") == status.PHASE_RUNNING
+
+    def _track_recovery(self, name: str, old: Obj, new: Obj) -> None:
+        if old.get("phase") == status.PHASE_FAILED and new.get("phase") != status.PHASE_FAILED:
+            self._recovering.add(name)
+        if new.get("phase") in (status.PHASE_RUNNING, status.PHASE_FAILED):
+            self._recovering.discard(name)
 
     def _available(self, name: str) -> float:
         tokens, at = self._tokens.get(name, (float(self.burst), self.monotonic()))
@@ -244,6 +261,7 @@ class StatusWriter:
         if cr is None:
             self._tokens.pop(name, None)
             self.deferred.pop(name, None)
+            self._recovering.discard(name)
             return False  # deleted (or not created yet): nothing to report on
         if not self.cache.cr_settled(cr):
             # Its caches mark the CR dirty again once they have listed.
@@ -274,7 +292,7 @@ class StatusWriter:
                 self.deferred.pop(name, None)
                 return
             available = self._available(name)
-            if significant_key(old) == significant_key(new) and available < 1.0 - 1e-6:
+            if not self._urgent(name, old, new) and available < 1.0 - 1e-6:
                 wait = (1.0 - available) * self.message_interval
                 self.deferred[name] = self.monotonic() + wait
                 return
@@ -313,6 +331,7 @@ class StatusWriter:
             return False
         current, old, new, result = state["written"]
         self._take(name)
+        self._track_recovery(name, old, new)
         self.metrics.status_writes.inc()
         if changed_at is not None:
             self.metrics.change_to_write.observe(max(0.0, self.monotonic() - changed_at))

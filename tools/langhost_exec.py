@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import logging
 import os
 import runpy
@@ -174,5 +175,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return exit_code
 
 
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown, after what must still run.
+
+    Tearing down the SDK's gRPC channels, threads and modules took 0.4 s, a sixth of a no-op
+    ``pulumi up``, after every RPC had completed. ``atexit`` handlers still run: the
+    Kubernetes client removes there the temporary files holding kubeconfig credentials.
+    """
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    _exit_now(main())

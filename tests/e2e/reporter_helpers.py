@@ -164,6 +164,11 @@ class Driver:
                 delete_object(self.raw, events, ev["metadata"]["name"], ns)
 
 
+# What the tests create or change in Pulumi's stead is written under a manager named as the
+# Pulumi Kubernetes provider names its own: the reporter reports fields owned by any other
+# manager as changed behind Pulumi's back (pmem_components.fieldowners).
+AS_PULUMI = "pulumi-kubernetes-e2e"
+
 # The reporter's objects (ServiceAccount, RBAC) exist only with an image set; kwok's pods run
 # none, and tests/e2e/test_reporter_image.py runs the real one.
 REPORTER_IMAGE = "registry.example/pmem-csi-reporter:e2e"
@@ -197,7 +202,7 @@ def deploy_driver(raw: RawApi, cfg: DeploymentConfig, certs: DriverCertificates)
             if res is APPS_DEPLOYMENT:
                 continue  # the reporter runs as a subprocess of the test instead
             ns = obj["metadata"].get("namespace") if res.namespaced else None
-            raw.create(res, obj, ns)
+            raw.create(res, obj, ns, field_manager=AS_PULUMI)
             driver.objects.append(obj)
     except BaseException:
         driver.delete()

@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from pmem_components import names
+from tests.e2e.readme import sh_blocks
 from tests.e2e.waiting import wait_for
 from tests.unit import certutil
 from tools import localenv, toolchain
@@ -44,16 +45,6 @@ NAMESPACE = "pmem-csi"
 H = "pmem-csi-intel-com"
 # Pulumi's marker of an encrypted value in an exported state.
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
-
-
-def readme_blocks() -> list[list[str]]:
-    """The command lines of each ``sh`` block of the README section, in order."""
-    text = (toolchain.PROJECT_DIR / "README.md").read_text()
-    start = text.index(SECTION) + len(SECTION)
-    end = text.find("\n## ", start)
-    section = text[start : end if end != -1 else None]
-    blocks = re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
-    return [[line for line in block.splitlines() if line.strip()] for block in blocks]
 
 
 @dataclass
@@ -177,7 +168,7 @@ def _no_plaintext_keys(text: str, certs: certutil.CertSet) -> None:
 def test_readme_blocks_deploy_check_and_remove(
     shell: Shell, certs: certutil.CertSet, shared_crd: None
 ) -> None:
-    deploy, repair, remove = readme_blocks()
+    deploy, repair, remove = sh_blocks(SECTION)
 
     # ---- deploy, line by line; the cluster is looked at between the lines that matter.
     for line in deploy:

@@ -50,6 +50,7 @@ import pytest
 from pmem_components import names
 from pmem_components.config import DeploymentConfig
 from pmem_components.manifests import bundle
+from tests.e2e.readme import sh_blocks
 from tests.e2e.waiting import wait_for
 from tools import localenv, toolchain
 
@@ -76,16 +77,6 @@ NO_CHANGES = "pulumi preview --expect-no-changes"
 STS_CREATE = ("creating", "kubernetes:apps/v1:StatefulSet")
 
 Key = tuple[str, str, str]  # (kind, namespace or "", name)
-
-
-def readme_blocks() -> list[list[str]]:
-    """Command lines of each ``sh`` block of the README section, in order."""
-    text = (toolchain.PROJECT_DIR / "README.md").read_text()
-    start = text.index(SECTION) + len(SECTION)
-    end = text.find("\n## ", start)
-    section = text[start : end if end != -1 else None]
-    blocks = re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
-    return [[line for line in block.splitlines() if line.strip()] for block in blocks]
 
 
 @dataclass
@@ -391,7 +382,7 @@ def test_up_stopped_with_ctrl_c_half_way_completes_when_run_again(
     admin: Admin, scenario: Scenario
 ) -> None:
     sc = scenario
-    after_ctrl_c, _ = readme_blocks()
+    after_ctrl_c, _ = sh_blocks(SECTION)
     proc = _start_up(admin, sc)
     lines: list[str] = []
     # Some objects exist (the namespace), the StatefulSet cannot (the gate): half way.
@@ -441,7 +432,7 @@ def test_up_stopped_with_ctrl_c_half_way_completes_when_run_again(
 
 def test_up_killed_recovers_with_the_documented_steps(admin: Admin, scenario: Scenario) -> None:
     sc = scenario
-    _, after_kill = readme_blocks()
+    _, after_kill = sh_blocks(SECTION)
     proc = _start_up(admin, sc)
     lines: list[str] = []
     others = _wait_at_the_gate(admin, sc, proc, lines)  # the kill always hits this point

@@ -27,6 +27,7 @@ from reporter.kubeapi import RawApi, Resource
 from reporter.leader import LEASE
 from reporter.observe import POD
 from tests.e2e.reporter_helpers import (
+    AS_PULUMI,
     Driver,
     ReporterProcess,
     component,
@@ -35,6 +36,7 @@ from tests.e2e.reporter_helpers import (
     deploy_driver,
     driver_config,
     ensure_crd,
+    resource_of,
     token_kubeconfig,
 )
 from tests.e2e.waiting import wait_for
@@ -264,6 +266,77 @@ def test_deleting_daemonset_makes_driver_deployed_false_naming_it(
     assert driver.status()["phase"] == "Failed"
 
 
+def test_objects_changed_by_other_managers_are_named_until_pulumi_takes_them_back(
+    driver: Driver, start_reporter: Callable[..., ReporterProcess], raw: RawApi
+) -> None:
+    """A PUT as `kubectl edit` sends it and a patch as `kubectl patch` sends it, then a forced
+    server-side apply of the declared objects under Pulumi's kind of manager name."""
+    start_reporter()
+    wait_running(driver)
+    ds_name, svc_name = driver.names.node_driver, driver.names.controller_service
+    ds = raw.get(APPS_DAEMONSET, ds_name, driver.namespace)
+    assert ds is not None
+    ds["spec"]["template"]["spec"]["containers"][0]["command"].append("-v=9")
+    raw.request_json(
+        "PUT",
+        APPS_DAEMONSET.path(driver.namespace, ds_name),
+        body=ds,
+        query=[("fieldManager", "kubectl-edit")],
+    )
+    raw.request_json(
+        "PATCH",
+        SERVICE.path(driver.namespace, svc_name),
+        body={"metadata": {"labels": {"team": "storage"}}},
+        query=[("fieldManager", "kubectl-patch")],
+        content_type="application/merge-patch+json",
+    )
+
+    def modified() -> dict[str, Any]:
+        cond = condition(driver.status(), "DriverDeployed")
+        return (
+            cond
+            if cond.get("reason") == "ObjectsModified" and "Service/" in cond["message"]
+            else {}
+        )
+
+    cond = wait_for(modified, STATUS_TIMEOUT, "DriverDeployed False naming both objects")
+    container = ds["spec"]["template"]["spec"]["containers"][0]["name"]
+    assert (
+        f"DaemonSet/{ds_name} by kubectl-edit "
+        f"(spec.template.spec.containers[name={container}].command)"
+    ) in cond["message"], cond
+    assert f"Service/{svc_name} by kubectl-patch (metadata.labels.team)" in cond["message"], cond
+    assert cond["status"] == "False"
+    assert driver.status()["phase"] == "Failed"
+
+    # What the program does on `pulumi up`: take the fields over and apply the declared state.
+    for obj in driver.objects:
+        if obj["kind"] in ("DaemonSet", "Service") and obj["metadata"]["name"] in (
+            ds_name,
+            svc_name,
+        ):
+            raw.request_json(
+                "PATCH",
+                resource_of(obj).path(driver.namespace, obj["metadata"]["name"]),
+                body=obj,
+                query=[("fieldManager", AS_PULUMI), ("force", "true")],
+                content_type="application/apply-patch+yaml",
+            )
+    # The extra label's owner is gone with its value only when Pulumi owns it; until then the
+    # Service is still named, so drop the label the way the program's takeover does.
+    svc = raw.get(SERVICE, svc_name, driver.namespace)
+    assert svc is not None
+    svc["metadata"]["managedFields"] = [
+        e for e in svc["metadata"]["managedFields"] if e["manager"] != "kubectl-patch"
+    ]
+    raw.request_json("PUT", SERVICE.path(driver.namespace, svc_name), body=svc)
+    status = wait_running(driver)
+    assert condition(status, "DriverDeployed")["reason"] == "AllObjectsExist"
+    live = raw.get(APPS_DAEMONSET, ds_name, driver.namespace)
+    assert live is not None
+    assert "-v=9" not in live["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
 def test_certificate_from_another_ca_makes_certs_verified_false_wrong_ca(
     driver: Driver, start_reporter: Callable[..., ReporterProcess], api_client: Any
 ) -> None:
@@ -279,6 +352,7 @@ def test_certificate_from_another_ca_makes_certs_verified_false_wrong_ca(
                 "tls.key": other.node_controller_key,
             }
         },
+        field_manager=AS_PULUMI,  # provided certificates, as `pulumi up` writes them
     )
 
     def verified_false() -> dict[str, Any]:
@@ -398,6 +472,7 @@ def test_rollout_is_progressing_and_a_daemonset_selecting_no_node_is_running(
         driver.names.node_driver,
         driver.namespace,
         {"spec": {"template": {"spec": {"nodeSelector": {"no-such-label": "x"}}}}},
+        field_manager=AS_PULUMI,  # a rollout as `pulumi up` starts it
     )
 
     def no_node_ready() -> dict[str, Any]:

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from reporter import model
 from reporter.kubeapi import RawApi
 from reporter.observe import POD, SECRET
 from reporter.write import KubeStatusApi
@@ -147,3 +148,6 @@ def test_in_cluster_credentials_need_no_kubeconfig_and_disable_hidden_retries(
     # and TCP keepalive so a dead connection is noticed.
     assert conf.retries is False
     assert any(opt[1] == socket.SO_KEEPALIVE for opt in conf.socket_options)
+    # A pooled connection for every watch at once (13 kinds) and the requests beside them.
+    pool_kw = api_client.rest_client.pool_manager.connection_pool_kw
+    assert pool_kw["maxsize"] >= len(model.API_RESOURCES) + 3 + 3

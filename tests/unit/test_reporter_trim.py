@@ -66,6 +66,29 @@ def test_status_from_trimmed_objects_equals_status_from_full_objects() -> None:
         assert a == b
 
 
+def test_trimmed_objects_keep_only_the_field_owners_that_are_changes() -> None:
+    """Drift shows the same from trimmed objects; Pulumi's and the kubelet's entries go."""
+    objects = ts.good_objects()
+    for kind, _, name in ts.expected_objects(ts.NAMES):
+        obj = bulky(objects[kind][name] or {})
+        obj["metadata"]["managedFields"] += [
+            {"manager": "pulumi-kubernetes-1", "operation": "Apply", "fieldsV1": {"f:spec": {}}},
+            {"manager": "kubectl-edit", "operation": "Update", "fieldsV1": {"f:spec": {}}},
+        ]
+        objects[kind][name] = obj
+    full = Observed(cr=ts.cr(), objects=objects, controller_pods=ts.controller_pods())
+    trimmed_objects = {
+        k: {n: trim.BY_KIND[k](o) for n, o in v.items() if o} for k, v in objects.items()
+    }
+    for by_name in trimmed_objects.values():
+        for obj in by_name.values():
+            assert [e["manager"] for e in obj["metadata"]["managedFields"]] == ["kubectl-edit"]
+    trimmed = Observed(cr=ts.cr(), objects=trimmed_objects, controller_pods=ts.controller_pods())
+    a = st.compute_status(full, ts.NOW)
+    assert st.compute_status(trimmed, ts.NOW) == a
+    assert ts.cond(a, "DriverDeployed")["reason"] == "ObjectsModified"
+
+
 def test_a_trimmed_pod_is_a_small_fraction_of_the_full_one() -> None:
     full = bulky(ts.pod(ts.BAD, "worker-2", ready=False, waiting="CrashLoopBackOff"))
     assert len(json.dumps(trim.pod(full))) * 4 < len(json.dumps(full))

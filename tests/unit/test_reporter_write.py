@@ -237,6 +237,46 @@ def test_a_change_of_meaning_is_written_at_once_within_the_interval():
     assert len(api.patches) == 2 and writer.deferred == {}
 
 
+class Phases:
+    """Stands in for compute_status: the phase a test sets, with its own message each time."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.phase, self.changes = "", 0
+        monkeypatch.setattr("reporter.write.status.compute_status", self.compute)
+
+    def set(self, phase: str) -> None:
+        self.phase, self.changes = phase, self.changes + 1
+
+    def compute(self, observed, now, progress_deadline=None):
+        return {"phase": self.phase, "reason": f"change {self.changes}", "conditions": []}
+
+
+def test_running_after_a_failure_is_written_at_once_but_a_rollout_waits(monkeypatch):
+    _cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    phases = Phases(monkeypatch)
+    # Break and heal twice in a row, faster than the budget refills.
+    sequence = ["Running", "Failed", "Progressing", "Running", "Failed", "Progressing", "Running"]
+    for phase in sequence:
+        phases.set(phase)
+        clock[0] += 0.1
+        assert writer.reconcile(NAME), phase
+    assert [p["status"]["phase"] for p in api.patches] == sequence
+    assert writer.deferred == {}
+    # A rollout that never failed: Progressing and Running go through the empty budget.
+    phases.set("Progressing")
+    clock[0] += 0.1
+    assert not writer.reconcile(NAME)
+    clock[0] = writer.deferred[NAME]
+    assert writer.reconcile(NAME)  # with the token that came back
+    phases.set("Running")
+    clock[0] += 0.1
+    assert not writer.reconcile(NAME)  # waits for the next token
+    assert NAME in writer.deferred
+    assert api.patches[-1]["status"]["phase"] == "Progressing"
+
+
 def test_significant_key_is_failure_conditions_and_generation_only():
     from reporter.write import significant_key
 

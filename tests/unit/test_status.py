@@ -584,6 +584,65 @@ def test_absent_kind_counts_as_missing_and_all_are_named() -> None:
     assert f"Role/{NAMES.provisioner_role}" in message
 
 
+def _edited(obj: Obj | None, manager: str, fields: Obj, **extra: str) -> Obj:
+    obj = copy.deepcopy(obj or {})
+    entry = {"manager": manager, "operation": "Update", "fieldsV1": fields, **extra}
+    obj.setdefault("metadata", {}).setdefault("managedFields", []).append(entry)
+    return obj
+
+
+def test_an_object_changed_by_another_manager_makes_driver_deployed_false_naming_it() -> None:
+    objects = good_objects()
+    ds = NAMES.node_driver
+    args = {"f:spec": {"f:template": {"f:spec": {"f:containers": {
+        'k:{"name":"pmem-driver"}': {"f:args": {}}}}}}}  # fmt: skip
+    objects[DAEMON_SET][ds] = _edited(objects[DAEMON_SET][ds], "kubectl-edit", args)
+    role = NAMES.provisioner_cluster_role
+    objects["ClusterRole"][role] = _edited(
+        objects["ClusterRole"][role], "e2e.test", {"f:rules": {}}
+    )
+    s = st.compute_status(observed(objects), NOW)
+    c = cond(s, "DriverDeployed")
+    assert c["status"] == "False"
+    assert c["reason"] == "ObjectsModified"
+    assert (
+        f"ClusterRole/{role} by e2e.test (rules); DaemonSet/{ds} by kubectl-edit "
+        "(spec.template.spec.containers[name=pmem-driver].args)"
+    ) in c["message"]
+    assert "pulumi up --refresh" in c["message"]
+    assert s["phase"] == "Failed"
+
+
+def test_missing_is_the_reason_when_objects_are_missing_and_modified() -> None:
+    objects = good_objects()
+    objects["Role"][NAMES.provisioner_role] = None
+    svc = NAMES.controller_service
+    objects["Service"][svc] = _edited(objects["Service"][svc], "kubectl-patch", {"f:spec": {}})
+    c = cond(st.compute_status(observed(objects), NOW), "DriverDeployed")
+    assert c["reason"] == "ObjectsMissing"
+    assert f"Missing Role/{NAMES.provisioner_role}" in c["message"]
+    assert f"Service/{svc} by kubectl-patch" in c["message"]
+
+
+def test_writes_by_pulumi_the_control_plane_and_to_status_are_not_changes() -> None:
+    objects = good_objects()
+    ds = NAMES.node_driver
+    obj = _edited(objects[DAEMON_SET][ds], "pulumi-kubernetes-0a1b2c3d", {"f:spec": {}})
+    obj = _edited(obj, "kube-controller-manager", {"f:metadata": {"f:annotations": {}}})
+    objects[DAEMON_SET][ds] = _edited(obj, "kubectl-edit", {"f:status": {}}, subresource="status")
+    c = cond(st.compute_status(observed(objects), NOW), "DriverDeployed")
+    assert (c["status"], c["reason"]) == ("True", "AllObjectsExist")
+
+
+def test_many_changed_objects_are_capped_in_the_message() -> None:
+    objects = good_objects()
+    for kind, _, name in expected_objects(NAMES):
+        objects[kind][name] = _edited(objects[kind][name], "kubectl-label", {"f:metadata": {}})
+    message = cond(st.compute_status(observed(objects), NOW), "DriverDeployed")["message"]
+    assert message.count("by kubectl-label") == 3
+    assert f"and {len(expected_objects(NAMES)) - 3} more" in message
+
+
 # ------------------------------------------------------------------------------ certificates
 
 

@@ -70,7 +70,8 @@ async def _plain(value: Any) -> Any:
     if value == rpc.UNKNOWN:
         raise _Unknown
     if isinstance(value, dict):
-        return {k: await _plain(v) for k, v in value.items()}
+        # None means "not set" in the inputs; in an apply it would mean something else.
+        return {k: await _plain(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
         return [await _plain(v) for v in value]
     return value
@@ -223,7 +224,6 @@ def transform(
             obj = await _plain(dict(args.props))
         except _Unknown:
             return None  # a preview with inputs not known yet: nothing to compare with
-        obj = {k: v for k, v in obj.items() if v is not None}
         dry_run = pulumi.runtime.is_dry_run()
         try:
             loop = asyncio.get_running_loop()

@@ -170,7 +170,14 @@ class PulumiCli:
         stack = f"bench{n}"
         self.run("stack", "init", stack)
         try:
-            config = {"pmem-csi:manageCrd": True, "pmem-csi:deployments": deployments(n)}
+            # Destroy removes the namespaces and the CRD too, as `kubectl delete` does on the
+            # other side (and the next stack may create the same namespaces).
+            config = {
+                "pmem-csi:manageCrd": True,
+                "pmem-csi:retainCrd": False,
+                "pmem-csi:retainNamespaces": False,
+                "pmem-csi:deployments": deployments(n),
+            }
             path = self.workdir / f"Pulumi.{stack}.yaml"
             settings = yaml.safe_load(path.read_text()) or {}
             settings["config"] = config

@@ -12,11 +12,11 @@ time the way another kind of client does it:
   written with client-go), the case that made the provider fail with a server-side-apply
   conflict (pulumi/pulumi-kubernetes#2404).
 
-What changes: the kind's own fields (container args, Service ports with an added port, RBAC
-rules with a changed and an added rule, binding subjects, the CR spec, an added Secret key, an
-added imagePullSecret, an annotation), a declared label changed, another declared label
-removed and a label added. Which client makes which change rotates over the objects, so every
-kind sees every client and every client makes every kind of change.
+What changes: the kind's own fields (container commands and args, Service ports with an
+added port, RBAC rules with a changed and an added rule, binding subjects, the CR spec, an
+added Secret key, an added imagePullSecret, an annotation), a declared label changed, another
+declared label removed and a label added. Which client makes which change rotates over the
+objects, so every kind sees every client and every client makes every kind of change.
 
 Then: a ``pulumi preview --refresh`` changes nothing in the cluster; one ``pulumi up
 --refresh`` restores exactly the declared state, without a conflict, and leaves no field owned
@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
@@ -65,6 +66,7 @@ CLIENTS = ("kubectl-edit", "kubectl-patch", "go-client")
 KUBERNETES_MANAGERS = {"kube-controller-manager", "kube-apiserver", "kube-scheduler", "kubelet"}
 SUITE, TIER, EXTRA = "e2e.example.com/suite", "e2e.example.com/tier", "drift.example.com/added"
 NOTE = "drift.example.com/note"
+MALFORMED = ["malformed", "options"]  # the operator's e2e test's command
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,8 +81,12 @@ def change_kind_fields(obj: dict[str, Any]) -> None:
     """The kind's own fields: what the issue names (command, ports, RBAC rules) and more."""
     kind = obj["kind"]
     if kind in ("DaemonSet", "StatefulSet", "Deployment") and "template" in obj.get("spec", {}):
-        first = _containers(obj)[0]
-        first["args"] = ["--malformed", "options"]
+        # The first container's command (the drivers declare one) or args (the reporter),
+        # and an argument added to the second's (the sidecars).
+        first, *others = _containers(obj)
+        first["command" if "command" in first else "args"] = MALFORMED
+        for container in others:
+            container["args"] = [*container.get("args", []), "--added"]
     elif kind == "Service":
         obj["spec"]["ports"][0]["port"] = 1111
         obj["spec"]["ports"][0].setdefault("name", "main")  # required with a second port
@@ -217,6 +223,7 @@ class Drifted:
     objects: list[dict[str, Any]]  # the builders' objects, Namespace aside
     declared: dict[str, dict[str, Any]]  # live objects after the first up, by described()
     output: list[str]
+    raw: dict[str, Any]
 
 
 @pytest.fixture(scope="module")
@@ -248,7 +255,7 @@ def drifted(
         for i, obj in enumerate(objects):
             for j, change in enumerate(CHANGES):
                 clients.change(CLIENTS[(i + j) % len(CLIENTS)], obj, change)
-        yield Drifted(stack, cfg, objects, declared, [])
+        yield Drifted(stack, cfg, objects, declared, [], raw)
     finally:
         dispose(stack)
 
@@ -330,10 +337,10 @@ def test_up_refresh_restores_the_declared_state_and_owns_every_field(
                 # builders' fields must be there, element for element, and nothing of ours.
                 problems += is_subset(obj.get("spec"), live.get("spec"), f"{key}.spec")
                 if "template" in live.get("spec", {}):
-                    got = [c.get("args") for c in _containers(live)]
-                    want = [c.get("args") for c in _containers(declared)]
+                    got = [(c.get("command"), c.get("args")) for c in _containers(live)]
+                    want = [(c.get("command"), c.get("args")) for c in _containers(declared)]
                     if got != want:
-                        problems.append(f"{key}: args {got}")
+                        problems.append(f"{key}: command and args {got}")
                 continue
             if obj["kind"] == "Service" and field == "spec":
                 # A port re-created by the restore gets a new nodePort; the rest is equal.
@@ -353,3 +360,27 @@ def test_next_up_changes_nothing(drifted: Drifted, api_client: Any) -> None:
     changes = resource_changes(result.summary)
     assert set(changes) == {"same"}, changes
     assert _versions(kube, drifted.objects) == before
+
+
+def test_take_over_fields_false_leaves_fields_to_their_owners(
+    drifted: Drifted, api_client: Any, kubectl: Callable[..., Any]
+) -> None:
+    """``pmem-csi:takeOverFields: false``: nothing is taken over, and a field someone else
+    changed makes ``pulumi up --refresh`` fail on the conflict, as the provider alone does."""
+    work = Path(drifted.stack.workspace.work_dir)
+    config = {**stack_config(drifted.raw), "pmem-csi:takeOverFields": False}
+    ps.write_stack_config(work, drifted.stack.name, config)
+    # Without the setting the objects are no longer applied with force.
+    switched = drifted.stack.up(on_output=ps.printer("[drift takeOverFields false] "))
+    assert switched.summary.result == "succeeded"
+    ds = next(o for o in drifted.objects if o["kind"] == "DaemonSet")
+    clients = Clients(Cluster(api_client), kubectl)
+    clients.change("go-client", ds, change_kind_fields)
+    lines: list[str] = []
+    with pytest.raises(auto.CommandError) as err:
+        drifted.stack.up(refresh=True, on_output=lines.append)
+    assert "Server-Side Apply field conflict" in str(err.value), str(err.value)[-2000:]
+    assert "took over" not in "".join(lines)
+    live = clients.live(ds)
+    assert any(m.startswith("drift-") for m in foreign_managers(live)), live["metadata"]
+    assert _containers(live)[0]["command"] == MALFORMED

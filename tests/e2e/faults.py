@@ -119,7 +119,7 @@ class ControlPlane:
 
     def restart_clients(
         self,
-        delete_lease: Callable[[str], None],
+        delete_leases: Callable[[], None],
         leases: Callable[[], dict[str, str]],
         timeout: float,
     ) -> None:
@@ -130,15 +130,15 @@ class ControlPlane:
         them; here nobody would), and the survivors' informers back off for up to a minute
         (kube-controller-manager 1.36 then refuses to act on a stale pod cache: "read version
         ... is not as new as written version"), which would leave the next tests without
-        pods. Their Leases are deleted between stop and start so the new processes need not
-        wait out the old holders' lease duration. ``leases`` returns each Lease's renewTime.
+        pods. ``delete_leases`` runs between stop and start: it deletes the controllers' leader
+        Leases and the node Leases the old kwok controller holds (for 200 s), so the new
+        processes need not wait them out. ``leases`` returns each leader Lease's renewTime.
         """
         since = datetime.now(UTC)
         for name in (*CONTROLLERS, KWOK_CONTROLLER):
             if self.running(name):
                 self.kill(name, signal.SIGTERM)
-        for name in CONTROLLERS:
-            delete_lease(name)
+        delete_leases()
         for name in (*CONTROLLERS, KWOK_CONTROLLER):
             self.start(name)
         deadline = time.monotonic() + timeout

@@ -112,10 +112,17 @@ def control_plane(local_cluster: Path, raw: RawApi) -> Iterator[faults.ControlPl
         wait_for(lambda: _apiserver_ready(raw), APISERVER_READY_TIMEOUT, "kube-apiserver ready")
         if restarted:
             cp.restart_clients(
-                lambda name: delete_object(raw, LEASE, name, "kube-system"),
+                lambda: _delete_control_plane_leases(raw),
                 lambda: _controller_leases(raw),
                 APISERVER_READY_TIMEOUT,
             )
+
+
+def _delete_control_plane_leases(raw: RawApi) -> None:
+    for name in faults.CONTROLLERS:
+        delete_object(raw, LEASE, name, "kube-system")
+    for lease in raw.list(LEASE, "kube-node-lease")[0]:
+        delete_object(raw, LEASE, lease["metadata"]["name"], "kube-node-lease")
 
 
 def _controller_leases(raw: RawApi) -> dict[str, str]:
@@ -308,9 +315,9 @@ def test_apiserver_restart_reporter_recovers_without_restarting(
 
 def test_apiserver_unreachable_for_30s_reporter_leaves_dead_connections_and_recovers(
     driver: Driver,
-    start_reporter: Callable[..., ReporterProcess],
     control_plane: faults.ControlPlane,
-    blackhole: faults.Blackhole,
+    blackhole: faults.Blackhole,  # closed after the reporters stopped (set up first)
+    start_reporter: Callable[..., ReporterProcess],
     raw: RawApi,
 ) -> None:
     reporter = start_reporter(via=blackhole)
@@ -345,9 +352,9 @@ def test_apiserver_unreachable_for_30s_reporter_leaves_dead_connections_and_reco
 
 def test_etcd_compacted_while_reporter_behind_watches_get_410_and_it_relists(
     driver: Driver,
-    start_reporter: Callable[..., ReporterProcess],
     control_plane: faults.ControlPlane,
-    blackhole: faults.Blackhole,
+    blackhole: faults.Blackhole,  # closed after the reporters stopped (set up first)
+    start_reporter: Callable[..., ReporterProcess],
     raw: RawApi,
 ) -> None:
     reporter = start_reporter(via=blackhole)

@@ -43,6 +43,11 @@ CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
 KWOK_CONTROLLER = "kwok-controller"
 
 
+# Component processes this test process started: reaped by ``kill``, or they would linger
+# as zombies (and keep their pid file pointing at a process that never goes away).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def cluster_dir() -> Path:
     return cluster.kwok_workdir() / "clusters" / cluster.CLUSTER_NAME
 
@@ -65,8 +70,6 @@ class ControlPlane:
         docs = yaml.safe_load_all((self.dir / "kwok.yaml").read_text(encoding="utf-8"))
         config = next(d for d in docs if d and d.get("kind") == "KwokctlConfiguration")
         self._components = {c["name"]: c for c in config["components"]}
-        # Processes this object started: reaped here, or they would linger as zombies.
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def pid(self, name: str) -> int:
         return int((self.dir / "pids" / f"{name}.pid").read_text().strip())
@@ -82,14 +85,17 @@ class ControlPlane:
         pid = self.pid(name)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        child = self._children.pop(pid, None)
+        child = _CHILDREN.pop(pid, None)
         if child is not None:
             child.wait(timeout)
             return
-        # Not our child: wait until init has reaped it. A zombie leader is not enough: the
-        # other threads of a Go process may still hold its listening socket for a moment.
+        # Not started here: wait until it is reaped (by init, or by us if this test process
+        # started it through another path). A zombie leader is not enough: the other threads
+        # of a Go process may still hold its listening socket for a moment.
         deadline = time.monotonic() + timeout
         while os.path.exists(f"/proc/{pid}"):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} (pid {pid}) still running {timeout:.0f}s after {sig}")
             time.sleep(0.05)
@@ -109,7 +115,7 @@ class ControlPlane:
             )
         finally:
             log.close()
-        self._children[proc.pid] = proc
+        _CHILDREN[proc.pid] = proc
         (self.dir / "pids" / f"{name}.pid").write_text(str(proc.pid))
         return proc.pid
 

@@ -99,6 +99,7 @@ class _HttpWatchStream:
     def __init__(self, response: Any, connectivity: Connectivity | None = None) -> None:
         self._response = response
         self._connectivity = connectivity
+        self._closed = False
         if connectivity is not None:
             connectivity.opened(self)
 
@@ -113,10 +114,16 @@ class _HttpWatchStream:
                         yield json.loads(line)
             if buffer.strip():
                 yield json.loads(buffer)
+        except Exception:
+            if not self._closed:
+                raise
+            # Closed on purpose (stop, or a restart after the API server was unreachable):
+            # the read that was cut short is the end of the stream, not an error.
         finally:
             self.close()
 
     def close(self) -> None:
+        self._closed = True
         if self._connectivity is not None:
             self._connectivity.closed(self)
         # Another thread may be blocked reading this response. Closing the buffered file

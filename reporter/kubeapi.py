@@ -100,6 +100,7 @@ class _HttpWatchStream:
         self._response = response
         self._connectivity = connectivity
         self._closed = False
+        self.last_data = float("-inf")  # monotonic time the last bytes arrived
         if connectivity is not None:
             connectivity.opened(self)
 
@@ -107,6 +108,7 @@ class _HttpWatchStream:
         buffer = b""
         try:
             for chunk in self._response.stream(amt=None, decode_content=True):
+                self.last_data = time.monotonic()
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
@@ -158,10 +160,12 @@ class Connectivity:
     ``timeoutSeconds + 15`` s, i.e. minutes of a stale cache after the network came back.
     Every other request times out after seconds, and the Lease loop sends one every second
     or two. So: once a request failed without an answer, the next request that gets any
-    answer (sent after that failure) proves a working path, and every watch opened before
-    it is shut down; its informer resumes at once from its resourceVersion over a new
-    connection. Idle pooled connections are dropped too, since they may be dead the same way.
-    Shared by every ``RawApi`` made from one another (``with_timeout``).
+    answer (sent after that failure) proves a working path, and every watch that has not
+    received a byte since the failure is shut down; its informer resumes at once from its
+    resourceVersion over a new connection. (A watch that did receive data since is alive and
+    kept: an overloaded API server that timed out one request must not get every watch
+    re-opened at once.) Idle pooled connections are dropped too, since they may be dead the
+    same way. Shared by every ``RawApi`` made from one another (``with_timeout``).
     """
 
     def __init__(self, on_recovered: Callable[[], None] = lambda: None) -> None:
@@ -186,12 +190,17 @@ class Connectivity:
 
     def answered(self, sent: float) -> None:
         with self._lock:
-            if self._trouble_since is None or sent < self._trouble_since:
+            since = self._trouble_since
+            if since is None or sent < since:
                 return
             self._trouble_since = None
-            stale = [s for s, opened in self._streams.items() if opened < sent]
+            stale = [
+                s
+                for s, opened in self._streams.items()
+                if max(opened, getattr(s, "last_data", opened)) < since
+            ]
             self.recoveries += 1
-        log.info("API server answers again; restarting %d watch(es) opened before", len(stale))
+        log.info("API server answers again; restarting %d silent watch(es)", len(stale))
         self._on_recovered()
         for stream in stale:
             stream.close()

@@ -108,30 +108,32 @@ def test_a_silent_watch_is_shut_down_once_the_api_server_answers_after_a_failure
 class FakeStream:
     def __init__(self) -> None:
         self.closed = 0
+        self.last_data = float("-inf")
 
     def close(self) -> None:
         self.closed += 1
 
 
-def test_only_watches_opened_before_the_answering_request_are_restarted() -> None:
+def test_only_watches_silent_since_the_failure_are_restarted() -> None:
     recovered: list[bool] = []
     conn = Connectivity(lambda: recovered.append(True))
-    old, new = FakeStream(), FakeStream()
-    conn.opened(old)  # type: ignore[arg-type]
+    silent, talking = FakeStream(), FakeStream()
+    conn.opened(silent)  # type: ignore[arg-type]
+    conn.opened(talking)  # type: ignore[arg-type]
     conn.answered(time.monotonic())  # no failure before: nothing happens
-    assert old.closed == 0 and not recovered
+    assert silent.closed == 0 and not recovered
 
     sent_before_failure = time.monotonic()
     conn.failed()
     conn.answered(sent_before_failure)  # an answer to a request sent before the outage
-    assert old.closed == 0 and not recovered
+    assert silent.closed == 0 and not recovered
 
+    talking.last_data = time.monotonic()  # an event arrived after the failure: alive
     sent = time.monotonic()
-    conn.opened(new)  # type: ignore[arg-type]  # opened after the answering request was sent
     conn.answered(sent)
-    assert old.closed == 1 and new.closed == 0 and recovered == [True]
+    assert silent.closed == 1 and talking.closed == 0 and recovered == [True]
     conn.answered(time.monotonic())  # recovered once; no failure since
-    assert old.closed == 1 and conn.recoveries == 1
+    assert silent.closed == 1 and conn.recoveries == 1
 
 
 def test_a_refused_connection_counts_as_no_answer_but_an_http_error_does_not() -> None:

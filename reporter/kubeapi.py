@@ -13,10 +13,13 @@ import contextlib
 import json
 import logging
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.keepalive import tcp_keepalive_socket_options
@@ -34,6 +37,8 @@ REQUEST_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
 # TCP keepalive on every connection: an idle watch on a dead connection is noticed after
 # about IDLE + INTERVAL * COUNT = 30 s instead of at the end of the watch's read timeout.
+# (Only when packets are lost: a peer whose TCP stack still answers, such as a proxy or load
+# balancer whose backend is gone, keeps the connection "alive"; see ``Connectivity``.)
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 15, 5, 3
 
 
@@ -91,13 +96,19 @@ class Api(Protocol):
 class _HttpWatchStream:
     """Newline-delimited JSON events from a streaming HTTP response."""
 
-    def __init__(self, response: Any) -> None:
+    def __init__(self, response: Any, connectivity: Connectivity | None = None) -> None:
         self._response = response
+        self._connectivity = connectivity
+        self._closed = False
+        self.last_data = float("-inf")  # monotonic time the last bytes arrived
+        if connectivity is not None:
+            connectivity.opened(self)
 
     def __iter__(self) -> Iterator[Obj]:
         buffer = b""
         try:
             for chunk in self._response.stream(amt=None, decode_content=True):
+                self.last_data = time.monotonic()
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
@@ -105,10 +116,18 @@ class _HttpWatchStream:
                         yield json.loads(line)
             if buffer.strip():
                 yield json.loads(buffer)
+        except Exception:
+            if not self._closed:
+                raise
+            # Closed on purpose (stop, or a restart after the API server was unreachable):
+            # the read that was cut short is the end of the stream, not an error.
         finally:
             self.close()
 
     def close(self) -> None:
+        self._closed = True
+        if self._connectivity is not None:
+            self._connectivity.closed(self)
         # Another thread may be blocked reading this response. Closing the buffered file
         # waits for that read (it holds the buffer's lock) until data or the read timeout
         # arrives, which held up SIGTERM by up to the timeout; shutting the socket down
@@ -124,18 +143,91 @@ class _HttpWatchStream:
             log.debug("closing watch response failed", exc_info=True)
 
 
+def _is_transport_error(exc: BaseException) -> bool:
+    """No answer at all: refused, reset, timed out, TLS failed (the client's status 0)."""
+    if isinstance(exc, ApiException):
+        return not exc.status
+    if isinstance(exc, urllib3.exceptions.ClosedPoolError):
+        return False  # our own pool, closed by Connectivity a moment ago: not the network
+    return isinstance(exc, urllib3.exceptions.HTTPError | OSError)
+
+
+class Connectivity:
+    """Open watch streams, and whether the API server has just been unreachable.
+
+    Why: a watch whose connection went silent (the path to the API server is gone, but some
+    TCP stack in between still acknowledges) blocks in a read until its read timeout, up to
+    ``timeoutSeconds + 15`` s, i.e. minutes of a stale cache after the network came back.
+    Every other request times out after seconds, and the Lease loop sends one every second
+    or two. So: once a request failed without an answer, the next request that gets any
+    answer (sent after that failure) proves a working path, and every watch that has not
+    received a byte since the failure is shut down; its informer resumes at once from its
+    resourceVersion over a new connection. (A watch that did receive data since is alive and
+    kept: an overloaded API server that timed out one request must not get every watch
+    re-opened at once.) Idle pooled connections are dropped too, since they may be dead the
+    same way. Shared by every ``RawApi`` made from one another (``with_timeout``).
+    """
+
+    def __init__(self, on_recovered: Callable[[], None] = lambda: None) -> None:
+        self._lock = threading.Lock()
+        self._streams: dict[_HttpWatchStream, float] = {}
+        self._trouble_since: float | None = None
+        self._on_recovered = on_recovered
+        self.recoveries = 0
+
+    def opened(self, stream: _HttpWatchStream) -> None:
+        with self._lock:
+            self._streams[stream] = time.monotonic()
+
+    def closed(self, stream: _HttpWatchStream) -> None:
+        with self._lock:
+            self._streams.pop(stream, None)
+
+    def failed(self) -> None:
+        with self._lock:
+            if self._trouble_since is None:
+                self._trouble_since = time.monotonic()
+
+    def answered(self, sent: float) -> None:
+        with self._lock:
+            since = self._trouble_since
+            if since is None or sent < since:
+                return
+            self._trouble_since = None
+            stale = [
+                s
+                for s, opened in self._streams.items()
+                if max(opened, getattr(s, "last_data", opened)) < since
+            ]
+            self.recoveries += 1
+        log.info("API server answers again; restarting %d silent watch(es)", len(stale))
+        self._on_recovered()
+        for stream in stale:
+            stream.close()
+
+
 class RawApi:
     """The real ``Api``, on top of one ``kubernetes.client.ApiClient``."""
 
     def __init__(
-        self, api_client: client.ApiClient, request_timeout: float = REQUEST_TIMEOUT
+        self,
+        api_client: client.ApiClient,
+        request_timeout: float = REQUEST_TIMEOUT,
+        connectivity: Connectivity | None = None,
     ) -> None:
         self.api_client = api_client
         self.request_timeout = request_timeout
+        self.connectivity = connectivity or Connectivity(self._drop_idle_connections)
 
     def with_timeout(self, request_timeout: float) -> RawApi:
         """The same client (connections, credentials) with another per-request timeout."""
-        return RawApi(self.api_client, request_timeout)
+        return RawApi(self.api_client, request_timeout, self.connectivity)
+
+    def _drop_idle_connections(self) -> None:
+        pool_manager = getattr(getattr(self.api_client, "rest_client", None), "pool_manager", None)
+        if pool_manager is not None:
+            with contextlib.suppress(Exception):
+                pool_manager.clear()
 
     def request(
         self,
@@ -160,7 +252,14 @@ class RawApi:
         )
         if timeout is None:
             timeout = (min(CONNECT_TIMEOUT, self.request_timeout), self.request_timeout)
-        resp = self.api_client.call_api(*req, _request_timeout=timeout)
+        sent = time.monotonic()
+        try:
+            resp = self.api_client.call_api(*req, _request_timeout=timeout)
+        except Exception as exc:
+            if _is_transport_error(exc):
+                self.connectivity.failed()
+            raise
+        self.connectivity.answered(sent)
         if not 200 <= resp.status <= 299:
             resp.read()
             raise ApiException.from_response(http_resp=resp, body=None, data=None)
@@ -227,15 +326,16 @@ class RawApi:
             ("resourceVersion", resource_version),
             ("timeoutSeconds", timeout_seconds),
         ]
-        # The server ends the watch after timeout_seconds; the client-side read timeout only
-        # catches a connection that died silently (TCP keepalive usually notices first).
-        resp = self.request(
-            "GET",
-            res.path(namespace),
-            query=query,
-            timeout=(CONNECT_TIMEOUT, timeout_seconds + 15.0),
-        )
-        return _HttpWatchStream(resp.response)
+        # The response headers come at once (the events follow), so they get the ordinary
+        # request timeout: a watch sent over a dead connection fails like any request.
+        resp = self.request("GET", res.path(namespace), query=query)
+        # Then the server ends the watch after timeout_seconds; the client-side read timeout
+        # only catches a connection that died silently (``Connectivity`` or TCP keepalive
+        # usually notice first).
+        sock = getattr(getattr(resp.response, "connection", None), "sock", None)
+        if sock is not None:
+            sock.settimeout(timeout_seconds + 15.0)
+        return _HttpWatchStream(resp.response, self.connectivity)
 
     def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj | None:
         """The object, or None when it does not exist (404)."""

@@ -53,7 +53,7 @@ from pmem_components.names import (
 from reporter import model, trim
 from reporter.kubeapi import Api, Obj, Resource, Transform, is_too_large_resource_version
 from reporter.metrics import Metrics
-from reporter.retry import GONE, TOO_MANY_REQUESTS, Backoff, describe_error
+from reporter.retry import GONE, TOO_MANY_REQUESTS, Backoff, describe_error, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,12 @@ MIN_WATCH_SECONDS = 1.0
 # coming back; a 404 costs the server next to nothing.
 UNSERVED_RETRY_CAP = 10.0
 NOT_FOUND = 404
+# A kube-apiserver that was just (re)started answers 401/403 for a moment, before its
+# authorizer has loaded the RBAC objects (seen on the local cluster: about a second after a
+# restart, for every kind the reporter reads). A 401/403 within this many seconds of the
+# server being unreachable or unwell is retried rather than believed, so the status does not
+# claim "could not be read" when nobody's permissions changed.
+AUTH_WARMUP_SECONDS = 15.0
 
 
 def resource_for(kind: str) -> Resource:
@@ -170,6 +176,8 @@ class Informer:
         # The collection answered 404 (CRD deleted), until a list succeeds again.
         self.unserved = False
         self.unserved_backoff = Backoff(base=1.0, cap=UNSERVED_RETRY_CAP, max_attempts=0)
+        # When a request last failed without an answer, or with 429/5xx (see AUTH_WARMUP).
+        self._server_trouble_at = float("-inf")
         # namespace -> name -> trimmed object: pods of one namespace without a scan.
         self._cache: dict[str, dict[str, Obj]] = {}
         self._lock = threading.Lock()
@@ -443,7 +451,11 @@ class Informer:
                     log.debug("%r: not served yet: %s", self, describe_error(exc))
                 else:
                     log.warning("%r: list/watch failed (%s): %s", self, status, describe_error(exc))
-                if status in (401, 403):
+                if not isinstance(exc, ApiException) or is_transient(exc):
+                    self._server_trouble_at = self.clock()
+                if status in (401, 403) and self._auth_warming_up():
+                    log.info("%r: %s just after the API server was away; retrying", self, status)
+                elif status in (401, 403):
                     # Permissions may be granted later (RBAC created after us); the cache
                     # must no longer claim to be complete, and the status says why.
                     self.resource_version = None
@@ -462,6 +474,9 @@ class Informer:
                 failures += 1
             else:
                 failures = 0
+
+    def _auth_warming_up(self) -> bool:
+        return self.clock() - self._server_trouble_at < AUTH_WARMUP_SECONDS
 
     def stopped(self, stop: threading.Event | None = None) -> bool:
         return self._stop.is_set() or (stop is not None and stop.is_set())

@@ -301,6 +301,11 @@ class PatchSet:
         objs = list(objects)
         problems = [
             f"{self.entries[j].label}: selects no object (kind={self.entries[j].kind!r}"
+            + (
+                f", apiVersion={self.entries[j].api_version!r}"
+                if self.entries[j].api_version
+                else ""
+            )
             + (f", name={self.entries[j].name!r}" if self.entries[j].name else "")
             + (f", namespace={self.entries[j].namespace!r}" if self.entries[j].namespace else "")
             + ")"

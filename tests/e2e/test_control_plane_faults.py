@@ -42,7 +42,6 @@ from typing import Any
 
 import pytest
 
-from pmem_components import certs as certs_mod
 from pmem_components.certs import DriverCertificates
 from reporter.kubeapi import RawApi, Resource
 from reporter.leader import LEASE
@@ -56,7 +55,6 @@ from tests.e2e.reporter_helpers import (
     delete_object,
     deploy_driver,
     driver_config,
-    ensure_crd,
     token_kubeconfig,
 )
 from tests.e2e.waiting import wait_for
@@ -78,21 +76,6 @@ def _report(fault: str, seconds: float, what: str) -> None:
 
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def raw(api_client: Any) -> RawApi:
-    return RawApi(api_client)
-
-
-@pytest.fixture(scope="module")
-def driver_certs() -> DriverCertificates:
-    return certs_mod.generate_driver_certificates()
-
-
-@pytest.fixture(scope="module")
-def crd(raw: RawApi) -> None:
-    ensure_crd(raw)
 
 
 def _apiserver_ready(raw: RawApi) -> bool:

@@ -35,7 +35,6 @@ from tests.e2e.reporter_helpers import (
     delete_object,
     deploy_driver,
     driver_config,
-    ensure_crd,
     resource_of,
     token_kubeconfig,
 )
@@ -51,22 +50,6 @@ WRITES = "pmem_csi_reporter_status_writes_total"
 RECONCILES = "pmem_csi_reporter_reconciles_total"
 APPS_DAEMONSET = Resource("DaemonSet", "apps/v1", "daemonsets", True)
 SERVICE = Resource("Service", "v1", "services", True)
-
-
-@pytest.fixture(scope="module")
-def raw(api_client: Any) -> RawApi:
-    return RawApi(api_client)
-
-
-@pytest.fixture(scope="module")
-def driver_certs() -> DriverCertificates:
-    """One certificate set for all tests: RSA-3072 generation costs about a second."""
-    return certs_mod.generate_driver_certificates()
-
-
-@pytest.fixture(scope="module")
-def crd(raw: RawApi) -> None:
-    ensure_crd(raw)
 
 
 @pytest.fixture

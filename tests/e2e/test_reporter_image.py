@@ -215,11 +215,6 @@ def test_the_runtime_spec_follows_the_deployment_dict_and_refuses_what_it_cannot
 
 
 @pytest.fixture(scope="module")
-def raw(api_client: Any) -> RawApi:
-    return RawApi(api_client)
-
-
-@pytest.fixture(scope="module")
 def driver(raw: RawApi, built: image_tool.BuiltImage) -> Iterator[Driver]:
     ensure_crd(raw)
     suffix = uuid.uuid4().hex[:6]

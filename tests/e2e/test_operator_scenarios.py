@@ -158,6 +158,18 @@ class Ops:
 
         return wait_for(running, STATUS_TIMEOUT, f"{key}: phase Running")
 
+    def wait_modified(self, key: str, *named: str) -> dict[str, Any]:
+        """``DriverDeployed`` False ``ObjectsModified`` naming each of ``named``
+        (``Kind/name by manager``): the drift the reporter shows before ``up --refresh``."""
+
+        def shown() -> dict[str, Any]:
+            cond = condition(self.cr(key).get("status") or {}, "DriverDeployed")
+            text = str(cond.get("message"))
+            ok = cond.get("reason") == "ObjectsModified" and all(n in text for n in named)
+            return cond if ok else {}
+
+        return wait_for(shown, STATUS_TIMEOUT, f"{key}: DriverDeployed naming {named}")
+
 
 def _up(stack: auto.Stack, what: str, **kwargs: Any) -> auto.UpResult:
     return stack.up(on_output=ps.printer(f"[{what}] "), **kwargs)
@@ -801,12 +813,22 @@ def test_objects_modified_with_kubectl_patch_are_restored_by_up_refresh(
             _edit_command(how, kind, cfg, apps, kubectl, MALFORMED)
         assert _commands(apps, cfg) == {k: MALFORMED for k in WORKLOADS}
 
+    # The reporters (A, B; C has none) name each changed object and the client's manager.
+    ops.wait_modified(
+        "a",
+        f"StatefulSet/{a.names.controller_driver} by kubectl-patch",
+        f"DaemonSet/{a.names.node_driver} by kubectl-patch",
+    )
+    ops.wait_modified("b", *(f"Service/{svc} by kubectl-patch" for svc in services))
+    assert ops.cr("b")["status"]["phase"] == "Failed"
+
     result = _up(ops.stack, "up --refresh after kubectl patches", refresh=True)
     assert result.summary.result == "succeeded"
     assert {s: _service_ports(core, s, b.namespace) for s in services} == ports_before
     assert {k: _commands(apps, ops.cfg(k)) for k in ("a", "c")} == commands_before
     for key in ("a", "b"):
-        ops.wait_running(key)
+        status = ops.wait_running(key)
+        assert condition(status, "DriverDeployed")["reason"] == "AllObjectsExist"
 
 
 def test_objects_modified_with_an_update_are_restored_by_up_refresh(
@@ -826,6 +848,11 @@ def test_objects_modified_with_an_update_are_restored_by_up_refresh(
         for kind in WORKLOADS:
             _edit_command("update", kind, b, apps, kubectl, MALFORMED)
         assert _commands(apps, b) == {k: MALFORMED for k in WORKLOADS}
+        ops.wait_modified(
+            "b",
+            f"StatefulSet/{b.names.controller_driver} by OpenAPI-Generator",
+            f"DaemonSet/{b.names.node_driver} by OpenAPI-Generator",
+        )
         lines: list[str] = []
         result = ops.stack.up(
             refresh=True,
@@ -841,6 +868,8 @@ def test_objects_modified_with_an_update_are_restored_by_up_refresh(
             live = getattr(apps, f"read_namespaced_{kind}")(name, b.namespace)
             managers = {e.manager for e in live.metadata.managed_fields if not e.subresource}
             assert not {m for m in managers if m.startswith("OpenAPI-Generator")}, managers
+        status = ops.wait_running("b")
+        assert condition(status, "DriverDeployed")["reason"] == "AllObjectsExist"
     finally:
         for kind in WORKLOADS:
             if _commands(apps, b)[kind] != before[kind]:

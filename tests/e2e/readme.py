@@ -1,8 +1,11 @@
-"""The README's shell blocks, for tests that run them exactly as an administrator copies them."""
+"""The README's shell blocks, and a shell that runs them as an administrator types them."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from tools import toolchain
 
@@ -19,3 +22,36 @@ def sh_blocks(heading: str) -> list[list[str]]:
     section = text[start : end if end != -1 else None]
     blocks = re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
     return [[line for line in block.splitlines() if line.strip()] for block in blocks]
+
+
+@dataclass
+class Shell:
+    """Runs command lines as an administrator's shell would, keeping every result."""
+
+    cwd: Path
+    env: dict[str, str]
+    log: list[tuple[str, subprocess.CompletedProcess[str]]] = field(default_factory=list)
+
+    def run(self, line: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            ["bash", "-c", line],
+            cwd=self.cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        self.log.append((line, result))
+        if check:
+            assert result.returncode == 0, (
+                f"`{line}` exited {result.returncode}\n{result.stdout[-4000:]}\n"
+                f"{result.stderr[-4000:]}"
+            )
+        return result
+
+    def output(self, line: str) -> str:
+        """stdout + stderr of the last run of ``line``."""
+        for ran, result in reversed(self.log):
+            if ran == line:
+                return result.stdout + result.stderr
+        raise KeyError(line)

@@ -25,7 +25,6 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import pytest
 import yaml
 
 from pmem_components import names
-from tests.e2e.readme import sh_blocks
+from tests.e2e.readme import Shell, sh_blocks
 from tests.e2e.waiting import wait_for
 from tests.unit import certutil
 from tools import localenv, toolchain
@@ -45,39 +44,6 @@ NAMESPACE = "pmem-csi"
 H = "pmem-csi-intel-com"
 # Pulumi's marker of an encrypted value in an exported state.
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
-
-
-@dataclass
-class Shell:
-    """Runs command lines as an administrator's shell would, keeping every result."""
-
-    cwd: Path
-    env: dict[str, str]
-    log: list[tuple[str, subprocess.CompletedProcess[str]]] = field(default_factory=list)
-
-    def run(self, line: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            ["bash", "-c", line],
-            cwd=self.cwd,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        self.log.append((line, result))
-        if check:
-            assert result.returncode == 0, (
-                f"`{line}` exited {result.returncode}\n{result.stdout[-4000:]}\n"
-                f"{result.stderr[-4000:]}"
-            )
-        return result
-
-    def output(self, line: str) -> str:
-        """stdout + stderr of the last run of ``line``."""
-        for ran, result in reversed(self.log):
-            if ran == line:
-                return result.stdout + result.stderr
-        raise KeyError(line)
 
 
 @pytest.fixture(scope="module")
@@ -295,7 +261,7 @@ def test_bad_config_fails_preview_with_one_message_naming_each_key(shell: Shell)
 
 # ---------------------------------------------------------------- the language host itself
 
-PROBE_PROGRAM = '''\
+PROBE_PROGRAM = """\
 import sys
 
 import pulumi
@@ -311,7 +277,7 @@ pulumi.export("stack", pulumi.get_stack())
 pulumi.export("parallel", settings.SETTINGS.parallel)
 pulumi.export("interpreter", sys.executable)
 print("printed by the program")
-'''
+"""
 
 
 def test_language_host_passes_on_what_the_cli_sends(
@@ -332,7 +298,7 @@ def test_language_host_passes_on_what_the_cli_sends(
     shell.run("printf s3cr3t | pulumi config set --secret secret")
     preview = shell.run("pulumi preview --parallel 3")
     assert "printed by the program" in preview.stdout, preview.stdout
-    assert re.search(r'dryRun\s*:\s*true', preview.stdout), preview.stdout
+    assert re.search(r"dryRun\s*:\s*true", preview.stdout), preview.stdout
     shell.run("pulumi up --yes --skip-preview --parallel 3")
     out = json.loads(shell.run("pulumi stack output --json --show-secrets").stdout)
     assert out == {

@@ -50,7 +50,7 @@ import pytest
 from pmem_components import names
 from pmem_components.config import DeploymentConfig
 from pmem_components.manifests import bundle
-from tests.e2e.readme import sh_blocks
+from tests.e2e.readme import Shell, sh_blocks
 from tests.e2e.waiting import wait_for
 from tools import localenv, toolchain
 
@@ -80,28 +80,10 @@ Key = tuple[str, str, str]  # (kind, namespace or "", name)
 
 
 @dataclass
-class Admin:
+class Admin(Shell):
     """An administrator's shell in the checkout: the CLI, kubectl, and the backend."""
 
-    cwd: Path
-    env: dict[str, str]
-    backend: Path
-
-    def run(self, line: str, *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            ["bash", "-c", line],
-            cwd=self.cwd,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if check:
-            assert result.returncode == 0, (
-                f"`{line}` exited {result.returncode}\n{result.stdout[-4000:]}\n"
-                f"{result.stderr[-4000:]}"
-            )
-        return result
+    backend: Path = field(kw_only=True)
 
     def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -194,7 +176,7 @@ def admin(
     env = {**os.environ, **localenv.pulumi_env()}
     env["PULUMI_BACKEND_URL"] = backend.as_uri()
     env["KUBECONFIG"] = str(local_cluster)
-    shell = Admin(root, env, backend)
+    shell = Admin(root, env, backend=backend)
     # manageCrd is false in these stacks (destroying them must not remove the shared CRD), so
     # the CRD is applied as the README documents for that setting.
     shell.kubectl("apply", "--server-side", "-f", str(root / "crd"))

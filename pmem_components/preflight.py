@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pmem_components import names
+from pmem_components import kubecall, names
 from pmem_components.config import StackConfig, key_path
 from pmem_components.manifests import bundle
 
@@ -311,19 +311,12 @@ class _Reader:
 
         from kubernetes.client.exceptions import ApiException
 
-        req = self.api.param_serialize(
-            method="GET",
-            resource_path=path,
-            header_params={"Accept": "application/json"},
-            auth_settings=["BearerToken"],
-        )
-        resp = self.api.call_api(*req, _request_timeout=15)
-        body = resp.read()
+        resp = kubecall.request(self.api, "GET", path, timeout=15)
         if resp.status == 404:
             return None
         if not 200 <= resp.status <= 299:
             raise ApiException(status=resp.status, reason=resp.reason)
-        return json.loads(body or b"{}")
+        return json.loads(resp.body or b"{}")
 
 
 # Below the client's connection pool (10 by default), so no connection is thrown away.

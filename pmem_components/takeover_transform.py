@@ -34,7 +34,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import rpc
 
-from pmem_components import fieldowners, takeover
+from pmem_components import fieldowners, kubecall, takeover
 
 # Left alone: the CRD (the provider replaces it with a PUT and forces already) and
 # namespaces, which administrators label for others' sake (pod security, network policies).
@@ -95,26 +95,22 @@ class KubeApi:
         content_type: str | None = None,
         query: list[tuple[str, str]] | None = None,
     ) -> dict[str, Any] | None:
-        headers = {"Accept": "application/json"}
-        if content_type:
-            headers["Content-Type"] = content_type
-        req = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or [],
-            header_params=headers,
+        status, _, data = kubecall.request(
+            self.api,
+            method,
+            path,
+            timeout=REQUEST_TIMEOUT,
             body=body,
-            auth_settings=["BearerToken"],
+            content_type=content_type,
+            query=query,
         )
-        resp = self.api.call_api(*req, _request_timeout=REQUEST_TIMEOUT)
-        data = resp.read()
-        if resp.status == 404 and method == "GET":
+        if status == 404 and method == "GET":
             return None
-        if not 200 <= resp.status <= 299:
+        if not 200 <= status <= 299:
             # The API server's reason, unless the object is a Secret: never risk echoing
             # key material into the CLI output.
             text = "" if "/secrets/" in path else f": {data[:300].decode(errors='replace')}"
-            raise TakeOverError(f"{method} {path}: HTTP {resp.status}{text}", resp.status)
+            raise TakeOverError(f"{method} {path}: HTTP {status}{text}", status)
         return json.loads(data or b"{}")
 
     def get(self, path: str) -> dict[str, Any] | None:
@@ -166,9 +162,7 @@ def correct(api: KubeApi, obj: dict[str, Any], dry_run: bool) -> Outcome | None:
         plan = takeover.plan(managed, str(meta.get("resourceVersion", "")))
         if plan is None:
             return None
-        what = fieldowners.describe(fieldowners.foreign_owners(managed)) or ", ".join(
-            plan.foreign
-        )
+        what = fieldowners.describe(fieldowners.foreign_owners(managed)) or ", ".join(plan.foreign)
         if dry_run:
             return Outcome(plan, f"pulumi up would take over fields of {describe(obj)} ({what})")
         try:

@@ -19,7 +19,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -367,6 +367,56 @@ class ReporterProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
         self._log.close()
+
+
+@contextlib.contextmanager
+def reporter_starter(
+    api_client: client.ApiClient, admin_kubeconfig: Path, driver: Driver, workdir: Path
+) -> Iterator[Callable[..., ReporterProcess]]:
+    """A factory of reporter processes for ``driver``, each with a fresh token of its
+    ServiceAccount; on exit every one is resumed (a test may have frozen it), stopped, and
+    the tail of its log printed, which is where a failure's reason usually is.
+
+    ``start(identity, resync_seconds, kubeconfig_hook=None)``: the hook may rewrite the
+    reporter's kubeconfig before it starts (e.g. to reach the API server through a proxy).
+    """
+    started: list[ReporterProcess] = []
+
+    def start(
+        identity: str = "r1",
+        resync_seconds: float = 5.0,
+        kubeconfig_hook: Callable[[Path], None] | None = None,
+    ) -> ReporterProcess:
+        kubeconfig = token_kubeconfig(
+            api_client,
+            admin_kubeconfig,
+            driver.names.reporter,
+            driver.namespace,
+            workdir / f"kubeconfig-{identity}-{len(started)}",
+        )
+        if kubeconfig_hook is not None:
+            kubeconfig_hook(kubeconfig)
+        proc = ReporterProcess(
+            kubeconfig,
+            driver.name,
+            driver.namespace,
+            identity,
+            workdir / f"reporter-{identity}-{len(started)}.log",
+            resync_seconds=resync_seconds,
+        )
+        started.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+            proc.stop()
+        for proc in started:
+            print(f"===== reporter {proc.identity} (pid {proc.pid}) log =====")
+            print(proc.log()[-20000:])
 
 
 @contextlib.contextmanager

@@ -55,7 +55,7 @@ from tests.e2e.reporter_helpers import (
     delete_object,
     deploy_driver,
     driver_config,
-    token_kubeconfig,
+    reporter_starter,
 )
 from tests.e2e.waiting import wait_for
 
@@ -146,40 +146,20 @@ def start_reporter(
 
     Every reporter is resumed (SIGCONT) and stopped afterwards, and its log printed.
     """
-    started: list[ReporterProcess] = []
+    with reporter_starter(api_client, local_cluster, driver, tmp_path) as start:
 
-    def start(
-        identity: str = "r1", resync_seconds: float = 5.0, via: faults.Blackhole | None = None
-    ) -> ReporterProcess:
-        kubeconfig = token_kubeconfig(
-            api_client,
-            local_cluster,
-            driver.names.reporter,
-            driver.namespace,
-            tmp_path / f"kubeconfig-{identity}",
-        )
-        if via is not None:
-            faults.point_kubeconfig_at(kubeconfig, "127.0.0.1", via.port)
-        proc = ReporterProcess(
-            kubeconfig,
-            driver.name,
-            driver.namespace,
-            identity,
-            tmp_path / f"reporter-{identity}.log",
-            resync_seconds=resync_seconds,
-        )
-        started.append(proc)
-        return proc
+        def start_via(
+            identity: str = "r1",
+            resync_seconds: float = 5.0,
+            via: faults.Blackhole | None = None,
+        ) -> ReporterProcess:
+            def hook(kubeconfig: Path) -> None:
+                if via is not None:
+                    faults.point_kubeconfig_at(kubeconfig, "127.0.0.1", via.port)
 
-    try:
-        yield start
-    finally:
-        for proc in started:
-            faults.thaw(proc.pid)
-            proc.stop()
-        for proc in started:
-            print(f"===== reporter {proc.identity} (pid {proc.pid}) log =====")
-            print(proc.log()[-15000:])
+            return start(identity, resync_seconds, kubeconfig_hook=hook)
+
+        yield start_via
 
 
 @pytest.fixture

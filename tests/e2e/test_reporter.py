@@ -35,8 +35,8 @@ from tests.e2e.reporter_helpers import (
     delete_object,
     deploy_driver,
     driver_config,
+    reporter_starter,
     resource_of,
-    token_kubeconfig,
 )
 from tests.e2e.waiting import wait_for
 from tools import cluster
@@ -68,37 +68,9 @@ def driver(raw: RawApi, crd: None, driver_certs: DriverCertificates) -> Iterator
 def start_reporter(
     api_client: Any, local_cluster: Path, driver: Driver, tmp_path: Path
 ) -> Iterator[Callable[..., ReporterProcess]]:
-    """Factory starting reporter processes for ``driver``; all are stopped afterwards.
-
-    On failure the reporters' logs are printed, which is where the reason usually is.
-    """
-    started: list[ReporterProcess] = []
-
-    def start(identity: str = "r1", resync_seconds: float = 5.0) -> ReporterProcess:
-        kubeconfig = token_kubeconfig(
-            api_client,
-            local_cluster,
-            driver.names.reporter,
-            driver.namespace,
-            tmp_path / f"kubeconfig-{identity}-{len(started)}",
-        )
-        proc = ReporterProcess(
-            kubeconfig,
-            driver.name,
-            driver.namespace,
-            identity,
-            tmp_path / f"reporter-{identity}-{len(started)}.log",
-            resync_seconds=resync_seconds,
-        )
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
-    for proc in started:
-        print(f"===== reporter {proc.identity} (pid {proc.pid}) log =====")
-        print(proc.log()[-20000:])
+    """Factory starting reporter processes for ``driver``; all are stopped afterwards."""
+    with reporter_starter(api_client, local_cluster, driver, tmp_path) as start:
+        yield start
 
 
 def _running(driver: Driver) -> dict[str, Any]:

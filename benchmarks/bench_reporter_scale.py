@@ -60,6 +60,7 @@ from tests.e2e.reporter_helpers import (
     PROJECT_DIR,
     Driver,
     component,
+    container_status_patch,
     deploy_driver,
     ensure_crd,
 )
@@ -344,59 +345,16 @@ def steady(scale: Scale, rep: Reporter, seconds: float, pause_compare: bool) -> 
 
 
 def break_pod(scale: Scale, pod: Obj) -> None:
-    containers = pod["spec"]["containers"]
+    patch = container_status_patch(pod, "CrashLoopBackOff")
     scale.core.patch_namespaced_pod_status(
-        pod["metadata"]["name"],
-        pod["metadata"]["namespace"],
-        {
-            "status": {
-                "conditions": [
-                    {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
-                    {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
-                ],
-                "containerStatuses": [
-                    {
-                        "name": c["name"],
-                        "image": c["image"],
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 5,
-                        "state": {"running": None, "waiting": {"reason": "CrashLoopBackOff"}},
-                    }
-                    for c in containers
-                ],
-            }
-        },
+        pod["metadata"]["name"], pod["metadata"]["namespace"], patch
     )
 
 
 def heal_pod(scale: Scale, pod: Obj) -> None:
-    containers = pod["spec"]["containers"]
+    patch = container_status_patch(pod, None)
     scale.core.patch_namespaced_pod_status(
-        pod["metadata"]["name"],
-        pod["metadata"]["namespace"],
-        {
-            "status": {
-                "conditions": [
-                    {"type": "Ready", "status": "True"},
-                    {"type": "ContainersReady", "status": "True"},
-                ],
-                "containerStatuses": [
-                    {
-                        "name": c["name"],
-                        "image": c["image"],
-                        "imageID": "",
-                        "ready": True,
-                        "restartCount": 5,
-                        "state": {
-                            "waiting": None,
-                            "running": {"startedAt": "2026-01-01T00:00:00Z"},
-                        },
-                    }
-                    for c in containers
-                ],
-            }
-        },
+        pod["metadata"]["name"], pod["metadata"]["namespace"], patch
     )
 
 

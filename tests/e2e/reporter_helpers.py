@@ -369,6 +369,48 @@ class ReporterProcess:
         self._log.close()
 
 
+def container_status_patch(
+    pod: dict[str, Any], waiting_reason: str | None, message: str | None = None
+) -> dict[str, Any]:
+    """A pod status patch as the kubelet writes it: every container waiting with
+    ``waiting_reason`` and the pod not Ready (a crash loop, say), or, with None, every
+    container running and the pod Ready. kwok runs no containers, so tests play the kubelet.
+    """
+    ready = waiting_reason is None
+    if ready:
+        state: dict[str, Any] = {
+            "waiting": None,
+            "running": {"startedAt": "2026-01-01T00:00:00Z"},
+        }
+        conditions = [
+            {"type": "Ready", "status": "True"},
+            {"type": "ContainersReady", "status": "True"},
+        ]
+    else:
+        waiting = {"reason": waiting_reason, **({"message": message} if message else {})}
+        state = {"running": None, "waiting": waiting}
+        conditions = [
+            {"type": t, "status": "False", "reason": "ContainersNotReady"}
+            for t in ("Ready", "ContainersReady")
+        ]
+    return {
+        "status": {
+            "conditions": conditions,
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "image": c["image"],
+                    "imageID": "",
+                    "ready": ready,
+                    "restartCount": 5,
+                    "state": state,
+                }
+                for c in pod["spec"]["containers"]
+            ],
+        }
+    }
+
+
 @contextlib.contextmanager
 def reporter_starter(
     api_client: client.ApiClient, admin_kubeconfig: Path, driver: Driver, workdir: Path

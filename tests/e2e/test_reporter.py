@@ -32,6 +32,7 @@ from tests.e2e.reporter_helpers import (
     ReporterProcess,
     component,
     condition,
+    container_status_patch,
     delete_object,
     deploy_driver,
     driver_config,
@@ -150,31 +151,10 @@ def _break_pod(api_client: Any, pod: dict[str, Any], reason: str) -> None:
     Ready condition is not True, so it leaves this status alone (a Failed phase would make
     the DaemonSet controller replace the pod instead).
     """
-    core = client.CoreV1Api(api_client)
-    spec_containers = pod["spec"]["containers"]
-    patch = {
-        "status": {
-            "conditions": [
-                {"type": "Ready", "status": "False", "reason": "ContainersNotReady"},
-                {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady"},
-            ],
-            "containerStatuses": [
-                {
-                    "name": c["name"],
-                    "image": c["image"],
-                    "imageID": "",
-                    "ready": False,
-                    "restartCount": 5,
-                    "state": {
-                        "running": None,
-                        "waiting": {"reason": reason, "message": "back-off restarting"},
-                    },
-                }
-                for c in spec_containers
-            ],
-        }
-    }
-    core.patch_namespaced_pod_status(pod["metadata"]["name"], pod["metadata"]["namespace"], patch)
+    patch = container_status_patch(pod, reason, "back-off restarting")
+    client.CoreV1Api(api_client).patch_namespaced_pod_status(
+        pod["metadata"]["name"], pod["metadata"]["namespace"], patch
+    )
 
 
 def test_node_pod_not_ready_makes_node_not_ready_naming_pod_and_node(

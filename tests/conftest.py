@@ -2,7 +2,8 @@
 
 In CI (``CI=true``) a missing tool or a cluster that does not start fails the tests that need
 it, with the reason; elsewhere those tests are skipped so unit tests stay usable on a laptop
-without the toolchain. A CI run that skipped anything is failed at the end of the session.
+without the toolchain. A CI run that skipped anything, or had a test expected to fail, is failed
+at the end of the session.
 """
 
 from __future__ import annotations
@@ -51,15 +52,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
 
 
+# Outcomes that are not a pass: a test skipped, or expected to fail (``pytest.xfail`` or an
+# ``xfail`` marker), whether it then failed or (non-strict) passed.
+NOT_PASSED = ("skipped", "xfailed", "xpassed")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """In CI a skipped test is not a passed test."""
+    """In CI a skipped or expected-to-fail test is not a passed test."""
     if not IN_CI:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
-    if skipped and session.exitstatus == 0:
+    counts = {o: len(reporter.stats.get(o, [])) if reporter else 0 for o in NOT_PASSED}
+    if sum(counts.values()) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        print(f"\nCI: {skipped} test(s) skipped; failing the run", file=sys.stderr)
+        seen = ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+        print(f"\nCI: {seen}; failing the run", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")

@@ -68,6 +68,7 @@ pytestmark = pytest.mark.timeout(900)
 
 STATUS_TIMEOUT = 90.0
 PRIVATE_MARKER = "PRIVATE KEY"
+WRITES = "pmem_csi_reporter_status_writes_total"
 
 
 @pytest.fixture(scope="module")
@@ -431,8 +432,10 @@ def test_reporter_overwrites_a_garbage_status_cleanly(pair: Pair, api_client: An
     reporter = pair.reporters[0]
     clean = wait_for(lambda: _running(api_client, cfg.name), STATUS_TIMEOUT, "Running")
     before = _cr(api_client, cfg.name)
-    writes = reporter.metric("pmem_csi_reporter_status_writes_total")
-    client.CustomObjectsApi(api_client).patch_cluster_custom_object_status(
+    # The counter goes up after the PATCH that wrote Running returned, possibly after that
+    # status was seen: wait for it, so the comparison below counts the overwrite alone.
+    writes = wait_for(lambda: reporter.metric(WRITES), 30, "the write of Running counted")
+    landed = client.CustomObjectsApi(api_client).patch_cluster_custom_object_status(
         names.CRD_GROUP,
         names.CRD_STORAGE_VERSION,
         names.CRD_PLURAL,
@@ -441,8 +444,10 @@ def test_reporter_overwrites_a_garbage_status_cleanly(pair: Pair, api_client: An
         field_manager="garbage-writer",
         _content_type="application/merge-patch+json",
     )
-    written = _cr(api_client, cfg.name)["status"]
-    assert written["phase"] == "Failed" and len(written["conditions"]) == 3  # it did land
+    # It did land: the PATCH's answer is the object as stored (a GET now could already see
+    # the reporter's rewrite).
+    written = landed["status"]
+    assert written["phase"] == "Failed" and len(written["conditions"]) == 3, written
 
     def clean_again() -> dict[str, Any]:
         status = _cr(api_client, cfg.name).get("status") or {}
@@ -451,7 +456,7 @@ def test_reporter_overwrites_a_garbage_status_cleanly(pair: Pair, api_client: An
     start = time.monotonic()
     status = wait_for(clean_again, STATUS_TIMEOUT, "the garbage overwritten")
     print(f"garbage status overwritten after {time.monotonic() - start:.1f}s")
-    assert reporter.metric("pmem_csi_reporter_status_writes_total") > writes
+    wait_for(lambda: reporter.metric(WRITES) > writes, 30, "the reporter's overwrite counted")
     assert st.status_equal_ignoring_time(status, clean), (status, clean)
     assert [c["type"] for c in status["conditions"]] == list(st.CONDITION_TYPES)
     assert status["observedGeneration"] == before["metadata"]["generation"]
@@ -467,7 +472,7 @@ def test_reporter_overwrites_a_garbage_status_cleanly(pair: Pair, api_client: An
     # Garbage in the timestamps alone (the meaning right) is written over too.
     conditions = json.loads(json.dumps(status["conditions"]))
     conditions[0]["lastTransitionTime"] = "2999-01-01T00:00:00Z"
-    client.CustomObjectsApi(api_client).patch_cluster_custom_object_status(
+    landed = client.CustomObjectsApi(api_client).patch_cluster_custom_object_status(
         names.CRD_GROUP,
         names.CRD_STORAGE_VERSION,
         names.CRD_PLURAL,
@@ -476,6 +481,7 @@ def test_reporter_overwrites_a_garbage_status_cleanly(pair: Pair, api_client: An
         field_manager="garbage-writer",
         _content_type="application/merge-patch+json",
     )
+    assert "2999" in json.dumps(landed["status"]), landed["status"]  # it did land
 
     def no_future_time() -> dict[str, Any]:
         current = _cr(api_client, cfg.name).get("status") or {}

@@ -137,6 +137,7 @@ def test_readme_blocks_deploy_check_and_remove(
     deploy, repair, remove = sh_blocks(SECTION)
 
     # ---- deploy, line by line; the cluster is looked at between the lines that matter.
+    assert deploy.count("pulumi preview") == 1, deploy  # the check below must run
     for line in deploy:
         shell.run(line)
         if line == "pulumi preview":

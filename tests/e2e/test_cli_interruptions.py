@@ -442,6 +442,9 @@ def test_up_killed_recovers_with_the_documented_steps(admin: Admin, scenario: Sc
 
     _open_gate(admin, sc)
     assert after_kill[-1] == NO_CHANGES
+    # The checks between the lines below must run: the README keeps both steps.
+    assert after_kill.count("pulumi cancel --yes") == 1, after_kill
+    assert sum(line.startswith("pulumi refresh") for line in after_kill) == 1, after_kill
     started, checks = time.monotonic(), 0.0
     for line in after_kill:
         admin.run(line)

@@ -504,6 +504,7 @@ def test_reporter_rules_write_nothing_but_its_status_events_and_lease(ops: Ops) 
     a, b = ops.cfg("a"), ops.cfg("b")
     authz = client.AuthorizationV1Api(ops.token_client("a"))
     allowed_writes = {"deployments/status", "events", "leases"}
+    checked: set[str] = set()  # the rules the checks under the ifs below ran on
     for ns in (a.namespace, b.namespace, names.CLUSTER_EVENT_NAMESPACE):
         review = authz.create_self_subject_rules_review({"spec": {"namespace": ns}})
         for rule in review.status.resource_rules:
@@ -515,12 +516,14 @@ def test_reporter_rules_write_nothing_but_its_status_events_and_lease(ops: Ops) 
                 assert set(rule.resources) <= allowed_writes, (ns, rule)
                 assert not set(rule.verbs) & {"delete", "deletecollection", "*"}, (ns, rule)
             if "secrets" in rule.resources:
+                checked.add("secrets")
                 assert ns == a.namespace, (ns, rule)
                 assert sorted(rule.resource_names or []) == sorted(
                     [a.names.registry_secret, a.names.node_secret]
                 ), rule
                 assert set(rule.verbs) == {"list", "watch"}, rule
             if "deployments/status" in rule.resources:
+                checked.add("deployments/status")
                 assert rule.resource_names == [a.name], rule
         if ns == b.namespace:
             namespaced = {
@@ -530,6 +533,8 @@ def test_reporter_rules_write_nothing_but_its_status_events_and_lease(ops: Ops) 
                 if r in {"pods", "daemonsets", "statefulsets", "secrets", "services", "leases"}
             }
             assert namespaced == set(), f"rules in another driver's namespace: {namespaced}"
+    # The reporter needs both (its Secrets to check the certificates, its CR's status).
+    assert checked == {"secrets", "deployments/status"}, checked
 
 
 # --------------------------------------------------------------------------------------------
@@ -556,7 +561,12 @@ def test_driver_keeps_running_while_the_reporter_is_down(
 
     ops.wait_running("a")
     before, uids = state(), _uids(kube, a)
-    writes = ops.reporters["a"].metric("pmem_csi_reporter_status_writes_total")
+    # It wrote (Running): counted just after the PATCH returned, so waited for.
+    wait_for(
+        lambda: ops.reporters["a"].metric("pmem_csi_reporter_status_writes_total") >= 1,
+        30,
+        "reporter a's status write counted",
+    )
     ops.stop_reporter("a")
     # Several of the stopped reporter's resync periods (2 s) go by.
     time.sleep(8)
@@ -564,7 +574,6 @@ def test_driver_keeps_running_while_the_reporter_is_down(
     assert before[2] == cluster.DEFAULT_PMEM_NODES and before[4] == 1
     assert _uids(kube, a) == uids
     assert ops.cr("a")["status"]["phase"] == "Running"  # nobody else rewrote it
-    assert writes >= 1
 
 
 # --------------------------------------------------------------------------------------------

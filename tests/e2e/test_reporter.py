@@ -4,21 +4,24 @@ Each test deploys its own driver (unique CR name and namespace) from the pure bu
 ``python -m reporter`` as a subprocess with a TokenRequest token of the reporter's
 ServiceAccount (so the least-privilege RBAC we ship is what the API server enforces), changes
 something, and polls the CR until the status says what the issue promises. Every object is
-deleted afterwards. See ``reporter_helpers`` for why the objects are not deployed with Pulumi.
+deleted afterwards. See ``reporter_helpers`` for why the objects are not deployed with Pulumi;
+the one test whose recovery is ``pulumi up --refresh`` (objects changed by other field managers,
+taken back) deploys a stack with the real engine instead (``stack_driver``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from pulumi import automation as auto
 
 from pmem_components import certs as certs_mod
 from pmem_components.certs import DriverCertificates
@@ -28,6 +31,7 @@ from reporter.leader import LEASE
 from reporter.observe import POD
 from tests.e2e.reporter_helpers import (
     AS_PULUMI,
+    REPORTER_IMAGE,
     Driver,
     ReporterProcess,
     component,
@@ -37,15 +41,21 @@ from tests.e2e.reporter_helpers import (
     deploy_driver,
     driver_config,
     reporter_starter,
-    resource_of,
 )
+from tests.e2e.test_program import dispose, make_stack, parsed, stack_config
 from tests.e2e.waiting import wait_for
 from tools import cluster
+from tools import pulumi_stack as ps
 
 # Reporter start + first list + first write; kwok makes pods Ready within a second or two.
 STATUS_TIMEOUT = 60.0
-# The issue: a new leader within 15 s of the old one's death.
-TAKEOVER_SECONDS = 15.0
+# The issue wants a new leader within 15 s of the old one's death. That bound is a property of
+# the election's timing (lease duration, retry periods) and is pinned with a fake clock in
+# tests/unit/test_reporter_leader.py::test_takeover_after_expiry_within_15_seconds; here the
+# Lease must carry the duration that test assumes, and the handover is waited for, not timed
+# (on a loaded 2-core machine the follower's next try can come late).
+LEASE_DURATION_SECONDS = 10
+TAKEOVER_TIMEOUT = 60.0
 CONDITIONS = ("CertsReady", "CertsVerified", "DriverDeployed")
 WRITES = "pmem_csi_reporter_status_writes_total"
 RECONCILES = "pmem_csi_reporter_reconciles_total"
@@ -201,12 +211,59 @@ def test_deleting_daemonset_makes_driver_deployed_false_naming_it(
     assert driver.status()["phase"] == "Failed"
 
 
+@dataclass
+class StackDriver:
+    """A driver deployed by ``pulumi up`` of the project's program, and its reporters."""
+
+    stack: auto.Stack
+    driver: Driver
+    start_reporter: Callable[..., ReporterProcess]
+
+
+@pytest.fixture
+def stack_driver(
+    pulumi_ready: dict[str, str],
+    api_client: Any,
+    local_cluster: Path,
+    raw: RawApi,
+    crd: None,
+    tmp_path: Path,
+) -> Iterator[StackDriver]:
+    """For the tests that need the engine itself (the take-back by ``pulumi up --refresh``):
+    a stack of its own, destroyed afterwards, whatever the test did to its objects."""
+    suffix = uuid.uuid4().hex[:6]
+    spec = {
+        "name": f"rs-{suffix}.pmem-csi.intel.com",
+        "namespace": f"rs-{suffix}",
+        "reporter": {"image": REPORTER_IMAGE},
+    }
+    cfg = parsed(spec)
+    stack = make_stack(tmp_path, stack_config(spec))
+    try:
+        assert stack.up(on_output=ps.printer("[up] ")).summary.result == "succeeded"
+        drv = Driver(cfg, raw)  # the stack owns the objects: no delete() of ours
+        with reporter_starter(api_client, local_cluster, drv, tmp_path) as start:
+            yield StackDriver(stack, drv, start)
+    finally:
+        dispose(stack)
+
+
+def _foreign_managers(live: dict[str, Any]) -> list[str]:
+    """Field managers of the object itself (not a subresource) other than the provider's."""
+    return sorted(
+        e["manager"]
+        for e in live["metadata"].get("managedFields") or []
+        if not e.get("subresource") and not e["manager"].startswith("pulumi-kubernetes")
+    )
+
+
 def test_objects_changed_by_other_managers_are_named_until_pulumi_takes_them_back(
-    driver: Driver, start_reporter: Callable[..., ReporterProcess], raw: RawApi
+    stack_driver: StackDriver, raw: RawApi
 ) -> None:
-    """A PUT as `kubectl edit` sends it and a patch as `kubectl patch` sends it, then a forced
-    server-side apply of the declared objects under Pulumi's kind of manager name."""
-    start_reporter()
+    """A PUT as `kubectl edit` sends it and a patch as `kubectl patch` sends it are named in
+    the status; the real `pulumi up --refresh` takes the fields back and the status says so."""
+    driver, stack = stack_driver.driver, stack_driver.stack
+    stack_driver.start_reporter()
     wait_running(driver)
     ds_name, svc_name = driver.names.node_driver, driver.names.controller_service
     ds = raw.get(APPS_DAEMONSET, ds_name, driver.namespace)
@@ -244,32 +301,25 @@ def test_objects_changed_by_other_managers_are_named_until_pulumi_takes_them_bac
     assert cond["status"] == "False"
     assert driver.status()["phase"] == "Failed"
 
-    # What the program does on `pulumi up`: take the fields over and apply the declared state.
-    for obj in driver.objects:
-        if obj["kind"] in ("DaemonSet", "Service") and obj["metadata"]["name"] in (
-            ds_name,
-            svc_name,
-        ):
-            raw.request_json(
-                "PATCH",
-                resource_of(obj).path(driver.namespace, obj["metadata"]["name"]),
-                body=obj,
-                query=[("fieldManager", AS_PULUMI), ("force", "true")],
-                content_type="application/apply-patch+yaml",
-            )
-    # The extra label's owner is gone with its value only when Pulumi owns it; until then the
-    # Service is still named, so drop the label the way the program's takeover does.
-    svc = raw.get(SERVICE, svc_name, driver.namespace)
-    assert svc is not None
-    svc["metadata"]["managedFields"] = [
-        e for e in svc["metadata"]["managedFields"] if e["manager"] != "kubectl-patch"
-    ]
-    raw.request_json("PUT", SERVICE.path(driver.namespace, svc_name), body=svc)
+    # The recovery the README gives: `pulumi up --refresh` of the project's program.
+    lines: list[str] = []
+    result = stack.up(refresh=True, on_output=lines.append)
+    assert result.summary.result == "succeeded", "".join(lines)[-3000:]
+    diagnostics = "".join(lines).split("Diagnostics:", 1)[-1]
+    for what in (
+        f"DaemonSet {driver.namespace}/{ds_name}",
+        f"Service {driver.namespace}/{svc_name}",
+    ):
+        assert f"took over fields of {what} and applied it (" in diagnostics, diagnostics
     status = wait_running(driver)
     assert condition(status, "DriverDeployed")["reason"] == "AllObjectsExist"
-    live = raw.get(APPS_DAEMONSET, ds_name, driver.namespace)
-    assert live is not None
-    assert "-v=9" not in live["spec"]["template"]["spec"]["containers"][0]["command"]
+    live_ds = raw.get(APPS_DAEMONSET, ds_name, driver.namespace)
+    live_svc = raw.get(SERVICE, svc_name, driver.namespace)
+    assert live_ds is not None and live_svc is not None
+    assert "-v=9" not in live_ds["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "team" not in live_svc["metadata"].get("labels", {}), live_svc["metadata"]
+    assert "kubectl-edit" not in _foreign_managers(live_ds), live_ds["metadata"]
+    assert "kubectl-patch" not in _foreign_managers(live_svc), live_svc["metadata"]
 
 
 def test_certificate_from_another_ca_makes_certs_verified_false_wrong_ca(
@@ -319,9 +369,13 @@ def test_restarting_reporter_with_nothing_changed_writes_no_status(
     assert after["status"] == before["status"]
 
 
-def _lease_holder(raw: RawApi, driver: Driver) -> str:
+def _lease_spec(raw: RawApi, driver: Driver) -> dict[str, Any]:
     lease = raw.get(LEASE, driver.names.reporter, driver.namespace) or {}
-    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+    return dict(lease.get("spec") or {})
+
+
+def _lease_holder(raw: RawApi, driver: Driver) -> str:
+    return str(_lease_spec(raw, driver).get("holderIdentity") or "")
 
 
 def test_killing_the_leader_hands_over_to_the_other_replica(
@@ -336,17 +390,25 @@ def test_killing_the_leader_hands_over_to_the_other_replica(
     )
     (follower,) = set(replicas) - {leader}
     assert replicas[follower].metric("pmem_csi_reporter_is_leader") == 0
+    held = _lease_spec(raw, driver)
+    assert held["leaseDurationSeconds"] == LEASE_DURATION_SECONDS, held
 
     replicas[leader].kill()
-    killed_at = time.monotonic()
     wait_for(
         lambda: _lease_holder(raw, driver) == follower,
-        TAKEOVER_SECONDS + 5,
+        TAKEOVER_TIMEOUT,
         f"{follower} holding the lease",
         interval=0.1,
     )
-    took = time.monotonic() - killed_at
-    assert took <= TAKEOVER_SECONDS, f"takeover took {took:.1f}s"
+    # One handover, from the dead leader to the follower: no flapping, nobody else.
+    taken = _lease_spec(raw, driver)
+    assert taken["leaseTransitions"] == held["leaseTransitions"] + 1, (held, taken)
+    assert taken["leaseDurationSeconds"] == LEASE_DURATION_SECONDS, taken
+    wait_for(
+        lambda: replicas[follower].metric("pmem_csi_reporter_is_leader") == 1,
+        30,
+        f"{follower} counting itself leader",
+    )
 
     # The new leader reports a change made after the takeover.
     delete_object(raw, SERVICE, driver.names.metrics_service, driver.namespace)
@@ -357,7 +419,8 @@ def test_killing_the_leader_hands_over_to_the_other_replica(
 
     cond = wait_for(deployed_false, STATUS_TIMEOUT, "DriverDeployed False after takeover")
     assert f"Service/{driver.names.metrics_service}" in cond["message"], cond
-    assert replicas[follower].metric(WRITES) >= 1
+    # The counter goes up after the PATCH returns, so possibly after the status was seen.
+    wait_for(lambda: replicas[follower].metric(WRITES) >= 1, 30, "the new leader's write counted")
 
 
 def _events(api_client: Any, driver: Driver) -> list[tuple[str, str]]:

@@ -207,8 +207,8 @@ def test_host_stopped_at_any_moment_of_its_start_is_quiet(tmp_path: Path, delay:
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=20)
     # Quiet is what counts: before Python has installed handlers, the interpreter ends with
-    # its own status (-2 or 1), after that ours (0); never with a traceback.
-    assert proc.returncode is not None
+    # its own status (killed by the signal, or 1), after that ours (0); never with a traceback.
+    assert proc.returncode in (0, 1, -signal.SIGINT), (proc.returncode, err)
     assert err == ""
 
 

@@ -938,10 +938,11 @@ def test_crd_phase_enum_lists_exactly_the_phases() -> None:
     crd = yaml.safe_load(
         (pathlib.Path(__file__).parents[2] / "crd/pmem-csi.intel.com_deployments.yaml").read_text()
     )
-    for version in crd["spec"]["versions"]:
+    versions = crd["spec"]["versions"]
+    assert [v["name"] for v in versions] == ["v1beta1", "v1alpha1"]
+    for version in versions:  # both are served, so both carry the status schema
         props = version["schema"]["openAPIV3Schema"]["properties"]
-        if "status" in props:
-            assert props["status"]["properties"]["phase"]["enum"] == list(st.PHASES)
+        assert props["status"]["properties"]["phase"]["enum"] == list(st.PHASES), version["name"]
 
 
 # ------------------------------------------------------------------------------ failed reads

@@ -44,5 +44,7 @@ cluster-start: $(VENV)/.installed
 cluster-stop: $(VENV)/.installed
 	$(PY) -m tools.cluster stop
 
+# Also the cluster a test session left running with PMEM_CSI_KEEP_CLUSTER=1.
 clean-state: cluster-stop
+	PMEM_CSI_STATE_DIR="$${PMEM_CSI_STATE_DIR:-.state}/test-session" $(PY) -m tools.cluster stop
 	rm -rf .state

@@ -8,6 +8,7 @@ without the toolchain. A CI run that skipped anything is failed at the end of th
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -22,6 +23,15 @@ if str(PROJECT_DIR) not in sys.path:
     sys.path.insert(0, str(PROJECT_DIR))
 
 from tools import cluster, localenv, toolchain  # noqa: E402
+
+# The test session's own state directory, inside the administrator's (``.state/`` or
+# PMEM_CSI_STATE_DIR) but never equal to it: the tests start their own local cluster, with
+# their own Pulumi backend, next to whatever `make demo` or an administrator's local stack left
+# running there. Set before any fixture runs, so every helper that asks `localenv` (this
+# process and its children: the CLI, the reporter, nested tools) sees the same directory.
+if Path(os.environ.get("PMEM_CSI_STATE_DIR", "")).name != localenv.TEST_SESSION_SUBDIR:
+    os.environ["PMEM_CSI_STATE_DIR"] = str(localenv.state_dir() / localenv.TEST_SESSION_SUBDIR)
+os.environ.pop("KUBECONFIG", None)  # never the administrator's (or the demo's) cluster
 
 IN_CI = any(
     os.environ.get(var, "").lower() in {"1", "true", "yes"}
@@ -59,6 +69,9 @@ def local_cluster() -> Iterator[Path]:
     if missing:
         _unavailable(f"tool group(s) not built: {', '.join(missing)}")
     started_here = not cluster.is_running()
+    if started_here:
+        # Stacks a killed earlier session left in this backend describe a cluster that is gone.
+        shutil.rmtree(localenv.state_dir() / "pulumi-backend", ignore_errors=True)
     try:
         kubeconfig = cluster.start()
     except Exception as err:  # the reason must reach the test report

@@ -15,6 +15,9 @@ from pathlib import Path
 from tools import toolchain
 
 PROJECT_DIR = toolchain.PROJECT_DIR
+# The test suite's own state directory, a subdirectory of the administrator's: `make test` never
+# shares a cluster, a Pulumi backend or a stack with `make demo` or a local stack (tests/conftest.py).
+TEST_SESSION_SUBDIR = "test-session"
 
 
 def state_dir() -> Path:

@@ -1,7 +1,12 @@
-"""The README's main job, `make demo` (python -m tools.demo), works from an empty state.
+"""The README's two commands in one clone: `make demo`, then `make test`, then the demo again.
 
-It runs in a state directory of its own, so it starts its own local cluster and its own
-`local` stack and cannot disturb (or be disturbed by) the other end-to-end tests.
+The demo runs in a state directory standing for a newcomer's ``.state/`` and leaves its cluster
+and its `local` stack running, as `make demo` does. Then the suite's README flow
+(``test_cli.py::test_readme_blocks_deploy_check_and_remove``, the README's defaults: the same
+driver name and namespace as the demo's) runs in a pytest session of its own with that same
+``PMEM_CSI_STATE_DIR``, exactly as `make test` would in that clone. It must pass, and must leave
+every object of the demo's cluster as it was (same resourceVersion). Then the demo runs once
+more, as a newcomer repeating the command would.
 """
 
 from __future__ import annotations
@@ -11,50 +16,146 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from tools import toolchain
+import pytest
+
+from tools import localenv, toolchain
+
+# The demo twice and a nested session that starts a cluster of its own.
+pytestmark = pytest.mark.timeout(2400)
+
+CR_RESOURCE = "deployments.pmem-csi.intel.com"
+# What the demo's stack owns, and the kinds a stray update of another stack would touch.
+WATCHED = (
+    "namespaces",
+    "customresourcedefinitions",
+    CR_RESOURCE,
+    "csidrivers",
+    "clusterroles",
+    "clusterrolebindings",
+    "daemonsets",
+    "statefulsets",
+    "deployments.apps",
+    "services",
+    "secrets",
+    "serviceaccounts",
+    "roles",
+    "rolebindings",
+)
 
 
-def test_demo_deploys_the_local_stack_and_reports_running(
+def _run_demo(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.demo"],
+        cwd=toolchain.PROJECT_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def _assert_demo_reports_running(result: subprocess.CompletedProcess[str]) -> None:
+    assert result.returncode == 0, result.stderr[-4000:]
+    # The administrator's commands, with the CLI's own progress output (on stderr).
+    assert "pulumi stack select --create local" in result.stderr
+    assert "Updating (local):" in result.stderr, result.stderr[-4000:]
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["NAME", "DEVICEMODE", "NODESELECTOR", "IMAGE", "STATUS", "AGE"]
+    row = lines[1].split()
+    assert row[:5] == [
+        "pmem-csi.intel.com",
+        "lvm",
+        '{"storage":"pmem"}',
+        "intel/pmem-csi-driver:canary",
+        "Running",
+    ]
+    marker = "status of pmem-csi.intel.com:\n"
+    status = json.loads(result.stdout[result.stdout.index(marker) + len(marker) :])
+    assert status["phase"] == "Running"
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "CertsReady": "True",
+        "CertsVerified": "True",
+        "DriverDeployed": "True",
+    }
+
+
+def _versions(kubeconfig: Path) -> dict[tuple[str, str, str], str]:
+    """(kind, namespace, name) -> resourceVersion of every watched object in a cluster."""
+    out = subprocess.run(
+        [
+            str(toolchain.bin_path("kubectl")),
+            "--kubeconfig",
+            str(kubeconfig),
+            "get",
+            ",".join(WATCHED),
+            "--all-namespaces",
+            "-o",
+            "json",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return {
+        (i["kind"], i["metadata"].get("namespace", ""), i["metadata"]["name"]): i["metadata"][
+            "resourceVersion"
+        ]
+        for i in items
+    }
+
+
+def test_demo_then_the_suites_readme_flow_in_one_clone_then_the_demo_again(
     local_cluster: Path, tmp_path: Path
 ) -> None:
     # local_cluster: only for its CI semantics (tools present, cluster startable).
-    env = {**os.environ, "PMEM_CSI_STATE_DIR": str(tmp_path / "state")}
+    state = tmp_path / "state"  # the newcomer's `.state/`
+    env = {**os.environ, "PMEM_CSI_STATE_DIR": str(state)}
     env.pop("KUBECONFIG", None)
+    demo_kubeconfig = state / "kubeconfig"
     try:
-        result = subprocess.run(
-            [sys.executable, "-m", "tools.demo"],
-            cwd=toolchain.PROJECT_DIR,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert result.returncode == 0, result.stderr[-4000:]
-        # The administrator's commands, with the CLI's own progress output (on stderr).
-        assert "pulumi stack select --create local" in result.stderr
-        assert "Updating (local):" in result.stderr, result.stderr[-4000:]
-        assert "Traceback" not in result.stderr, result.stderr[-4000:]
-        lines = result.stdout.splitlines()
-        assert lines[0].split() == ["NAME", "DEVICEMODE", "NODESELECTOR", "IMAGE", "STATUS", "AGE"]
-        row = lines[1].split()
-        assert row[:5] == [
-            "pmem-csi.intel.com",
-            "lvm",
-            '{"storage":"pmem"}',
-            "intel/pmem-csi-driver:canary",
-            "Running",
-        ]
-        marker = "status of pmem-csi.intel.com:\n"
-        status = json.loads(result.stdout[result.stdout.index(marker) + len(marker) :])
-        assert status["phase"] == "Running"
-        assert {c["type"]: c["status"] for c in status["conditions"]} == {
-            "CertsReady": "True",
-            "CertsVerified": "True",
-            "DriverDeployed": "True",
-        }
+        first = _run_demo(env)
+        _assert_demo_reports_running(first)
         # The committed stack file is never rewritten (no encryptionsalt of this state dir).
         assert "encryptionsalt" not in (toolchain.PROJECT_DIR / "Pulumi.local.yaml").read_text()
+        before = _versions(demo_kubeconfig)
+        assert ("Deployment", "", "pmem-csi.intel.com") in before, sorted(before)
+        assert ("DaemonSet", "pmem-csi", "pmem-csi-intel-com-node") in before, sorted(before)
+
+        suite = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "tests/e2e/test_cli.py::test_readme_blocks_deploy_check_and_remove",
+            ],
+            cwd=toolchain.PROJECT_DIR,
+            env={**env, "PMEM_CSI_REQUIRE_CLUSTER": "1"},
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        report = suite.stdout[-6000:] + suite.stderr[-2000:]
+        assert suite.returncode == 0, report
+        assert "1 passed" in suite.stdout, report
+        # Its own cluster and backend, inside the demo's state directory, and stopped after it.
+        session = state / localenv.TEST_SESSION_SUBDIR
+        assert (session / "pulumi-backend").is_dir(), report
+        assert not (session / "kubeconfig").exists(), report
+
+        after = _versions(demo_kubeconfig)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        assert changed == [], changed
+
+        again = _run_demo(env)
+        _assert_demo_reports_running(again)
     finally:
         subprocess.run(
             [sys.executable, "-m", "tools.cluster", "stop"],

@@ -199,11 +199,12 @@ def _write_pause_image(group_dir: Path, bin_dir: Path) -> None:
     with tarfile.open(fileobj=layer_buf, mode="w", format=tarfile.USTAR_FORMAT) as layer:
         _tar_add(layer, "pause", (bin_dir / "pause").read_bytes(), 0o755)
     layer_bytes = layer_buf.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
     config = {
         "architecture": "amd64",
         "os": "linux",
         "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer_bytes).hexdigest()]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
     }
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as layout:

@@ -104,6 +104,33 @@ CNI_BIN_DIR = Path("/usr/lib/cni")
 NODE_GROUPS = ("kubelet", "containerd", "pause")
 
 
+def reporter_patch() -> dict:
+    """A ``patches`` entry (the product's own setting) that puts the reporter on this node.
+
+    It selects the only Deployment a driver deployment has, the reporter's, and gives it the
+    node's label as node selector and a toleration of the node's taint; the driver's
+    StatefulSet and DaemonSet tolerate nothing and stay on the kwok nodes.
+    """
+    key, value = NODE_LABEL
+    return {
+        "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "mergePatch": {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "nodeSelector": {key: value},
+                        "tolerations": [
+                            {"key": key, "operator": "Equal", "value": value,
+                             "effect": "NoSchedule"}
+                        ],
+                    }
+                }
+            }
+        },
+    }  # fmt: skip
+
+
 class RealNodeError(RuntimeError):
     """The real node cannot start (busy machine, missing guard, a component that failed)."""
 

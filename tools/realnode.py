@@ -405,15 +405,16 @@ def forward(target_host: str, target_port: int, lock_fd: int | None = None) -> N
 
 def _containerd_config() -> str:
     bin_dir = toolchain.bin_path("containerd").parent
-    return f"""version = 3
+    return f"""version = 4
 root = "{NODE_ROOT / "containerd"}"
 state = "{NODE_RUN / "containerd"}"
 disabled_plugins = [
   "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
   "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
   "io.containerd.snapshotter.v1.erofs", "io.containerd.tracing.processor.v1.otlp",
-  "io.containerd.internal.v1.tracing", "io.containerd.grpc.v1.cri.nri",
-  "io.containerd.nri.v1.nri",
+  "io.containerd.internal.v1.tracing", "io.containerd.nri.v1.nri",
+  "io.containerd.internal.v1.opt", "io.containerd.image-verifier.v1.bindir",
+  "io.containerd.differ.v1.erofs", "io.containerd.mount-handler.v1.erofs",
 ]
 
 [grpc]
@@ -730,6 +731,48 @@ def _node_ready() -> bool:
     except Exception:  # not registered yet, or the API server is busy
         return False
     return True
+
+
+# --------------------------------------------------------------------------- inspection
+
+
+def task_pid(container_id: str) -> int:
+    """Host PID of a container's main process (``containerd://<id>`` or the bare id)."""
+    cid = container_id.removeprefix("containerd://")
+    for line in ctr("tasks", "ls").stdout.splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == cid:
+            return int(pid)
+    raise RealNodeError(f"no task {cid} in the node's containerd")
+
+
+def node_http_get(host: str, port: int, path: str, timeout: float = 5) -> tuple[int, str]:
+    """GET ``http://host:port/path`` from inside the node's namespace (where pods are routed).
+
+    The connection is opened by a thread that entered the namespace; the API server cannot
+    do this (it would have to reach the node's address from the host).
+    """
+    import http.client
+
+    box: dict[str, object] = {}
+
+    def inner() -> None:
+        try:
+            _setns(netns_path())
+            conn = http.client.HTTPConnection(host, port, timeout=timeout)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            box["value"] = (resp.status, resp.read().decode(errors="replace"))
+            conn.close()
+        except BaseException as exc:  # re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=inner, daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
 
 
 # --------------------------------------------------------------------------- teardown

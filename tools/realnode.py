@@ -927,6 +927,22 @@ def stop(quiet: bool = False) -> None:
             _log(f"the real node belongs to {record.state_dir}; left alone")
         return
     cleanup(quiet=quiet)
+    _delete_node_object(Path(record.state_dir) / "kubeconfig" if record else None)
+
+
+def _delete_node_object(kubeconfig: Path | None) -> None:
+    """Remove the Node from the cluster, so the pod GC removes the pods that were bound to it."""
+    if (
+        kubeconfig is None
+        or not kubeconfig.exists()
+        or not toolchain.GROUPS["kubernetes"].is_built()
+    ):
+        return
+    _run(
+        [toolchain.bin_path("kubectl"), "--kubeconfig", kubeconfig, "delete", "node", NODE_NAME,
+         "--ignore-not-found", "--wait=false", "--request-timeout=10s"],
+        check=False,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

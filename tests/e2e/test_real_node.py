@@ -341,6 +341,80 @@ def test_an_allocation_past_the_memory_limit_is_an_oom_kill_in_the_pods_status(
     assert term["exitCode"] == 137
 
 
+# --------------------------------------------------------------------------- pulumi up
+
+
+def _rollout(raw: RawApi, drv_ns: str, name: str) -> dict[str, Any]:
+    dep = raw.get(APPS_DEPLOYMENT, name, drv_ns)
+    assert dep is not None
+    return dep
+
+
+def test_pulumi_up_with_a_new_reporter_setting_rolls_the_deployment_and_awaits_ready_pods(
+    node: realnode.Record, pulumi_stack: Callable, raw: RawApi, crd: None
+) -> None:
+    """The provider's await on the reporter Deployment is the kubelet's readiness here."""
+    from pmem_components.config import DeploymentConfig
+    from pmem_components.program import main as program
+    from tools import pulumi_stack as ps
+
+    suffix = uuid.uuid4().hex[:6]
+    raw_dep = {
+        "name": f"rn-{suffix}.pmem-csi.intel.com",
+        "namespace": f"rn-{suffix}",
+        "reporter": {"image": REPORTER_IMAGE, "logLevel": 3},
+        "patches": [realnode.reporter_patch()],
+    }
+    config = {
+        "pmem-csi:manageCrd": False,
+        "pmem-csi:retainNamespaces": False,
+        "pmem-csi:deployments": [raw_dep],
+    }
+    cfg = DeploymentConfig(name=raw_dep["name"], namespace=raw_dep["namespace"])
+    name, ns = cfg.names.reporter, cfg.namespace
+    stack = pulumi_stack(program, config=config)
+    stack.up(on_output=ps.printer("[up 1] "))
+    # No waiting here: `pulumi up` returned, so the provider saw the rollout complete.
+    first = _rollout(raw, ns, name)
+    assert _complete(first), first["status"]
+    pods = [p for p in _pods(raw, ns) if p["spec"]["nodeName"] == realnode.NODE_NAME]
+    assert len(pods) == 2 and all(_ready(p) for p in pods)
+    old = {p["metadata"]["name"] for p in pods}
+
+    raw_dep["reporter"]["logLevel"] = 4
+    ps.write_stack_config(Path(stack.workspace.work_dir), stack.name, config)
+    result = stack.up(on_output=ps.printer("[up 2] "))
+    assert result.summary.resource_changes.get("update", 0) >= 1
+    second = _rollout(raw, ns, name)
+    assert second["metadata"]["generation"] > first["metadata"]["generation"]
+    assert _complete(second), second["status"]
+    ready = [p for p in _pods(raw, ns) if _ready(p) and not p["metadata"].get("deletionTimestamp")]
+    assert len(ready) == 2 and not old & {p["metadata"]["name"] for p in ready}
+    for pod in ready:
+        args = pod["spec"]["containers"][0]["args"]
+        assert args[args.index("--log-level") + 1] == "4"
+        assert pod["spec"]["nodeName"] == realnode.NODE_NAME
+
+
+def _complete(dep: dict[str, Any]) -> bool:
+    status, want = dep.get("status") or {}, dep["spec"]["replicas"]
+    return (
+        status.get("observedGeneration") == dep["metadata"]["generation"]
+        and status.get("updatedReplicas") == want
+        and status.get("readyReplicas") == want
+        and status.get("availableReplicas") == want
+        and not status.get("unavailableReplicas")
+    )
+
+
+def _pods(raw: RawApi, namespace: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in raw.list(POD, namespace)[0]
+        if any(r.get("kind") == "ReplicaSet" for r in p["metadata"].get("ownerReferences") or [])
+    ]
+
+
 # --------------------------------------------------------------------------- teardown
 
 

@@ -417,16 +417,18 @@ disabled_plugins = [
   "io.containerd.differ.v1.erofs", "io.containerd.mount-handler.v1.erofs",
 ]
 
-[grpc]
+imports = []
+
+[plugins."io.containerd.server.v1.grpc"]
   address = "{containerd_socket()}"
 
-[ttrpc]
+[plugins."io.containerd.server.v1.ttrpc"]
   address = "{NODE_RUN / "containerd.sock.ttrpc"}"
 
-[debug]
+[plugins."io.containerd.server.v1.debug"]
   address = ""
 
-[metrics]
+[plugins."io.containerd.server.v1.metrics"]
   address = ""
 
 [plugins."io.containerd.cri.v1.runtime"]

@@ -200,8 +200,8 @@ def test_reporter_pods_under_the_kubelet_reach_all_conditions_true(
     assert others and all(p["spec"]["nodeName"] != realnode.NODE_NAME for p in others)
     pod = pods[0]
     pid = _pid(pod)
-    # The image that runs is the one `make image` built.
-    assert _container(pod)["imageID"].endswith(image_tool.build().digest)
+    # The image that runs is the one `make image` built (CRI's image ID: its config digest).
+    assert _container(pod)["imageID"] == _config_digest(image_tool.build())
     # Served on the pod's address, reached from the node's namespace.
     assert _pod_get(pod, "/healthz")[0] == 200 and _pod_get(pod, "/readyz")[0] == 200
     # The pod's own namespace routes nothing but the pod range and the Services.
@@ -223,6 +223,12 @@ def test_reporter_pods_under_the_kubelet_reach_all_conditions_true(
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"KUBERNETES_SERVICE_HOST={realnode.KUBERNETES_SERVICE_IP}".encode() in environ
     assert not any(e.startswith(b"KUBECONFIG=") for e in environ)
+
+
+def _config_digest(built: image_tool.BuiltImage) -> str:
+    algo, digest = built.digest.split(":")
+    manifest = json.loads((built.layout / "blobs" / algo / digest).read_text())
+    return str(manifest["config"]["digest"])
 
 
 def _memory_limit(pid: int) -> int:

@@ -37,6 +37,7 @@ from tests.e2e.reporter_helpers import (
     CRD_RESOURCE,
     Driver,
     condition,
+    delete_object,
     deploy_driver,
     driver_config,
     ensure_crd,
@@ -52,6 +53,7 @@ IN_CI = any(
 REPORTER_IMAGE = f"{realnode.REPORTER_IMAGE_BASE}:{image_tool.TAG}"
 CONDITIONS = ("CertsReady", "CertsVerified", "DriverDeployed")
 POD = Resource("Pod", "v1", "pods", True)
+SERVICE = Resource("Service", "v1", "services", True)
 # Pod start (the image is local) plus the reporter's start, list and first write, on a machine
 # whose two cores are shared.
 READY_TIMEOUT = 240.0
@@ -223,6 +225,30 @@ def test_reporter_pods_under_the_kubelet_reach_all_conditions_true(
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"KUBERNETES_SERVICE_HOST={realnode.KUBERNETES_SERVICE_IP}".encode() in environ
     assert not any(e.startswith(b"KUBECONFIG=") for e in environ)
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert "--kubeconfig" not in container["args"]
+    # The Deployment's securityContext, as the kernel applies it to the process.
+    psc = dep["spec"]["template"]["spec"]["securityContext"]
+    proc_status = Path(f"/proc/{pid}/status").read_text()
+    assert set(map(int, _proc_field(proc_status, "Uid"))) == {psc["runAsUser"]}
+    assert set(map(int, _proc_field(proc_status, "Gid"))) == {psc["runAsGroup"]}
+    assert _proc_field(proc_status, "CapBnd") == ["0" * 16]  # capabilities: drop: [ALL]
+    assert _proc_field(proc_status, "NoNewPrivs") == ["1"]  # allowPrivilegeEscalation: false
+    assert _proc_field(proc_status, "Seccomp") == ["2"]  # seccompProfile: RuntimeDefault
+    # readOnlyRootFilesystem: the container's / is mounted read-only, and so is its token.
+    mounts = {m.split()[4]: m.split()[5].split(",") for m in
+              Path(f"/proc/{pid}/mountinfo").read_text().splitlines()}  # fmt: skip
+    assert "ro" in mounts["/"]
+    assert "ro" in mounts["/var/run/secrets/kubernetes.io/serviceaccount"]
+    # Its own network namespace, not the node's.
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    code, metrics = _pod_get(pod, "/metrics")
+    assert code == 200 and "pmem_csi_reporter_status_writes_total" in metrics
+
+
+def _proc_field(status: str, name: str) -> list[str]:
+    (line,) = [x for x in status.splitlines() if x.startswith(f"{name}:")]
+    return line.split()[1:]
 
 
 def _config_digest(built: image_tool.BuiltImage) -> str:
@@ -314,6 +340,35 @@ def test_a_deleted_leader_pod_hands_the_lease_to_the_other_replica(
         TAKEOVER_TIMEOUT,
         f"{other} holding the Lease after {leader} was deleted",
     )
+    # The new leader writes: a change made now shows in the status.
+    delete_object(raw, SERVICE, drv.names.metrics_service, drv.namespace)
+
+    def deployed_false() -> dict[str, Any]:
+        cond = condition(drv.status(), "DriverDeployed")
+        return cond if cond.get("status") == "False" else {}
+
+    cond = wait_for(deployed_false, READY_TIMEOUT, "DriverDeployed False from the new leader")
+    assert f"Service/{drv.names.metrics_service}" in cond["message"], cond
+
+
+def test_scaled_to_zero_the_reporter_exits_on_sigterm_and_releases_the_lease(
+    deploy: Callable, raw: RawApi
+) -> None:
+    """The kubelet's SIGTERM: a reporter that did not exit within its grace period would be
+    killed and leave the Lease held until it expires; with no replica left, nobody else
+    would clear it."""
+    drv, dep = deploy()
+    wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "two reporter pods Ready")
+    wait_for(lambda: _holder(raw, drv), 60, "a Lease holder")
+    name = dep["metadata"]["name"]
+    raw.request(
+        "PATCH",
+        APPS_DEPLOYMENT.path(drv.namespace, name) + "/scale",
+        body={"spec": {"replicas": 0}},
+        content_type="application/merge-patch+json",
+    ).read()
+    wait_for(lambda: not drv.pods(_selector(drv)), READY_TIMEOUT, "the pods gone")
+    assert _holder(raw, drv) == ""
 
 
 def test_an_allocation_past_the_memory_limit_is_an_oom_kill_in_the_pods_status(

@@ -182,6 +182,28 @@ def test_guard_rules_are_in_place_before_the_first_pod_starts(node: realnode.Rec
     )
 
 
+def test_one_real_node_per_machine_a_second_checkout_is_refused(
+    node: realnode.Record, tmp_path: Path
+) -> None:
+    import fcntl
+    import sys
+
+    # The lock is held (by the forwarder) for as long as the node lives.
+    with open(realnode.LOCK_FILE) as held, pytest.raises(BlockingIOError):
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    other = subprocess.run(
+        [sys.executable, "-m", "tools.realnode", "start"],
+        cwd=realnode.toolchain.PROJECT_DIR,
+        env={**os.environ, "PMEM_CSI_STATE_DIR": str(tmp_path / "other-checkout")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert other.returncode != 0
+    assert f"belongs to {node.state_dir}" in other.stderr, other.stderr[-2000:]
+    assert realnode.is_running() and realnode.guard_problems() == []
+
+
 # --------------------------------------------------------------------------- the reporter
 
 

@@ -237,9 +237,14 @@ def _start_control_plane(pmem_nodes: int, plain_nodes: int) -> Path:
 def stop(quiet: bool = False) -> None:
     """Stop every component and remove the cluster's state (Pulumi state is kept).
 
-    The real node goes first, when this state directory owns it.
+    The real node goes first, when this state directory owns it; if its teardown finds
+    something it could not remove, the cluster is still stopped and the error raised after.
     """
-    realnode.stop(quiet=quiet)
+    node_error: realnode.RealNodeError | None = None
+    try:
+        realnode.stop(quiet=quiet)
+    except realnode.RealNodeError as err:
+        node_error = err
     if (kwok_workdir() / "clusters" / CLUSTER_NAME).exists():
         try:
             _kwokctl("delete", "cluster", "--kubeconfig", str(localenv.kubeconfig_path()))
@@ -250,6 +255,8 @@ def stop(quiet: bool = False) -> None:
     localenv.kubeconfig_path().unlink(missing_ok=True)
     if not quiet:
         _log("stopped")
+    if node_error is not None:
+        raise node_error
 
 
 def main(argv: list[str] | None = None) -> int:

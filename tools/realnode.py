@@ -151,6 +151,10 @@ def pod_log_dir() -> Path:
     return NODE_ROOT / "pod-logs"
 
 
+# Written by the forwarder once it listens; under NODE_RUN, so removed with the node.
+FORWARDER_READY = NODE_RUN / "forwarder.ready"
+
+
 def containerd_socket() -> Path:
     return NODE_RUN / "containerd.sock"
 
@@ -395,7 +399,7 @@ def forward(target_host: str, target_port: int, lock_fd: int | None = None) -> N
     threads = [threading.Thread(target=serve, args=(s,), daemon=True) for s in listeners]
     for t in threads:
         t.start()
-    print("ready", flush=True)
+    FORWARDER_READY.write_text(f"{os.getpid()}\n")
     for t in threads:
         t.join()
 
@@ -615,8 +619,9 @@ def is_running() -> bool:
 def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Record:
     """Join the real node to the running local cluster; ``images`` are (archive, base name).
 
-    Reuses a node that this state directory started and that still runs (importing the images
-    again, which is cheap when present). Refuses a node of another checkout.
+    ``timeout`` bounds the wait for the kubelet's registration and the Node's Ready. Reuses
+    a node that this state directory started and that still runs (importing the images again,
+    which is cheap when present). Refuses a node of another checkout.
     """
     t0 = time.monotonic()
     record = Record.load()
@@ -644,7 +649,7 @@ def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Reco
         record.host_routes = _host_blackholes()
         record.save()
         try:
-            _start_locked(record, lock_fd, api_host, api_port, images)
+            _start_locked(record, lock_fd, api_host, api_port, images, timeout)
         except BaseException:
             _log("start failed; removing what was made")
             cleanup(quiet=True)
@@ -654,7 +659,7 @@ def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Reco
 
 
 def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
-                  images: Sequence[tuple[Path, str]]) -> None:  # fmt: skip
+                  images: Sequence[tuple[Path, str]], timeout: float) -> None:  # fmt: skip
     for dst in record.host_routes:
         _run(["ip", "route", "replace", "blackhole", dst])
     _make_netns()
@@ -699,7 +704,7 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
     )  # fmt: skip
     record.pids["forwarder"] = forwarder.pid
     record.save()
-    _wait("forwarder", lambda: "ready" in (log_dir() / "forwarder.log").read_text(), 30, forwarder)
+    _wait("forwarder", FORWARDER_READY.exists, 30, forwarder)
 
     kubeconfig, _, _ = _kubelet_kubeconfig()
     (NODE_RUN / "kubeconfig").write_text(json.dumps(kubeconfig))
@@ -722,7 +727,7 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
     record.pids["kubelet"] = kubelet.pid
     record.started_at_boottime = boottime()
     record.save()
-    _wait("node Ready", _node_ready, 120, kubelet)
+    _wait("node Ready", _node_ready, timeout, kubelet)
 
 
 def _node_ready() -> bool:

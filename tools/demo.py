@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reporter pods on the real node {realnode.NODE_NAME} (under its kubelet):")
         selector = f"spec.nodeName={realnode.NODE_NAME}"
         print(_kubectl("get", "pods", "-A", "-o", "wide", "--field-selector", selector))
+        print("the reporters' Leases (held by a pod above):")
         print(_kubectl("get", "leases", "-A", "-o", "custom-columns="
                        "NAMESPACE:.metadata.namespace,LEASE:.metadata.name,"
                        "HOLDER:.spec.holderIdentity", "--field-selector",

@@ -129,7 +129,8 @@ def kwokctl_config() -> str:
     kwok manages only the fake nodes (by their annotation), never the real node; Services get
     a range of their own (kwok gives fake pods 10.0.0.0/24, the API server's default Service
     range too); the API server's certificate names the ``kubernetes`` Service's ClusterIP,
-    which is how pods reach it.
+    which is how pods reach it; the API server reaches a kubelet only by its InternalIP (the
+    real node's is blackholed on the host), never by resolving its name.
     """
     ((key, value),) = KWOK_NODE_ANNOTATION.items()
     return json.dumps(
@@ -141,7 +142,10 @@ def kwokctl_config() -> str:
                 {
                     "name": "kube-apiserver",
                     "extraArgs": [
-                        {"key": "service-cluster-ip-range", "value": realnode.SERVICE_CIDR}
+                        {"key": "service-cluster-ip-range", "value": realnode.SERVICE_CIDR},
+                        # Dial a kubelet (logs, exec) by its InternalIP, never by its name: a
+                        # name lookup would send a DNS query off the machine.
+                        {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
                     ],
                 },
                 {

@@ -550,6 +550,32 @@ def apiserver_has_service_san() -> bool:
     return ipaddress.ip_address(KUBERNETES_SERVICE_IP) in sans.get_values_for_type(x509.IPAddress)
 
 
+def _apiserver_args(port: int) -> list[str] | None:
+    """The command line of the kube-apiserver process serving ``port`` (None: not found)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if args and Path(args[0]).name == "kube-apiserver" and f"--secure-port={port}" in args:
+            return args
+    return None
+
+
+def cluster_problems(api_port: int) -> list[str]:
+    """What the running control plane lacks for the real node (see tools.cluster)."""
+    problems = []
+    if not apiserver_has_service_san():
+        problems.append(f"the API server's certificate does not name {KUBERNETES_SERVICE_IP}")
+    args = _apiserver_args(api_port) or []
+    if "--kubelet-preferred-address-types=InternalIP" not in args:
+        # Else `kubectl logs` of a pod here makes the API server look the node's name up.
+        problems.append("kube-apiserver runs without --kubelet-preferred-address-types=InternalIP")
+    return problems
+
+
 # --------------------------------------------------------------------------- start
 
 
@@ -633,12 +659,14 @@ def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Reco
         return record
     ensure_node_packages()
     toolchain.build_all(list(NODE_GROUPS))
-    if not apiserver_has_service_san():
-        raise RealNodeError(
-            f"the running cluster's API server certificate lacks {KUBERNETES_SERVICE_IP}: it "
-            "was started before the real-node support; restart it (`make cluster-stop`)"
-        )
     _, api_host, api_port = _kubelet_kubeconfig()
+    problems = cluster_problems(api_port)
+    if problems:
+        raise RealNodeError(
+            "the running cluster was started without what the real node needs ("
+            + "; ".join(problems)
+            + "); restart it (`make cluster-stop`)"
+        )
     if record is not None:
         # A node that is only partly alive (a killed run): its forwarder may hold the lock.
         cleanup(quiet=True)
@@ -860,11 +888,14 @@ def cleanup(quiet: bool = False) -> None:
         time.sleep(0.1)
     else:
         raise RealNodeError(f"processes of the node did not exit: {sorted(alive)}")
+    # Components this process started are its children: reap them, or their zombies keep
+    # the cgroups busy.
+    for pid in pids.values():
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
     for point in _node_mounts():
         _run(["umount", "-l", point], check=False)
-    for d in _cgroup_dirs():
-        with contextlib.suppress(FileNotFoundError):
-            d.rmdir()
+    _remove_cgroups()
     for ns in _node_netns():
         if ns.exists():
             _run(["ip", "netns", "del", ns.name], check=False)
@@ -880,6 +911,23 @@ def cleanup(quiet: bool = False) -> None:
         raise RealNodeError("teardown left: " + "; ".join(left))
     if not quiet:
         _log("removed (processes, mounts, cgroups, namespaces, routes, directories)")
+
+
+def _remove_cgroups(timeout: float = 10) -> None:
+    """rmdir the node's cgroups, deepest first, retrying while the kernel still counts exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = []
+        for d in _cgroup_dirs():
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                busy.append(f"{d}: {err.strerror}")
+        if not busy or time.monotonic() > deadline:
+            return  # what is left is reported by leftovers()
+        time.sleep(0.2)
 
 
 def _wait_gone(pids: set[int], timeout: float) -> None:

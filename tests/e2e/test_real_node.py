@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from pmem_components.manifests import bundle
 from pmem_components.manifests.crd import load_crd
@@ -266,6 +267,12 @@ def test_reporter_pods_under_the_kubelet_reach_all_conditions_true(
     assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
     code, metrics = _pod_get(pod, "/metrics")
     assert code == 200 and "pmem_csi_reporter_status_writes_total" in metrics
+    # No path from the API server to the kubelet: `kubectl logs` fails at the host's blackhole
+    # route for the node's address (the logs are in the kubelet's podLogsDir instead).
+    with pytest.raises(ApiException) as refused:
+        raw.request("GET", POD.path(drv.namespace, pod["metadata"]["name"]) + "/log").read()
+    assert f"{realnode.NODE_IP}:10250" in str(refused.value.body), refused.value
+    assert list(realnode.pod_log_dir().glob(f"{drv.namespace}_{pod['metadata']['name']}_*"))
 
 
 def _proc_field(status: str, name: str) -> list[str]:

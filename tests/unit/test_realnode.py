@@ -22,7 +22,11 @@ def test_kwok_manages_only_annotated_nodes_and_the_api_server_names_the_service_
         "manage-all-nodes": "false",
         "manage-nodes-with-annotation-selector": "kwok.x-k8s.io/node=fake",
     }
-    assert patches["kube-apiserver"] == {"service-cluster-ip-range": realnode.SERVICE_CIDR}
+    assert patches["kube-apiserver"] == {
+        "service-cluster-ip-range": realnode.SERVICE_CIDR,
+        # Never a lookup of the node's name (a DNS query off the machine) for logs or exec.
+        "kubelet-preferred-address-types": "InternalIP",
+    }
     # Every fake node carries the annotation kwok selects by; the real node does not.
     fake = cluster.node_manifest("n", {})
     assert fake["metadata"]["annotations"] == {"kwok.x-k8s.io/node": "fake"}

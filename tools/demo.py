@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         print(_kubectl("get", "leases", "-A", "-o", "custom-columns="
                        "NAMESPACE:.metadata.namespace,LEASE:.metadata.name,"
                        "HOLDER:.spec.holderIdentity", "--field-selector",
-                       "metadata.namespace!=kube-node-lease"))  # fmt: skip
+                       "metadata.namespace!=kube-node-lease,"
+                       "metadata.namespace!=kube-system"))  # fmt: skip
     else:
         try:
             import reporter.__main__  # noqa: F401

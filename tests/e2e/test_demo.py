@@ -66,8 +66,14 @@ def _assert_demo_reports_running(result: subprocess.CompletedProcess[str]) -> No
     # First the reporter's pods, Running and Ready under the real node's kubelet, and the
     # Lease held by one of them (identity <pod name>_<pid>, pid 1 in its container).
     assert lines[0] == f"reporter pods on the real node {realnode.NODE_NAME} (under its kubelet):"
-    header = lines[1].split()
-    pods = [dict(zip(header, line.split(), strict=False)) for line in lines[2:4]]
+    header = lines[1]
+
+    def column(row: str, name: str) -> str:  # kubectl's columns are aligned to the header
+        return row[header.index(f" {name} ") + 1 :].split()[0]
+
+    pods = [
+        {c: column(line, c) for c in ("NAME", "READY", "STATUS", "NODE")} for line in lines[2:4]
+    ]
     assert [(p["READY"], p["STATUS"], p["NODE"]) for p in pods] == [
         ("1/1", "Running", realnode.NODE_NAME)
     ] * 2, lines[:5]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import signal
 import subprocess
@@ -173,7 +174,9 @@ def test_guard_rules_are_in_place_before_the_first_pod_starts(node: realnode.Rec
     assert realnode.guard_problems() == []
     assert node.guarded_at_boottime is not None
     containerd_started = realnode.process_start_boottime(node.pids["containerd"])
-    assert node.guarded_at_boottime < containerd_started
+    # /proc gives the start in clock ticks (truncated): compare at that resolution.
+    hz = os.sysconf("SC_CLK_TCK")
+    assert math.floor(node.guarded_at_boottime * hz) <= round(containerd_started * hz)
     # The node's processes really are in the namespace (not the host's).
     host_ns = os.readlink("/proc/self/ns/net")
     for name in ("containerd", "kubelet"):

@@ -11,6 +11,7 @@ Usage: ``python -m tools.cluster start [--nodes N]``, ``python -m tools.cluster 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from tools import localenv, toolchain
+from tools import localenv, realnode, toolchain
 
 CLUSTER_NAME = "pmem-csi"
 PMEM_LABEL = {"storage": "pmem"}
@@ -122,8 +123,64 @@ def wait_nodes_ready(names: list[str], timeout: float = 60) -> None:
         time.sleep(0.5)
 
 
-def start(pmem_nodes: int = DEFAULT_PMEM_NODES, plain_nodes: int = DEFAULT_PLAIN_NODES) -> Path:
-    """Start the cluster (or reuse a running one) and return its kubeconfig path."""
+def kwokctl_config() -> str:
+    """kwokctl's configuration: what the real node (tools/realnode.py) needs of the cluster.
+
+    kwok manages only the fake nodes (by their annotation), never the real node; Services get
+    a range of their own (kwok gives fake pods 10.0.0.0/24, the API server's default Service
+    range too); the API server's certificate names the ``kubernetes`` Service's ClusterIP,
+    which is how pods reach it; the API server reaches a kubelet only by its InternalIP (the
+    real node's is blackholed on the host), never by resolving its name.
+    """
+    ((key, value),) = KWOK_NODE_ANNOTATION.items()
+    return json.dumps(
+        {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokctlConfiguration",
+            "options": {"kubeApiserverCertSANs": [realnode.KUBERNETES_SERVICE_IP]},
+            "componentsPatches": [
+                {
+                    "name": "kube-apiserver",
+                    "extraArgs": [
+                        {"key": "service-cluster-ip-range", "value": realnode.SERVICE_CIDR},
+                        # Dial a kubelet (logs, exec) by its InternalIP, never by its name: a
+                        # name lookup would send a DNS query off the machine.
+                        {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
+                    ],
+                },
+                {
+                    "name": "kwok-controller",
+                    "extraArgs": [
+                        {"key": "manage-all-nodes", "value": "false"},
+                        {"key": "manage-nodes-with-annotation-selector", "value": f"{key}={value}"},
+                    ],
+                },
+            ],
+        },
+        indent=1,
+    )
+
+
+def start(
+    pmem_nodes: int = DEFAULT_PMEM_NODES,
+    plain_nodes: int = DEFAULT_PLAIN_NODES,
+    real_node: bool = False,
+) -> Path:
+    """Start the cluster (or reuse a running one) and return its kubeconfig path.
+
+    ``real_node`` also joins the machine's one real node (tools/realnode.py) with the reporter
+    image (tools/image.py, built when missing) in its containerd.
+    """
+    kubeconfig = _start_control_plane(pmem_nodes, plain_nodes)
+    if real_node:
+        from tools import image
+
+        reporter = image.build()
+        realnode.start(images=[(reporter.archive, realnode.REPORTER_IMAGE_BASE)])
+    return kubeconfig
+
+
+def _start_control_plane(pmem_nodes: int, plain_nodes: int) -> Path:
     t0 = time.monotonic()
     toolchain.build_all(["kubernetes", "etcd", "kwok"])
     kubeconfig = localenv.kubeconfig_path()
@@ -133,9 +190,13 @@ def start(pmem_nodes: int = DEFAULT_PMEM_NODES, plain_nodes: int = DEFAULT_PLAIN
     stop(quiet=True)
     _log(f"starting control plane '{CLUSTER_NAME}' (state in {kwok_workdir()})")
     binary = toolchain.bin_path
+    config = localenv.state_dir() / "kwokctl.yaml"
+    config.write_text(kwokctl_config())
     result = _kwokctl(
         "create",
         "cluster",
+        "--config",
+        str(config),
         "--runtime",
         "binary",
         "--kube-authorization",
@@ -178,7 +239,16 @@ def start(pmem_nodes: int = DEFAULT_PMEM_NODES, plain_nodes: int = DEFAULT_PLAIN
 
 
 def stop(quiet: bool = False) -> None:
-    """Stop every component and remove the cluster's state (Pulumi state is kept)."""
+    """Stop every component and remove the cluster's state (Pulumi state is kept).
+
+    The real node goes first, when this state directory owns it; if its teardown finds
+    something it could not remove, the cluster is still stopped and the error raised after.
+    """
+    node_error: realnode.RealNodeError | None = None
+    try:
+        realnode.stop(quiet=quiet)
+    except realnode.RealNodeError as err:
+        node_error = err
     if (kwok_workdir() / "clusters" / CLUSTER_NAME).exists():
         try:
             _kwokctl("delete", "cluster", "--kubeconfig", str(localenv.kubeconfig_path()))
@@ -189,6 +259,8 @@ def stop(quiet: bool = False) -> None:
     localenv.kubeconfig_path().unlink(missing_ok=True)
     if not quiet:
         _log("stopped")
+    if node_error is not None:
+        raise node_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,11 +269,16 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("start", help="start the local cluster (builds missing tools)")
     s.add_argument("--nodes", type=int, default=DEFAULT_PMEM_NODES, help="fake PMEM nodes")
     s.add_argument("--plain-nodes", type=int, default=DEFAULT_PLAIN_NODES)
+    s.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also join the machine's one real node (containerd + kubelet; tools/realnode.py)",
+    )
     sub.add_parser("stop", help="stop the local cluster and remove its state")
     sub.add_parser("status", help="exit 0 when the local cluster answers")
     args = parser.parse_args(argv)
     if args.cmd == "start":
-        print(start(args.nodes, args.plain_nodes))
+        print(start(args.nodes, args.plain_nodes, real_node=args.real_node))
     elif args.cmd == "stop":
         stop()
     else:

@@ -3,13 +3,20 @@
 Steps: build missing tools, start the local cluster, run the Pulumi CLI as an administrator
 would (``pulumi stack select --create local``, ``pulumi up --yes`` with the CLI's own progress
 output; the program is ``__main__.py``, started by the stand-in language host next to the CLI),
-run the reporter against the cluster until it has written the status, then print
-``kubectl get deployments.pmem-csi.intel.com`` and the CR's status. Run it with ``make demo``;
-``make cluster-stop`` removes the cluster afterwards.
+then print ``kubectl get deployments.pmem-csi.intel.com`` and the CR's status.
+
+The reporter runs as the program writes it: its Deployment's pods run on the cluster's one real
+node (tools/realnode.py; containerd + kubelet, the reporter image from ``make image``), placed
+there by a ``patches`` entry added to the stack's config (:func:`realnode.reporter_patch`). The
+demo waits until those pods are Running and Ready and the CR has a status, and prints the pods
+and the Lease's holder. ``--no-real-node`` runs the reporter as a local process instead, until
+it has written the status. Run it with ``make demo``; ``make cluster-stop`` removes the cluster
+(and the real node) afterwards.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -19,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from tools import cluster, localenv, toolchain
+from tools import cluster, localenv, realnode, toolchain
 
 STACK = "local"
 CR_RESOURCE = "deployments.pmem-csi.intel.com"
@@ -72,8 +79,11 @@ def _pulumi(work_dir: Path, *args: str, capture: bool = False) -> str:
     return result.stdout if capture else ""
 
 
-def deploy() -> list[str]:
-    """`pulumi up` the local stack with the CLI; return the names of the Deployment CRs."""
+def deploy(real_node: bool = False) -> list[str]:
+    """`pulumi up` the local stack with the CLI; return the names of the Deployment CRs.
+
+    ``real_node`` adds :func:`realnode.reporter_patch` to each deployment's ``patches``.
+    """
     from tools import pulumi_stack
 
     localenv.apply_pulumi_env()
@@ -81,6 +91,9 @@ def deploy() -> list[str]:
     _pulumi(work_dir, "stack", "select", "--create", STACK)
     settings = yaml.safe_load((toolchain.PROJECT_DIR / f"Pulumi.{STACK}.yaml").read_text())
     # The committed config, keeping the salt `stack select --create` wrote into the copy.
+    if real_node:
+        for dep in settings["config"].get("pmem-csi:deployments") or []:
+            dep["patches"] = [*(dep.get("patches") or []), realnode.reporter_patch()]
     pulumi_stack.write_stack_config(work_dir, STACK, settings["config"])
     # --refresh: after `make cluster-stop` the state still lists objects of the old cluster.
     _pulumi(work_dir, "up", "--yes", "--refresh", "--stack", STACK)
@@ -119,18 +132,68 @@ def run_reporter(names: list[str], timeout: float = 90) -> None:
         proc.wait(timeout=15)
 
 
-def main() -> int:
+def _node_pods() -> list[dict]:
+    selector = f"spec.nodeName={realnode.NODE_NAME}"
+    return json.loads(_kubectl("get", "pods", "-A", "--field-selector", selector, "-o", "json"))[
+        "items"
+    ]
+
+
+def _pod_ready(pod: dict) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return pod.get("status", {}).get("phase") == "Running" and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conditions
+    )
+
+
+def wait_reporter_pods(names: list[str], timeout: float = 300) -> None:
+    """Wait until the reporter's pods on the real node are Ready and every CR has a phase."""
+    _log(f"waiting for the reporter's pods on {realnode.NODE_NAME} and the CRs' status")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pods = _node_pods()
+        items = json.loads(_kubectl("get", CR_RESOURCE, "-o", "json"))["items"]
+        if (
+            pods
+            and all(_pod_ready(p) for p in pods)
+            and items
+            and all(i.get("status", {}).get("phase") for i in items)
+        ):
+            return
+        time.sleep(1)
+    _log(f"not there within {timeout:.0f}s; the pods' logs are in {realnode.pod_log_dir()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.demo", description=__doc__)
+    parser.add_argument(
+        "--no-real-node", action="store_true", help="run the reporter as a local process"
+    )
+    args = parser.parse_args(argv)
+    real_node = not args.no_real_node
     t0 = time.monotonic()
     toolchain.build_all()
-    cluster.start()
-    names = deploy()
+    cluster.start(real_node=real_node)
+    names = deploy(real_node=real_node)
     missing = []
-    try:
-        import reporter.__main__  # noqa: F401
-    except ImportError as err:
-        missing.append(f"reporter ({err})")
-    if not missing:
-        run_reporter(names)
+    if real_node:
+        wait_reporter_pods(names)
+        print(f"reporter pods on the real node {realnode.NODE_NAME} (under its kubelet):")
+        selector = f"spec.nodeName={realnode.NODE_NAME}"
+        print(_kubectl("get", "pods", "-A", "-o", "wide", "--field-selector", selector))
+        print("the reporters' Leases (held by a pod above):")
+        print(_kubectl("get", "leases", "-A", "-o", "custom-columns="
+                       "NAMESPACE:.metadata.namespace,LEASE:.metadata.name,"
+                       "HOLDER:.spec.holderIdentity", "--field-selector",
+                       "metadata.namespace!=kube-node-lease,"
+                       "metadata.namespace!=kube-system"))  # fmt: skip
+    else:
+        try:
+            import reporter.__main__  # noqa: F401
+        except ImportError as err:
+            missing.append(f"reporter ({err})")
+        if not missing:
+            run_reporter(names)
     print(_kubectl("get", CR_RESOURCE))
     for name in names:
         cr = json.loads(_kubectl("get", CR_RESOURCE, name, "-o", "json"))

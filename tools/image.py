@@ -311,9 +311,22 @@ def ensure_host_tools(names: Sequence[str] = tuple(HOST_PACKAGES)) -> None:
             f"missing host tools {', '.join(missing)}: install the Debian packages "
             f"({' '.join(missing)}) as root"
         )
-    _log(f"installing {' '.join(missing)} with apt-get")
+    apt_install(missing)
+    still = [n for n in names if shutil.which(n) is None]
+    if still:
+        raise ImageError(f"apt-get installed {' '.join(missing)} but {', '.join(still)} not found")
+
+
+def apt_install(packages: Sequence[str]) -> None:
+    """``apt-get install`` Debian packages (updating the package lists once if needed).
+
+    Also used by tools/realnode.py for runc, the CNI plugins and nft.
+    """
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise ImageError(f"install the Debian packages {' '.join(packages)} as root")
+    _log(f"installing {' '.join(packages)} with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", *missing]
+    install = ["apt-get", "install", "-y", "-q", *packages]
 
     def apt(cmd: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -325,9 +338,6 @@ def ensure_host_tools(names: Sequence[str] = tuple(HOST_PACKAGES)) -> None:
             if done.returncode != 0:
                 tail = "\n".join((done.stdout + done.stderr).splitlines()[-10:])
                 raise ImageError(f"{' '.join(cmd)} failed ({done.returncode}):\n{tail}")
-    still = [n for n in names if shutil.which(n) is None]
-    if still:
-        raise ImageError(f"apt-get installed {' '.join(missing)} but {', '.join(still)} not found")
 
 
 # --------------------------------------------------------------------------- helpers

@@ -14,11 +14,13 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +37,7 @@ ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
 PULUMI_VERSION = "v3.260.0"
 PULUMI_KUBERNETES_VERSION = "v4.25.0"
+CONTAINERD_VERSION = "v2.4.2"
 
 # Bumped when this file changes how a group is built, so old cache entries are not reused.
 _RECIPE_REVISION = "1"
@@ -142,6 +145,8 @@ class Group:
     finish: Callable[[Path, Path], None] | None = None
     # Runs after every build() call, cached or not; not part of key() (see LANGUAGE_HOST_FILES).
     install: Callable[[Path], None] | None = None
+    # Tags added to ``tags`` for single binaries (containerd's shim wants ``no_grpc``).
+    binary_tags: dict[str, str] = field(default_factory=dict)
 
     @property
     def dir(self) -> Path:
@@ -154,7 +159,10 @@ class Group:
             if path.suffix in {".mod", ".sum", ".go"}:
                 h.update(path.name.encode())
                 h.update(path.read_bytes())
-        h.update(json.dumps([self.packages, self.ldflags, self.tags, _RECIPE_REVISION]).encode())
+        recipe: list[object] = [self.packages, self.ldflags, self.tags, _RECIPE_REVISION]
+        if self.binary_tags:  # only when set, so the older groups keep their cache entries
+            recipe.append(self.binary_tags)
+        h.update(json.dumps(recipe).encode())
         h.update(_go_version().encode())
         return h.hexdigest()[:16]
 
@@ -165,7 +173,70 @@ class Group:
         return (self.install_dir() / ".complete").exists()
 
 
+# The pod sandbox image of the real node (tools/realnode.py): the pause binary alone, as an OCI
+# archive next to it in the pause group's bin directory, imported into the node's containerd.
+PAUSE_IMAGE_ARCHIVE = "pause.oci.tar"
+PAUSE_IMAGE_TAG = "latest"
+# Fixed timestamp, so the archive (and its digest) depends only on the binary.
+_PAUSE_EPOCH = 1767225600
+
+
+def _blob(layout: tarfile.TarFile, data: bytes) -> dict[str, object]:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    _tar_add(layout, f"blobs/sha256/{digest.split(':')[1]}", data, 0o644)
+    return {"digest": digest, "size": len(data)}
+
+
+def _tar_add(archive: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), mode, _PAUSE_EPOCH
+    archive.addfile(info, io.BytesIO(data))
+
+
+def _write_pause_image(group_dir: Path, bin_dir: Path) -> None:
+    """Wrap the pause binary in a one-layer OCI image archive (no registry is reachable here)."""
+    layer_buf = io.BytesIO()
+    with tarfile.open(fileobj=layer_buf, mode="w", format=tarfile.USTAR_FORMAT) as layer:
+        _tar_add(layer, "pause", (bin_dir / "pause").read_bytes(), 0o755)
+    layer_bytes = layer_buf.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Entrypoint": ["/pause"], "User": "65535:65535"},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    }
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as layout:
+        layer_desc = _blob(layout, layer_bytes)
+        config_desc = _blob(layout, json.dumps(config, sort_keys=True).encode())
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_desc}],
+        }
+        manifest_desc = _blob(layout, json.dumps(manifest, sort_keys=True).encode())
+        index = {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    **manifest_desc,
+                    "annotations": {"org.opencontainers.image.ref.name": PAUSE_IMAGE_TAG},
+                }
+            ],
+        }
+        _tar_add(layout, "oci-layout", b'{"imageLayoutVersion":"1.0.0"}', 0o644)
+        _tar_add(layout, "index.json", json.dumps(index, sort_keys=True).encode(), 0o644)
+    (bin_dir / PAUSE_IMAGE_ARCHIVE).write_bytes(out.getvalue())
+
+
 _K8S = "k8s.io/kubernetes/cmd"
+_K8S_VERSION_LDFLAGS = _version_ldflags(
+    "k8s.io/component-base/version", KUBERNETES_VERSION
+) + _version_ldflags("k8s.io/client-go/pkg/version", KUBERNETES_VERSION)
+_CONTAINERD = "github.com/containerd/containerd/v2"
 GROUPS: dict[str, Group] = {
     g.name: g
     for g in [
@@ -177,8 +248,7 @@ GROUPS: dict[str, Group] = {
                 "kube-scheduler": f"{_K8S}/kube-scheduler",
                 "kubectl": f"{_K8S}/kubectl",
             },
-            ldflags=_version_ldflags("k8s.io/component-base/version", KUBERNETES_VERSION)
-            + _version_ldflags("k8s.io/client-go/pkg/version", KUBERNETES_VERSION),
+            ldflags=_K8S_VERSION_LDFLAGS,
         ),
         Group("etcd", {"etcd": "go.etcd.io/etcd/server/v3"}),
         Group(
@@ -204,6 +274,25 @@ GROUPS: dict[str, Group] = {
             ],
             prepare=_prepare_provider,
         ),
+        # The one real node beside the kwok nodes (tools/realnode.py). Own wrapper modules, so
+        # adding them left the control plane's cache key (tools/kubernetes) unchanged.
+        Group(
+            "kubelet",
+            {"kubelet": f"{_K8S}/kubelet", "kube-proxy": f"{_K8S}/kube-proxy"},
+            ldflags=_K8S_VERSION_LDFLAGS,
+        ),
+        Group(
+            "containerd",
+            {
+                "containerd": f"{_CONTAINERD}/cmd/containerd",
+                "ctr": f"{_CONTAINERD}/cmd/ctr",
+                "containerd-shim-runc-v2": f"{_CONTAINERD}/cmd/containerd-shim-runc-v2",
+            },
+            ldflags=[f"-X {_CONTAINERD}/version.Version={CONTAINERD_VERSION}"],
+            tags="urfave_cli_no_docs,osusergo,netgo,static_build,no_btrfs",
+            binary_tags={"containerd-shim-runc-v2": "no_grpc"},
+        ),
+        Group("pause", {"pause": "."}, finish=_write_pause_image),
     ]
 }
 
@@ -286,8 +375,9 @@ def _build_locked(group: Group, final: Path) -> Path:
                 cmd += ["-ldflags", " ".join(["-s", "-w", *group.ldflags])]
             else:
                 cmd += ["-ldflags", "-s -w"]
-            if group.tags:
-                cmd += ["-tags", group.tags]
+            tags = ",".join(t for t in (group.tags, group.binary_tags.get(binary, "")) if t)
+            if tags:
+                cmd += ["-tags", tags]
             cmd.append(pkg)
             t0 = time.monotonic()
             subprocess.run(cmd, cwd=group.dir, env=go_env(), check=True)
@@ -310,9 +400,13 @@ def build_all(names: list[str] | None = None) -> dict[str, Path]:
 def bin_path(binary: str) -> Path:
     """Absolute path of a built binary; raises with a clear message if it is not built."""
     for group in GROUPS.values():
-        if binary in group.packages or (
-            group.name == "pulumi"
-            and (binary == "pulumi-resource-pulumi-python" or binary in LANGUAGE_HOST_FILES)
+        if (
+            binary in group.packages
+            or (
+                group.name == "pulumi"
+                and (binary == "pulumi-resource-pulumi-python" or binary in LANGUAGE_HOST_FILES)
+            )
+            or (group.name == "pause" and binary == PAUSE_IMAGE_ARCHIVE)
         ):
             path = group.install_dir() / "bin" / binary
             if not group.is_built():

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tools import localenv, toolchain
+from tools import localenv, realnode, toolchain
 
 # The demo twice and a nested session that starts a cluster of its own.
 pytestmark = pytest.mark.timeout(2400)
@@ -63,6 +63,26 @@ def _assert_demo_reports_running(result: subprocess.CompletedProcess[str]) -> No
     assert "Updating (local):" in result.stderr, result.stderr[-4000:]
     assert "Traceback" not in result.stderr, result.stderr[-4000:]
     lines = result.stdout.splitlines()
+    # First the reporter's pods, Running and Ready under the real node's kubelet, and the
+    # Lease held by one of them (identity <pod name>_<pid>, pid 1 in its container).
+    assert lines[0] == f"reporter pods on the real node {realnode.NODE_NAME} (under its kubelet):"
+    header = lines[1]
+
+    def column(row: str, name: str) -> str:  # kubectl's columns are aligned to the header
+        return row[header.index(f" {name} ") + 1 :].split()[0]
+
+    pods = [
+        {c: column(line, c) for c in ("NAME", "READY", "STATUS", "NODE")} for line in lines[2:4]
+    ]
+    assert [(p["READY"], p["STATUS"], p["NODE"]) for p in pods] == [
+        ("1/1", "Running", realnode.NODE_NAME)
+    ] * 2, lines[:5]
+    assert all("reporter" in p["NAME"] for p in pods)
+    leases = lines[lines.index("the reporters' Leases (held by a pod above):") + 2 :]
+    holders = {line.split()[1]: line.split()[-1] for line in leases[: leases.index("")]}
+    holder = holders["pmem-csi-intel-com-reporter"]
+    assert holder.rsplit("_", 1)[0] in {p["NAME"] for p in pods}, lines
+    lines = lines[lines.index(next(x for x in lines if x.startswith("NAME "))) :]
     assert lines[0].split() == ["NAME", "DEVICEMODE", "NODESELECTOR", "IMAGE", "STATUS", "AGE"]
     row = lines[1].split()
     assert row[:5] == [

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import re
+import tarfile
 from pathlib import Path
 
 from tools import toolchain
@@ -63,3 +67,63 @@ def test_cache_key_changes_when_a_pin_changes(tmp_path: Path, monkeypatch) -> No
 def test_cache_lives_outside_the_work_tree(monkeypatch) -> None:
     monkeypatch.delenv("PMEM_CSI_TOOLS_CACHE", raising=False)
     assert toolchain.PROJECT_DIR not in toolchain.cache_root().parents
+
+
+def test_node_binaries_use_the_control_planes_kubernetes_and_containerd_is_pinned() -> None:
+    assert _require("kubelet", "k8s.io/kubernetes") == toolchain.KUBERNETES_VERSION
+    staging = toolchain.KUBERNETES_VERSION.replace("v1.", "v0.")
+    replaced = re.findall(r"=> \S+ (v\S+)", (TOOLS / "kubelet" / "go.mod").read_text())
+    assert replaced and set(replaced) == {staging}
+    assert toolchain.GROUPS["kubelet"].ldflags == toolchain.GROUPS["kubernetes"].ldflags
+    assert (
+        _require("containerd", "github.com/containerd/containerd/v2")
+        == toolchain.CONTAINERD_VERSION
+    )
+
+
+def test_per_binary_tags_are_part_of_the_key_only_when_set(tmp_path: Path, monkeypatch) -> None:
+    """Groups without ``binary_tags`` keep the key (and cache entry) they had before it."""
+    group_dir = tmp_path / "demo"
+    group_dir.mkdir()
+    (group_dir / "go.mod").write_text("module x\n")
+    monkeypatch.setattr(toolchain, "TOOLS_DIR", tmp_path)
+    plain = toolchain.Group("demo", {"x": "."})
+    h = hashlib.sha256()
+    h.update(b"go.mod")
+    h.update(b"module x\n")
+    h.update(json.dumps([{"x": "."}, [], "", toolchain._RECIPE_REVISION]).encode())
+    h.update(toolchain._go_version().encode())
+    assert plain.key() == h.hexdigest()[:16]
+    assert toolchain.Group("demo", {"x": "."}, binary_tags={"x": "no_grpc"}).key() != plain.key()
+
+
+def test_pause_image_archive_is_one_layer_holding_the_binary(tmp_path: Path) -> None:
+    (tmp_path / "pause").write_bytes(b"\x7fELF fake")
+    toolchain._write_pause_image(tmp_path, tmp_path)
+    archive = tmp_path / toolchain.PAUSE_IMAGE_ARCHIVE
+    with tarfile.open(archive) as tar:
+        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    index = json.loads(files["index.json"])
+    (desc,) = index["manifests"]
+    assert desc["annotations"]["org.opencontainers.image.ref.name"] == toolchain.PAUSE_IMAGE_TAG
+
+    def blob(d: dict) -> bytes:
+        data = files[f"blobs/sha256/{d['digest'].split(':')[1]}"]
+        assert hashlib.sha256(data).hexdigest() == d["digest"].split(":")[1]
+        assert len(data) == d["size"]
+        return data
+
+    manifest = json.loads(blob(desc))
+    config = json.loads(blob(manifest["config"]))
+    (layer_desc,) = manifest["layers"]
+    layer = blob(layer_desc)
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+    assert config["config"]["Entrypoint"] == ["/pause"]
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        (member,) = tar.getmembers()
+        assert member.name == "pause" and member.mode == 0o755
+        assert tar.extractfile(member).read() == b"\x7fELF fake"
+    # Reproducible: the same binary gives the same archive.
+    first = archive.read_bytes()
+    toolchain._write_pause_image(tmp_path, tmp_path)
+    assert archive.read_bytes() == first

@@ -1,0 +1,533 @@
+"""The reporter Deployment run by a real kubelet on the local cluster's one real node.
+
+kwok's pods run no process; here the reporter's Deployment, exactly as the builders write it
+(the program registers the same dicts) and placed by the product's own ``patches`` setting
+(:func:`tools.realnode.reporter_patch`), runs as pods of a real kubelet with containerd and
+runc (tools/realnode.py): its probes, projected ServiceAccount token, memory limit as a
+cgroup, restarts and Lease hand-over are the kubelet's and the kernel's, not imitations.
+
+The node lives in a network namespace of its own; the tests read pod state from the API
+server, the pods' endpoints from inside that namespace (:func:`realnode.node_http_get`), and
+processes from the host (containerd's task PIDs).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from pmem_components.manifests import bundle
+from pmem_components.manifests.crd import load_crd
+from pmem_components.patches import PatchEntry
+from reporter.kubeapi import RawApi, Resource
+from reporter.leader import LEASE
+from tests.e2e.reporter_helpers import (
+    APPS_DEPLOYMENT,
+    AS_PULUMI,
+    CR_RESOURCE,
+    CRD_RESOURCE,
+    Driver,
+    condition,
+    delete_object,
+    deploy_driver,
+    driver_config,
+    ensure_crd,
+)
+from tests.e2e.waiting import wait_for
+from tools import image as image_tool
+from tools import realnode
+
+IN_CI = any(
+    os.environ.get(var, "").lower() in {"1", "true", "yes"}
+    for var in ("CI", "PMEM_CSI_REQUIRE_CLUSTER")
+)
+REPORTER_IMAGE = f"{realnode.REPORTER_IMAGE_BASE}:{image_tool.TAG}"
+CONDITIONS = ("CertsReady", "CertsVerified", "DriverDeployed")
+POD = Resource("Pod", "v1", "pods", True)
+SERVICE = Resource("Service", "v1", "services", True)
+# Pod start (the image is local) plus the reporter's start, list and first write, on a machine
+# whose two cores are shared.
+READY_TIMEOUT = 240.0
+# Lease duration 10 s plus a retry period (README, "leader election").
+TAKEOVER_TIMEOUT = 60.0
+# Three failed liveness probes, 10 s apart, 3 s timeout each; then the kubelet's restart.
+LIVENESS_TIMEOUT = 120.0
+
+
+def _unavailable(reason: str) -> None:
+    if IN_CI:
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def node(local_cluster: Path) -> Iterator[realnode.Record]:
+    """The real node, with the reporter image (``make image``) in its containerd."""
+    if os.geteuid() != 0:
+        _unavailable("the real node needs root (network namespace, cgroups, mounts)")
+    built = image_tool.build()
+    record = realnode.start(images=[(built.archive, realnode.REPORTER_IMAGE_BASE)])
+    try:
+        yield record
+    finally:
+        realnode.stop()
+
+
+@pytest.fixture
+def deploy(raw: RawApi, crd: None, node: realnode.Record, driver_certs: Any) -> Iterator[Callable]:
+    """Factory: a driver (kwok) plus its reporter Deployment (real node); removed after."""
+    made: list[Driver] = []
+
+    def make(extra_patches: tuple[dict[str, Any], ...] = ()) -> tuple[Driver, dict[str, Any]]:
+        suffix = uuid.uuid4().hex[:6]
+        cfg = driver_config(f"rn-{suffix}.pmem-csi.intel.com", f"rn-{suffix}", REPORTER_IMAGE)
+        drv = deploy_driver(raw, cfg, driver_certs)
+        made.append(drv)
+        (dep,) = [o for o in bundle.reporter_objects(cfg) if o["kind"] == "Deployment"]
+        for i, patch in enumerate((realnode.reporter_patch(), *extra_patches)):
+            dep = PatchEntry.from_config(patch, f"patches[{i}]").apply(dep)
+        raw.create(APPS_DEPLOYMENT, dep, cfg.namespace, field_manager=AS_PULUMI)
+        return drv, dep
+
+    yield make
+    for drv in made:
+        for pod in drv.pods(_selector(drv)):
+            _print_pod_log(pod)
+        drv.delete()
+
+
+def _selector(drv: Driver) -> str:
+    (dep,) = [o for o in bundle.reporter_objects(drv.cfg) if o["kind"] == "Deployment"]
+    return ",".join(f"{k}={v}" for k, v in dep["spec"]["selector"]["matchLabels"].items())
+
+
+def _print_pod_log(pod: dict[str, Any]) -> None:
+    meta = pod["metadata"]
+    logs = realnode.pod_log_dir() / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+    for log in sorted(logs.rglob("*.log")) if logs.exists() else []:
+        print(f"===== {log.relative_to(realnode.pod_log_dir())} =====")
+        print(log.read_text(errors="replace")[-8000:])
+
+
+def _ready(pod: dict[str, Any]) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def _container(pod: dict[str, Any]) -> dict[str, Any]:
+    (status,) = (pod.get("status") or {}).get("containerStatuses") or [{}]
+    return status
+
+
+def _ready_pods(drv: Driver, count: int) -> list[dict[str, Any]]:
+    pods = drv.pods(_selector(drv))
+    running = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    if len(running) == count and all(_ready(p) for p in running):
+        return running
+    raise AssertionError(
+        [(p["metadata"]["name"], p["status"].get("phase"), _container(p).get("state"))
+         for p in pods]
+    )  # fmt: skip
+
+
+def _all_true(drv: Driver) -> dict[str, Any]:
+    status = drv.status()
+    conds = {c: condition(status, c).get("status") for c in CONDITIONS}
+    if status.get("phase") == "Running" and set(conds.values()) == {"True"}:
+        return status
+    raise AssertionError(f"phase={status.get('phase')!r} {conds}")
+
+
+def _holder(raw: RawApi, drv: Driver) -> str:
+    lease = raw.get(LEASE, drv.names.reporter, drv.namespace) or {}
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+def _pid(pod: dict[str, Any]) -> int:
+    return realnode.task_pid(_container(pod)["containerID"])
+
+
+def _pod_get(pod: dict[str, Any], path: str) -> tuple[int, str]:
+    return realnode.node_http_get(pod["status"]["podIP"], 8080, path)
+
+
+# --------------------------------------------------------------------------- isolation
+
+
+def test_guard_rules_are_in_place_before_the_first_pod_starts(node: realnode.Record) -> None:
+    """The namespace, blackhole routes and nftables drops exist, and existed before containerd.
+
+    containerd creates every pod sandbox, so a guard verified before containerd's process
+    started was in place before any pod got an address.
+    """
+    assert realnode.guard_problems() == []
+    assert node.guarded_at_boottime is not None
+    containerd_started = realnode.process_start_boottime(node.pids["containerd"])
+    # /proc gives the start in clock ticks (truncated): compare at that resolution.
+    hz = os.sysconf("SC_CLK_TCK")
+    assert math.floor(node.guarded_at_boottime * hz) <= round(containerd_started * hz)
+    # The node's processes really are in the namespace (not the host's).
+    host_ns = os.readlink("/proc/self/ns/net")
+    for name in ("containerd", "kubelet"):
+        assert os.readlink(f"/proc/{node.pids[name]}/ns/net") != host_ns, name
+    assert os.readlink(f"/proc/{node.pids['kubelet']}/ns/net") == os.readlink(
+        f"/proc/{node.pids['containerd']}/ns/net"
+    )
+
+
+def test_one_real_node_per_machine_a_second_checkout_is_refused(
+    node: realnode.Record, tmp_path: Path
+) -> None:
+    import fcntl
+    import sys
+
+    # The lock is held (by the forwarder) for as long as the node lives.
+    with open(realnode.LOCK_FILE) as held, pytest.raises(BlockingIOError):
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    other = subprocess.run(
+        [sys.executable, "-m", "tools.realnode", "start"],
+        cwd=realnode.toolchain.PROJECT_DIR,
+        env={**os.environ, "PMEM_CSI_STATE_DIR": str(tmp_path / "other-checkout")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert other.returncode != 0
+    assert f"belongs to {node.state_dir}" in other.stderr, other.stderr[-2000:]
+    assert realnode.is_running() and realnode.guard_problems() == []
+
+
+# --------------------------------------------------------------------------- the reporter
+
+
+def test_reporter_pods_under_the_kubelet_reach_all_conditions_true(
+    deploy: Callable, raw: RawApi
+) -> None:
+    drv, dep = deploy()
+    pods = wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "two reporter pods Ready")
+    status = wait_for(lambda: _all_true(drv), READY_TIMEOUT, "all conditions True")
+    assert status["phase"] == "Running"
+    names = {p["metadata"]["name"] for p in pods}
+    assert {p["spec"]["nodeName"] for p in pods} == {realnode.NODE_NAME}
+    # The Lease is held by one of the pods (identity <hostname>_<pid>; hostname = pod name).
+    holder = wait_for(lambda: _holder(raw, drv), 60, "a Lease holder")
+    assert holder.rsplit("_", 1)[0] in names
+    # The driver's own pods stay on the kwok nodes.
+    others = [p for p in drv.pods() if p["metadata"]["name"] not in names]
+    assert others and all(p["spec"]["nodeName"] != realnode.NODE_NAME for p in others)
+    pod = pods[0]
+    pid = _pid(pod)
+    # The image that runs is the one `make image` built (CRI's image ID: its config digest).
+    assert _container(pod)["imageID"] == _config_digest(image_tool.build())
+    # Served on the pod's address, reached from the node's namespace.
+    assert _pod_get(pod, "/healthz")[0] == 200 and _pod_get(pod, "/readyz")[0] == 200
+    # The pod's own namespace routes nothing but the pod range and the Services.
+    routes = json.loads(
+        subprocess.run(
+            ["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "-j", "route", "show"],
+            check=True, capture_output=True, text=True,
+        ).stdout
+    )  # fmt: skip
+    assert sorted(r["dst"] for r in routes) == sorted([realnode.POD_CIDR, realnode.SERVICE_CIDR])
+    # The memory limit is the container's cgroup's.
+    limit = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
+    assert limit == "256Mi" and _memory_limit(pid) == 256 * 2**20
+    # The credentials are the projected token of the pod's ServiceAccount, bound to the pod.
+    token = Path(f"/proc/{pid}/root/var/run/secrets/kubernetes.io/serviceaccount/token")
+    claims = _jwt_claims(token.read_text())
+    assert claims["sub"] == f"system:serviceaccount:{drv.namespace}:{drv.names.reporter}"
+    assert claims["kubernetes.io"]["pod"]["name"] == pod["metadata"]["name"]
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert f"KUBERNETES_SERVICE_HOST={realnode.KUBERNETES_SERVICE_IP}".encode() in environ
+    assert not any(e.startswith(b"KUBECONFIG=") for e in environ)
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    assert "--kubeconfig" not in container["args"]
+    # The Deployment's securityContext, as the kernel applies it to the process.
+    psc = dep["spec"]["template"]["spec"]["securityContext"]
+    proc_status = Path(f"/proc/{pid}/status").read_text()
+    assert set(map(int, _proc_field(proc_status, "Uid"))) == {psc["runAsUser"]}
+    assert set(map(int, _proc_field(proc_status, "Gid"))) == {psc["runAsGroup"]}
+    assert _proc_field(proc_status, "CapBnd") == ["0" * 16]  # capabilities: drop: [ALL]
+    assert _proc_field(proc_status, "NoNewPrivs") == ["1"]  # allowPrivilegeEscalation: false
+    assert _proc_field(proc_status, "Seccomp") == ["2"]  # seccompProfile: RuntimeDefault
+    # readOnlyRootFilesystem: the container's / is mounted read-only, and so is its token.
+    mounts = {m.split()[4]: m.split()[5].split(",") for m in
+              Path(f"/proc/{pid}/mountinfo").read_text().splitlines()}  # fmt: skip
+    assert "ro" in mounts["/"]
+    assert "ro" in mounts["/var/run/secrets/kubernetes.io/serviceaccount"]
+    # Its own network namespace, not the node's.
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    code, metrics = _pod_get(pod, "/metrics")
+    assert code == 200 and "pmem_csi_reporter_status_writes_total" in metrics
+    # No path from the API server to the kubelet: `kubectl logs` fails at the host's blackhole
+    # route for the node's address (the logs are in the kubelet's podLogsDir instead).
+    with pytest.raises(ApiException) as refused:
+        raw.request("GET", POD.path(drv.namespace, pod["metadata"]["name"]) + "/log").read()
+    assert f"{realnode.NODE_IP}:10250" in str(refused.value.body), refused.value
+    assert list(realnode.pod_log_dir().glob(f"{drv.namespace}_{pod['metadata']['name']}_*"))
+
+
+def _proc_field(status: str, name: str) -> list[str]:
+    (line,) = [x for x in status.splitlines() if x.startswith(f"{name}:")]
+    return line.split()[1:]
+
+
+def _config_digest(built: image_tool.BuiltImage) -> str:
+    algo, digest = built.digest.split(":")
+    manifest = json.loads((built.layout / "blobs" / algo / digest).read_text())
+    return str(manifest["config"]["digest"])
+
+
+def _memory_limit(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            limit = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"
+            return int(limit.read_text())
+    raise AssertionError(f"no memory cgroup for {pid}")
+
+
+def _jwt_claims(token: str) -> dict[str, Any]:
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def test_readiness_fails_while_the_crd_is_missing_and_the_pods_are_not_restarted(
+    deploy: Callable, raw: RawApi
+) -> None:
+    drv, _ = deploy()
+    pods = wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "two reporter pods Ready")
+    restarts = {p["metadata"]["name"]: _container(p)["restartCount"] for p in pods}
+    crd_name = load_crd()["metadata"]["name"]
+    cr = drv.cr()
+    raw.request("DELETE", CRD_RESOURCE.path(None, crd_name)).read()
+    try:
+
+        def not_ready() -> list[dict[str, Any]]:
+            now = drv.pods(_selector(drv))
+            return [p for p in now if not _ready(p)] if len(now) == 2 else []
+
+        unready = wait_for(lambda: len(not_ready()) == 2 and not_ready(), 90, "pods not Ready")
+        for pod in unready:
+            assert _pod_get(pod, "/readyz")[0] == 503
+            assert _pod_get(pod, "/healthz")[0] == 200
+            assert _container(pod)["restartCount"] == restarts[pod["metadata"]["name"]]
+            assert pod["status"]["phase"] == "Running"
+    finally:
+        wait_for(lambda: raw.get(CRD_RESOURCE, crd_name) is None, 60, "the CRD gone")
+        ensure_crd(raw)
+    # The CR went with its CRD; the administrator's `pulumi up --refresh` would make it again.
+    cr.pop("status", None)
+    meta = cr["metadata"]
+    cr["metadata"] = {k: meta[k] for k in ("name", "labels", "annotations") if meta.get(k)}
+    raw.create(CR_RESOURCE, cr, field_manager=AS_PULUMI)
+    again = wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "Ready again")
+    assert {p["metadata"]["name"]: _container(p)["restartCount"] for p in again} == restarts
+
+
+def test_liveness_probe_restarts_a_frozen_reporter(deploy: Callable) -> None:
+    drv, _ = deploy()
+    pods = wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "two reporter pods Ready")
+    pod = pods[0]
+    name, before = pod["metadata"]["name"], _container(pod)["restartCount"]
+    pid = _pid(pod)
+    os.kill(pid, signal.SIGSTOP)  # /healthz no longer answers: the probe times out
+
+    def restarted() -> dict[str, Any]:
+        (now,) = [p for p in drv.pods(_selector(drv)) if p["metadata"]["name"] == name]
+        status = _container(now)
+        if status["restartCount"] > before and status.get("lastState", {}).get("terminated"):
+            return now
+        raise AssertionError(status)
+
+    now = wait_for(restarted, LIVENESS_TIMEOUT, "the kubelet restarting the frozen container")
+    assert not Path(f"/proc/{pid}").exists()
+    wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "the restarted pod Ready again")
+    assert _pid(now) != pid
+
+
+def test_a_deleted_leader_pod_hands_the_lease_to_the_other_replica(
+    deploy: Callable, raw: RawApi
+) -> None:
+    drv, _ = deploy()
+    pods = wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "two reporter pods Ready")
+    names = {p["metadata"]["name"] for p in pods}
+    leader = wait_for(lambda: _holder(raw, drv).rsplit("_", 1)[0] in names and _holder(raw, drv),
+                      60, "a pod holding the Lease").rsplit("_", 1)[0]  # fmt: skip
+    (other,) = names - {leader}
+    raw.request("DELETE", POD.path(drv.namespace, leader)).read()
+    wait_for(
+        lambda: _holder(raw, drv).rsplit("_", 1)[0] == other,
+        TAKEOVER_TIMEOUT,
+        f"{other} holding the Lease after {leader} was deleted",
+    )
+    # The new leader writes: a change made now shows in the status.
+    delete_object(raw, SERVICE, drv.names.metrics_service, drv.namespace)
+
+    def deployed_false() -> dict[str, Any]:
+        cond = condition(drv.status(), "DriverDeployed")
+        return cond if cond.get("status") == "False" else {}
+
+    cond = wait_for(deployed_false, READY_TIMEOUT, "DriverDeployed False from the new leader")
+    assert f"Service/{drv.names.metrics_service}" in cond["message"], cond
+
+
+def test_scaled_to_zero_the_reporter_exits_on_sigterm_and_releases_the_lease(
+    deploy: Callable, raw: RawApi
+) -> None:
+    """The kubelet's SIGTERM: a reporter that did not exit within its grace period would be
+    killed and leave the Lease held until it expires; with no replica left, nobody else
+    would clear it."""
+    drv, dep = deploy()
+    wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "two reporter pods Ready")
+    wait_for(lambda: _holder(raw, drv), 60, "a Lease holder")
+    name = dep["metadata"]["name"]
+    raw.request(
+        "PATCH",
+        APPS_DEPLOYMENT.path(drv.namespace, name) + "/scale",
+        body={"spec": {"replicas": 0}},
+        content_type="application/merge-patch+json",
+    ).read()
+    wait_for(lambda: not drv.pods(_selector(drv)), READY_TIMEOUT, "the pods gone")
+    assert _holder(raw, drv) == ""
+
+
+def test_an_allocation_past_the_memory_limit_is_an_oom_kill_in_the_pods_status(
+    deploy: Callable,
+) -> None:
+    """A limit below what the reporter needs to start: the kernel kills it, the pod says so."""
+    limit = "24Mi"
+    low = {
+        "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "jsonPatch": [
+            {"op": "replace", "value": limit,
+             "path": "/spec/template/spec/containers/0/resources/limits/memory"},
+            {"op": "replace", "value": limit,
+             "path": "/spec/template/spec/containers/0/resources/requests/memory"},
+        ],
+    }  # fmt: skip
+    drv, _ = deploy((low,))
+
+    def oom_killed() -> dict[str, Any]:
+        for pod in drv.pods(_selector(drv)):
+            status = _container(pod)
+            last = (status.get("lastState") or {}).get("terminated") or {}
+            now = (status.get("state") or {}).get("terminated") or {}
+            for term in (last, now):
+                if term.get("reason") == "OOMKilled":
+                    return term
+        raise AssertionError([_container(p) for p in drv.pods(_selector(drv))])
+
+    term = wait_for(oom_killed, READY_TIMEOUT, "a reporter container OOMKilled")
+    assert term["exitCode"] == 137
+
+
+# --------------------------------------------------------------------------- pulumi up
+
+
+def _rollout(raw: RawApi, drv_ns: str, name: str) -> dict[str, Any]:
+    dep = raw.get(APPS_DEPLOYMENT, name, drv_ns)
+    assert dep is not None
+    return dep
+
+
+def test_pulumi_up_with_a_new_reporter_setting_rolls_the_deployment_and_awaits_ready_pods(
+    node: realnode.Record, pulumi_stack: Callable, raw: RawApi, crd: None
+) -> None:
+    """The provider's await on the reporter Deployment is the kubelet's readiness here."""
+    from pmem_components.config import DeploymentConfig
+    from pmem_components.program import main as program
+    from tools import pulumi_stack as ps
+
+    suffix = uuid.uuid4().hex[:6]
+    raw_dep = {
+        "name": f"rn-{suffix}.pmem-csi.intel.com",
+        "namespace": f"rn-{suffix}",
+        "reporter": {"image": REPORTER_IMAGE, "logLevel": 3},
+        "patches": [realnode.reporter_patch()],
+    }
+    config = {
+        "pmem-csi:manageCrd": False,
+        "pmem-csi:retainNamespaces": False,
+        "pmem-csi:deployments": [raw_dep],
+    }
+    cfg = DeploymentConfig(name=raw_dep["name"], namespace=raw_dep["namespace"])
+    name, ns = cfg.names.reporter, cfg.namespace
+    stack = pulumi_stack(program, config=config)
+    stack.up(on_output=ps.printer("[up 1] "))
+    # No waiting here: `pulumi up` returned, so the provider saw the rollout complete.
+    first = _rollout(raw, ns, name)
+    assert _complete(first), first["status"]
+    pods = [p for p in _pods(raw, ns) if p["spec"]["nodeName"] == realnode.NODE_NAME]
+    assert len(pods) == 2 and all(_ready(p) for p in pods)
+    old = {p["metadata"]["name"] for p in pods}
+
+    raw_dep["reporter"]["logLevel"] = 4
+    ps.write_stack_config(Path(stack.workspace.work_dir), stack.name, config)
+    result = stack.up(on_output=ps.printer("[up 2] "))
+    assert result.summary.resource_changes.get("update", 0) >= 1
+    second = _rollout(raw, ns, name)
+    assert second["metadata"]["generation"] > first["metadata"]["generation"]
+    assert _complete(second), second["status"]
+    ready = [p for p in _pods(raw, ns) if _ready(p) and not p["metadata"].get("deletionTimestamp")]
+    assert len(ready) == 2 and not old & {p["metadata"]["name"] for p in ready}
+    for pod in ready:
+        args = pod["spec"]["containers"][0]["args"]
+        assert args[args.index("--log-level") + 1] == "4"
+        assert pod["spec"]["nodeName"] == realnode.NODE_NAME
+
+
+def _complete(dep: dict[str, Any]) -> bool:
+    status, want = dep.get("status") or {}, dep["spec"]["replicas"]
+    return (
+        status.get("observedGeneration") == dep["metadata"]["generation"]
+        and status.get("updatedReplicas") == want
+        and status.get("readyReplicas") == want
+        and status.get("availableReplicas") == want
+        and not status.get("unavailableReplicas")
+    )
+
+
+def _pods(raw: RawApi, namespace: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in raw.list(POD, namespace)[0]
+        if any(r.get("kind") == "ReplicaSet" for r in p["metadata"].get("ownerReferences") or [])
+    ]
+
+
+# --------------------------------------------------------------------------- teardown
+
+
+def test_a_killed_node_is_cleaned_up_at_the_next_start_and_stop_leaves_nothing(
+    node: realnode.Record, deploy: Callable
+) -> None:
+    """Kill every process of the node (as a killed run would), start again, then stop."""
+    drv, _ = deploy()
+    wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "two reporter pods Ready")
+    record = realnode.Record.load()
+    assert record is not None
+    procs = realnode._cgroup_pids(realnode._cgroup_dirs()) | set(record.pids.values())
+    for pid in procs:
+        os.kill(pid, signal.SIGKILL)
+    # What a killed run leaves: pod mounts, cgroups, namespaces, routes.
+    assert realnode.leftovers(record.foreign_paths)
+    again = realnode.start(images=[(image_tool.build().archive, realnode.REPORTER_IMAGE_BASE)])
+    assert realnode.guard_problems() == []
+    assert set(again.pids.values()).isdisjoint(procs)
+    realnode.stop()
+    assert realnode.leftovers(record.foreign_paths) == []
+    assert not realnode.RECORD_FILE.exists()
+    assert not any(Path(f"/proc/{pid}").exists() for pid in again.pids.values())

@@ -1,0 +1,1033 @@
+"""One real node (containerd + kubelet) beside the kwok nodes of the local cluster.
+
+Why: kwok's pods run no process, so the reporter Deployment the program writes (probes,
+projected ServiceAccount token, cgroup limits, restarts, rolling updates, Lease hand-over)
+would otherwise never run under a kubelet. This module joins one real kubelet to the local
+kwokctl cluster (:mod:`tools.cluster`) and tears it down without leftovers.
+
+Isolation (a hard rule here: no packet to any address outside the loopback range or the
+namespaces made here):
+
+* The node (containerd, kubelet, the pods' host side) lives in its own network namespace
+  (:data:`NETNS`), entered with ``nsenter --net`` (``ip netns exec`` would remount /sys and
+  hide the cgroups). It holds only ``lo`` and the CNI bridge :data:`BRIDGE` (whose address is
+  the node's IP); nothing in it is wired to the host's uplink.
+* Before containerd starts (so before any pod gets an address): blackhole routes in that
+  namespace (default, the service and node ranges) and on the host (the service and node
+  ranges), and an nftables table there whose output and forward chains drop everything that
+  does not stay on ``lo`` or the bridge. :func:`guard_problems` checks all of it and
+  :func:`start` refuses to go on unless it reports nothing.
+* The API server (on the host's loopback) is reached only through :func:`forward`, a process
+  that listens inside the namespace and connects to one loopback target on the host: the
+  kubelet's kubeconfig names it at 127.0.0.1 in the namespace, and the ``kubernetes``
+  Service's ClusterIP is DNATed to it for the pods (so the API server's certificate must name
+  that ClusterIP; :mod:`tools.cluster` adds it).
+* The API server never connects to the kubelet: the node's address is blackholed on the
+  host, so ``kubectl logs``/``exec`` fail at once; read logs from :func:`pod_log_dir`.
+
+Only one real node per machine: the kubelet's device-plugin socket, ``/var/log/containers``,
+``/var/lib/cni`` and the ``kubepods`` cgroups are machine-wide. A lock file enforces it (held
+by the forwarder process for the node's life time), and :func:`stop` removes processes (by
+PID, from the node's cgroups), mounts, cgroups, the namespaces, routes and those paths; it
+runs at every start too, so a killed run's leftovers go before anything new is made.
+
+Usage: ``python -m tools.realnode start|stop|status|check-guard``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tools import localenv, toolchain
+
+NODE_NAME = "real-node-1"
+# The node's label and taint: only pods that tolerate the taint (and select the label, like the
+# reporter patch in tools/demo.py) run here; the driver's pods and every other test's pods stay
+# on the kwok nodes, whose images do not exist on this machine.
+NODE_LABEL = ("pmem-csi-pulumi/real-node", "true")
+NODE_TAINT = f"{NODE_LABEL[0]}={NODE_LABEL[1]}:NoSchedule"
+
+# Address ranges. kwokctl's API server and kwok itself default to 10.0.0.0/24 for Services and
+# fake pods alike; tools.cluster moves the Services to SERVICE_CIDR so the three never overlap.
+SERVICE_CIDR = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+NODE_CIDR = "10.98.0.0/16"  # the node and its pods, blackholed on the host
+POD_CIDR = "10.98.1.0/24"
+NODE_IP = "10.98.1.1"  # the bridge's address: the pods' gateway and the forwarder's listener
+FORWARD_PORT = 6443
+
+NETNS = "pmem-csi-node"
+BRIDGE = "pmemcsi0"
+NFT_TABLE = "pmem_csi_guard"
+# Machine-wide, because the node is: see the module docstring.
+NODE_ROOT = Path("/var/lib/pmem-csi-pulumi-node")
+NODE_RUN = Path("/run/pmem-csi-pulumi-node")
+LOCK_FILE = Path("/run/pmem-csi-pulumi-node.lock")
+RECORD_FILE = Path("/run/pmem-csi-pulumi-node.json")
+# Paths the kubelet and containerd use whatever their configuration says.
+HARD_CODED_PATHS = (
+    Path("/var/lib/kubelet"),
+    Path("/var/log/containers"),
+    Path("/var/log/pods"),
+    Path("/var/lib/cni"),
+    Path("/run/containerd"),
+    Path("/etc/cni"),
+    Path("/opt/cni"),
+)
+TRACKING_CGROUP = "pmem-csi-node"  # in the pids hierarchy: containerd, shims, kubelet
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PAUSE_IMAGE = "localhost/pmem-csi-pause:" + toolchain.PAUSE_IMAGE_TAG
+REPORTER_IMAGE_BASE = "localhost/pmem-csi-reporter"
+NODE_PACKAGES = {  # Debian package -> a file it installs
+    "runc": Path("/usr/sbin/runc"),
+    "containernetworking-plugins": Path("/usr/lib/cni/bridge"),
+    "nftables": Path("/usr/sbin/nft"),
+}
+RUNC = NODE_PACKAGES["runc"]
+CNI_BIN_DIR = Path("/usr/lib/cni")
+NODE_GROUPS = ("kubelet", "containerd", "pause")
+
+
+def reporter_patch() -> dict:
+    """A ``patches`` entry (the product's own setting) that puts the reporter on this node.
+
+    It selects the only Deployment a driver deployment has, the reporter's, and gives it the
+    node's label as node selector and a toleration of the node's taint; the driver's
+    StatefulSet and DaemonSet tolerate nothing and stay on the kwok nodes.
+    """
+    key, value = NODE_LABEL
+    return {
+        "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "mergePatch": {
+            "spec": {
+                "template": {
+                    "spec": {
+                        "nodeSelector": {key: value},
+                        "tolerations": [
+                            {"key": key, "operator": "Equal", "value": value,
+                             "effect": "NoSchedule"}
+                        ],
+                    }
+                }
+            }
+        },
+    }  # fmt: skip
+
+
+class RealNodeError(RuntimeError):
+    """The real node cannot start (busy machine, missing guard, a component that failed)."""
+
+
+def _log(msg: str) -> None:
+    print(f"[realnode] {msg}", file=sys.stderr, flush=True)
+
+
+def log_dir() -> Path:
+    """The components' logs, kept in the state directory after the node is gone."""
+    path = localenv.state_dir() / "realnode-logs"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def pod_log_dir() -> Path:
+    """The kubelet's ``podLogsDir``: where a pod's logs are read (the API server cannot)."""
+    return NODE_ROOT / "pod-logs"
+
+
+# Written by the forwarder once it listens; under NODE_RUN, so removed with the node.
+FORWARDER_READY = NODE_RUN / "forwarder.ready"
+
+
+def containerd_socket() -> Path:
+    return NODE_RUN / "containerd.sock"
+
+
+@dataclass
+class Record:
+    """What a running node is made of, so that any later process can tear it down."""
+
+    state_dir: str
+    pids: dict[str, int] = field(default_factory=dict)
+    host_routes: list[str] = field(default_factory=list)
+    # Of HARD_CODED_PATHS, those that existed before the node first ran: never removed.
+    foreign_paths: list[str] = field(default_factory=list)
+    guarded_at_boottime: float | None = None
+    started_at_boottime: float | None = None
+
+    def save(self) -> None:
+        tmp = RECORD_FILE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(RECORD_FILE)
+
+    @classmethod
+    def load(cls) -> Record | None:
+        try:
+            return cls(**json.loads(RECORD_FILE.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError, TypeError):
+            return None
+
+
+def boottime() -> float:
+    """Seconds since boot, the clock of a process's start time in /proc/PID/stat."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def process_start_boottime(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _run(
+    cmd: Sequence[str | Path], check: bool = True, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    if check and result.returncode != 0:
+        raise RealNodeError(
+            f"{' '.join(map(str, cmd))} failed ({result.returncode}): {result.stderr.strip()}"
+        )
+    return result
+
+
+def netns_path() -> Path:
+    return Path("/run/netns") / NETNS
+
+
+def in_netns(*cmd: str | Path) -> list[str]:
+    """``cmd`` run inside the node's network namespace (mounts and cgroups stay the host's)."""
+    return ["nsenter", f"--net={netns_path()}", "--", *map(str, cmd)]
+
+
+def ensure_node_packages() -> None:
+    """Install runc, the CNI plugins and nft from Debian with apt-get when missing."""
+    from tools import image
+
+    missing = [pkg for pkg, path in NODE_PACKAGES.items() if not path.exists()]
+    if missing:
+        image.apt_install(missing)
+    still = [str(path) for path in NODE_PACKAGES.values() if not path.exists()]
+    if still:
+        raise RealNodeError(f"apt-get installed {' '.join(missing)} but {', '.join(still)} missing")
+
+
+# --------------------------------------------------------------------------- the guard
+
+
+def _guard_ruleset() -> str:
+    """nftables rules of the node's namespace: nothing leaves but by ``lo`` or the bridge."""
+    return f"""
+table inet {NFT_TABLE} {{
+  chain output {{
+    type filter hook output priority -200; policy drop;
+    oif "lo" accept
+    oifname "{BRIDGE}" accept
+    counter
+  }}
+  chain forward {{
+    type filter hook forward priority -200; policy drop;
+    iifname "{BRIDGE}" oifname "{BRIDGE}" accept
+    counter
+  }}
+  chain prerouting {{
+    type nat hook prerouting priority -110;
+    ip daddr {KUBERNETES_SERVICE_IP} tcp dport 443 dnat ip to {NODE_IP}:{FORWARD_PORT}
+  }}
+}}
+"""
+
+
+def _netns_blackholes() -> list[str]:
+    # A high metric: the bridge's own connected route (POD_CIDR) wins while the bridge is up;
+    # without it, or for anything else, the packet dies in routing, before any interface.
+    return ["default", SERVICE_CIDR, NODE_CIDR]
+
+
+def _host_blackholes() -> list[str]:
+    return [SERVICE_CIDR, NODE_CIDR]
+
+
+BLACKHOLE_METRIC = "4000"
+
+
+def _make_netns() -> None:
+    _run(["ip", "netns", "add", NETNS])
+    ip = ["ip", "-n", NETNS]
+    _run([*ip, "link", "set", "lo", "up"])
+    for dst in _netns_blackholes():
+        _run([*ip, "route", "add", "blackhole", dst, "metric", BLACKHOLE_METRIC])
+    _run(in_netns("sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1"))
+    _run(in_netns("sysctl", "-q", "-w", "net.ipv6.conf.default.disable_ipv6=1"))
+    _run(in_netns("nft", "-f", "-"), input=_guard_ruleset())
+    _run([*ip, "link", "add", BRIDGE, "type", "bridge"])
+    _run([*ip, "addr", "add", f"{NODE_IP}/{POD_CIDR.split('/')[1]}", "dev", BRIDGE])
+    _run([*ip, "link", "set", BRIDGE, "up"])
+
+
+def guard_problems() -> list[str]:
+    """What is missing of the isolation the module docstring describes (empty: all there)."""
+    problems: list[str] = []
+    if not netns_path().exists():
+        return [f"network namespace {NETNS} does not exist"]
+    links = json.loads(_run(["ip", "-n", NETNS, "-j", "link", "show"]).stdout)
+    names = sorted(link["ifname"] for link in links)
+    extra = [n for n in names if n not in ("lo", BRIDGE) and not _is_bridge_port(links, n)]
+    if extra:
+        problems.append(f"interfaces in {NETNS} besides lo, {BRIDGE} and its ports: {extra}")
+    routes = json.loads(_run(["ip", "-n", NETNS, "-j", "route", "show"]).stdout)
+    blackholes = {r["dst"] for r in routes if r.get("type") == "blackhole"}
+    for dst in _netns_blackholes():
+        if dst not in blackholes:
+            problems.append(f"no blackhole route {dst} in {NETNS}")
+    for route in routes:
+        if route.get("type") != "blackhole" and route.get("gateway"):
+            problems.append(f"a route with a gateway in {NETNS}: {route}")
+        if route.get("type") != "blackhole" and route.get("dst") == "default":
+            problems.append(f"a default route in {NETNS}: {route}")
+    host = json.loads(_run(["ip", "-j", "route", "show", "type", "blackhole"]).stdout)
+    for dst in _host_blackholes():
+        if dst not in {r["dst"] for r in host}:
+            problems.append(f"no blackhole route {dst} on the host")
+    listed = _run(in_netns("nft", "-j", "list", "table", "inet", NFT_TABLE), check=False)
+    if listed.returncode != 0:
+        problems.append(f"nftables table inet {NFT_TABLE} missing in {NETNS}")
+    else:
+        chains = {
+            item["chain"]["name"]: item["chain"]
+            for item in json.loads(listed.stdout)["nftables"]
+            if "chain" in item
+        }
+        for name in ("output", "forward"):
+            if chains.get(name, {}).get("policy") != "drop":
+                problems.append(f"chain {name} of {NFT_TABLE} does not drop by default")
+    ipv6 = _run(in_netns("sysctl", "-n", "net.ipv6.conf.all.disable_ipv6")).stdout.strip()
+    if ipv6 != "1":
+        problems.append(f"IPv6 is enabled in {NETNS}")
+    return problems
+
+
+def _is_bridge_port(links: list[dict], name: str) -> bool:
+    return any(link["ifname"] == name and link.get("master") == BRIDGE for link in links)
+
+
+# --------------------------------------------------------------------------- the forwarder
+
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(path: Path | str) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns {path}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+def _pump(src: socket.socket, dst: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := src.recv(65536):
+            dst.sendall(data)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return socket.inet_aton(host)[0] == 127
+    except OSError:
+        return False
+
+
+def forward(target_host: str, target_port: int, lock_fd: int | None = None) -> None:
+    """Listen on FORWARD_PORT inside the namespace; connect only to the loopback target.
+
+    The listening sockets are made after ``setns`` into the node's namespace and keep living
+    there; the process then goes back to the host's namespace, where every upstream
+    connection is opened. ``lock_fd`` (inherited) is the machine-wide node lock, held as long
+    as this process lives.
+    """
+    del lock_fd  # held open by being inherited; nothing to do with it
+    if not _is_loopback(target_host):
+        raise RealNodeError(f"refusing to forward to {target_host}: not a loopback address")
+    host_ns = os.open("/proc/self/ns/net", os.O_RDONLY)
+    _setns(netns_path())
+    listeners = []
+    for addr in ("127.0.0.1", NODE_IP):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((addr, FORWARD_PORT))
+        sock.listen(128)
+        listeners.append(sock)
+    _setns(f"/proc/self/fd/{host_ns}")
+    os.close(host_ns)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+
+    def serve(listener: socket.socket) -> None:
+        while True:
+            conn, _ = listener.accept()
+            try:
+                upstream = socket.create_connection((target_host, target_port), timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                conn.close()
+                continue
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+
+    threads = [threading.Thread(target=serve, args=(s,), daemon=True) for s in listeners]
+    for t in threads:
+        t.start()
+    FORWARDER_READY.write_text(f"{os.getpid()}\n")
+    for t in threads:
+        t.join()
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def _containerd_config() -> str:
+    bin_dir = toolchain.bin_path("containerd").parent
+    return f"""version = 4
+root = "{NODE_ROOT / "containerd"}"
+state = "{NODE_RUN / "containerd"}"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.erofs", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing", "io.containerd.nri.v1.nri",
+  "io.containerd.internal.v1.opt", "io.containerd.image-verifier.v1.bindir",
+  "io.containerd.differ.v1.erofs", "io.containerd.mount-handler.v1.erofs",
+]
+
+imports = []
+
+[plugins."io.containerd.server.v1.grpc"]
+  address = "{containerd_socket()}"
+
+[plugins."io.containerd.server.v1.ttrpc"]
+  address = "{NODE_RUN / "containerd.sock.ttrpc"}"
+
+[plugins."io.containerd.server.v1.debug"]
+  address = ""
+
+[plugins."io.containerd.server.v1.metrics"]
+  address = ""
+
+[plugins."io.containerd.cri.v1.runtime"]
+  enable_selinux = false
+  # No CAP_SYS_RESOURCE on these machines: without this, runc fails to lower oom_score_adj.
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{RUNC}"
+        Root = "{NODE_RUN / "runc"}"
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{CNI_BIN_DIR}"]
+    conf_dir = "{NODE_ROOT / "cni" / "net.d"}"
+
+[plugins."io.containerd.cri.v1.images"]
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+# The shim and runc are found next to containerd and in /usr/sbin.
+# (shim binary: {bin_dir / "containerd-shim-runc-v2"})
+"""
+
+
+def _cni_config() -> dict:
+    return {
+        "cniVersion": "1.0.0",
+        "name": "pmem-csi-node",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_CIDR, "gateway": NODE_IP}]],
+                    # Only the Services: a pod has no default route.
+                    "routes": [{"dst": SERVICE_CIDR}],
+                    "dataDir": str(NODE_ROOT / "cni" / "ipam"),
+                },
+            },
+            {"type": "portmap", "capabilities": {"portMappings": True}},
+        ],
+    }
+
+
+def _kubelet_config() -> dict:
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,  # these machines run cgroup v1 (hybrid)
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": f"unix://{containerd_socket()}",
+        "address": NODE_IP,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}},
+        "authorization": {"mode": "AlwaysAllow"},
+        "podLogsDir": str(pod_log_dir()),
+        "volumePluginDir": str(NODE_ROOT / "volume-plugins"),
+        "resolvConf": "",  # pods get no name servers: they could not reach one anyway
+        "registerWithTaints": [
+            {"key": NODE_LABEL[0], "value": NODE_LABEL[1], "effect": "NoSchedule"}
+        ],
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%",
+                         "imagefs.available": "2%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "maxPods": 30,
+    }  # fmt: skip
+
+
+def _kubelet_kubeconfig() -> tuple[dict, str, int]:
+    """The cluster's kubeconfig pointed at the forwarder, and the API server's loopback address."""
+    import yaml
+
+    config = yaml.safe_load(localenv.kubeconfig_path().read_text())
+    (cluster,) = config["clusters"]
+    url = urllib.parse.urlsplit(cluster["cluster"]["server"])
+    host, port = url.hostname or "", url.port or 443
+    if not _is_loopback(host):
+        raise RealNodeError(f"the API server is not on loopback ({url.geturl()}); refusing")
+    cluster["cluster"]["server"] = f"https://127.0.0.1:{FORWARD_PORT}"
+    return config, host, port
+
+
+def apiserver_has_service_san() -> bool:
+    """Whether the API server's certificate names the ``kubernetes`` Service's ClusterIP."""
+    import ssl
+
+    _, host, port = _kubelet_kubeconfig()
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection((host, port), timeout=10) as raw, ctx.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    from cryptography import x509
+
+    cert = x509.load_der_x509_certificate(der)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    import ipaddress
+
+    return ipaddress.ip_address(KUBERNETES_SERVICE_IP) in sans.get_values_for_type(x509.IPAddress)
+
+
+def _apiserver_args(port: int) -> list[str] | None:
+    """The command line of the kube-apiserver process serving ``port`` (None: not found)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if args and Path(args[0]).name == "kube-apiserver" and f"--secure-port={port}" in args:
+            return args
+    return None
+
+
+def cluster_problems(api_port: int) -> list[str]:
+    """What the running control plane lacks for the real node (see tools.cluster)."""
+    problems = []
+    if not apiserver_has_service_san():
+        problems.append(f"the API server's certificate does not name {KUBERNETES_SERVICE_IP}")
+    args = _apiserver_args(api_port) or []
+    if "--kubelet-preferred-address-types=InternalIP" not in args:
+        # Else `kubectl logs` of a pod here makes the API server look the node's name up.
+        problems.append("kube-apiserver runs without --kubelet-preferred-address-types=InternalIP")
+    return problems
+
+
+# --------------------------------------------------------------------------- start
+
+
+@contextlib.contextmanager
+def _lock() -> Iterator[int]:
+    fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            record = Record.load()
+            owner = record.state_dir if record else "another process"
+            raise RealNodeError(
+                f"the machine's one real node is in use (by {owner}); stop it first with "
+                f"`python -m tools.realnode stop` in that checkout"
+            ) from None
+        yield fd
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _spawn(
+    name: str, cmd: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
+) -> subprocess.Popen[bytes]:
+    """Start a long-lived component in the tracking cgroup, its output in ``log_dir()``."""
+    log = open(log_dir() / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
+    procs = CGROUP_ROOT / "pids" / TRACKING_CGROUP / "cgroup.procs"
+
+    def enter_cgroup() -> None:
+        procs.write_text("0")
+
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        start_new_session=True, preexec_fn=enter_cgroup, pass_fds=pass_fds,
+    )  # fmt: skip
+    log.close()
+    return proc
+
+
+def _wait(what: str, ready, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc is not None and proc.poll() is not None:
+            raise RealNodeError(f"{what}: the process exited ({proc.returncode}); see {log_dir()}")
+        if time.monotonic() > deadline:
+            raise RealNodeError(f"{what}: not ready after {timeout:.0f}s; see {log_dir()}")
+        time.sleep(0.2)
+
+
+def ctr(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The node's containerd client, in the Kubernetes namespace."""
+    return _run([toolchain.bin_path("ctr"), "-a", containerd_socket(), "-n", "k8s.io", *args])
+
+
+def import_image(archive: Path, base_name: str) -> None:
+    """Import an OCI archive into the node's containerd as ``base_name:<its ref name>``."""
+    ctr("images", "import", "--base-name", base_name, archive)
+
+
+def is_running() -> bool:
+    record = Record.load()
+    return bool(record and record.pids and all(_alive(p) for p in record.pids.values()))
+
+
+def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Record:
+    """Join the real node to the running local cluster; ``images`` are (archive, base name).
+
+    ``timeout`` bounds the wait for the kubelet's registration and the Node's Ready. Reuses
+    a node that this state directory started and that still runs (importing the images again,
+    which is cheap when present). Refuses a node of another checkout.
+    """
+    t0 = time.monotonic()
+    record = Record.load()
+    if record and is_running():
+        if record.state_dir != str(localenv.state_dir()):
+            raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
+        for archive, base in images:
+            import_image(archive, base)
+        return record
+    ensure_node_packages()
+    toolchain.build_all(list(NODE_GROUPS))
+    _, api_host, api_port = _kubelet_kubeconfig()
+    problems = cluster_problems(api_port)
+    if problems:
+        raise RealNodeError(
+            "the running cluster was started without what the real node needs ("
+            + "; ".join(problems)
+            + "); restart it (`make cluster-stop`)"
+        )
+    if record is not None:
+        # A node that is only partly alive (a killed run): its forwarder may hold the lock.
+        cleanup(quiet=True)
+    with _lock() as lock_fd:
+        cleanup(quiet=True)
+        record = Record(state_dir=str(localenv.state_dir()))
+        record.foreign_paths = [str(p) for p in HARD_CODED_PATHS if p.exists()]
+        record.host_routes = _host_blackholes()
+        record.save()
+        try:
+            _start_locked(record, lock_fd, api_host, api_port, images, timeout)
+        except BaseException:
+            _log("start failed; removing what was made")
+            cleanup(quiet=True)
+            raise
+    _log(f"node {NODE_NAME} Ready in {time.monotonic() - t0:.1f}s (logs in {log_dir()})")
+    return record
+
+
+def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
+                  images: Sequence[tuple[Path, str]], timeout: float) -> None:  # fmt: skip
+    for dst in record.host_routes:
+        _run(["ip", "route", "replace", "blackhole", dst])
+    _make_netns()
+    for d in (NODE_ROOT / "cni" / "net.d", NODE_RUN, pod_log_dir()):
+        d.mkdir(parents=True, exist_ok=True)
+    (CGROUP_ROOT / "pids" / TRACKING_CGROUP).mkdir(exist_ok=True)
+    problems = guard_problems()
+    if problems:
+        raise RealNodeError("the node's isolation is incomplete: " + "; ".join(problems))
+    record.guarded_at_boottime = boottime()
+    record.save()
+    _log("isolation in place (namespace, blackhole routes, nftables); starting containerd")
+
+    (NODE_ROOT / "cni" / "net.d" / "10-pmem-csi-node.conflist").write_text(
+        json.dumps(_cni_config(), indent=1)
+    )
+    (NODE_RUN / "containerd.toml").write_text(_containerd_config())
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join(
+        [str(toolchain.bin_path("containerd").parent), "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+    )
+    containerd = _spawn(
+        "containerd",
+        in_netns(toolchain.bin_path("containerd"), "--config", NODE_RUN / "containerd.toml"),
+        env=env,
+    )
+    record.pids["containerd"] = containerd.pid
+    record.save()
+    _wait("containerd", lambda: _run([toolchain.bin_path("ctr"), "-a", containerd_socket(),
+                                      "version"], check=False).returncode == 0,
+          60, containerd)  # fmt: skip
+    import_image(toolchain.bin_path(toolchain.PAUSE_IMAGE_ARCHIVE), PAUSE_IMAGE.split(":")[0])
+    for archive, base in images:
+        import_image(archive, base)
+
+    forwarder = _spawn(
+        "forwarder",
+        [sys.executable, "-m", "tools.realnode", "forward", api_host, str(api_port),
+         "--lock-fd", str(lock_fd)],
+        env={**os.environ, "PYTHONPATH": str(toolchain.PROJECT_DIR)},
+        pass_fds=(lock_fd,),
+    )  # fmt: skip
+    record.pids["forwarder"] = forwarder.pid
+    record.save()
+    _wait("forwarder", FORWARDER_READY.exists, 30, forwarder)
+
+    kubeconfig, _, _ = _kubelet_kubeconfig()
+    (NODE_RUN / "kubeconfig").write_text(json.dumps(kubeconfig))
+    (NODE_RUN / "kubelet.json").write_text(json.dumps(_kubelet_config(), indent=1))
+    kubelet = _spawn(
+        "kubelet",
+        in_netns(
+            toolchain.bin_path("kubelet"),
+            "--config", NODE_RUN / "kubelet.json",
+            "--kubeconfig", NODE_RUN / "kubeconfig",
+            "--root-dir", NODE_ROOT / "kubelet",
+            "--cert-dir", NODE_ROOT / "kubelet-pki",
+            "--hostname-override", NODE_NAME,
+            "--node-ip", NODE_IP,
+            "--node-labels", f"{NODE_LABEL[0]}={NODE_LABEL[1]},type=real",
+            "--v=2",
+        ),
+        env=env,
+    )  # fmt: skip
+    record.pids["kubelet"] = kubelet.pid
+    record.started_at_boottime = boottime()
+    record.save()
+    _wait("node Ready", _node_ready, timeout, kubelet)
+
+
+def _node_ready() -> bool:
+    from tools import cluster
+
+    try:
+        cluster.wait_nodes_ready([NODE_NAME], timeout=0)
+    except Exception:  # not registered yet, or the API server is busy
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- inspection
+
+
+def task_pid(container_id: str) -> int:
+    """Host PID of a container's main process (``containerd://<id>`` or the bare id)."""
+    cid = container_id.removeprefix("containerd://")
+    for line in ctr("tasks", "ls").stdout.splitlines()[1:]:
+        task, pid, *_ = line.split()
+        if task == cid:
+            return int(pid)
+    raise RealNodeError(f"no task {cid} in the node's containerd")
+
+
+def node_http_get(host: str, port: int, path: str, timeout: float = 5) -> tuple[int, str]:
+    """GET ``http://host:port/path`` from inside the node's namespace (where pods are routed).
+
+    The connection is opened by a thread that entered the namespace; the API server cannot
+    do this (it would have to reach the node's address from the host).
+    """
+    import http.client
+
+    box: dict[str, object] = {}
+
+    def inner() -> None:
+        try:
+            _setns(netns_path())
+            conn = http.client.HTTPConnection(host, port, timeout=timeout)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            box["value"] = (resp.status, resp.read().decode(errors="replace"))
+            conn.close()
+        except BaseException as exc:  # re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=inner, daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]  # type: ignore[misc]
+    return box["value"]  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- teardown
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
+
+
+def _cgroup_dirs() -> list[Path]:
+    """The node's cgroups in every hierarchy, deepest first (the order rmdir needs)."""
+    found: list[Path] = []
+    if not CGROUP_ROOT.exists():
+        return found
+    for hierarchy in CGROUP_ROOT.iterdir():
+        for top in ("kubepods", "kubepods.slice", TRACKING_CGROUP):
+            base = hierarchy / top
+            if base.is_dir():
+                found.extend(sorted((p for p in base.rglob("*") if p.is_dir()), reverse=True))
+                found.append(base)
+    return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
+
+
+def _cgroup_pids(dirs: list[Path]) -> set[int]:
+    pids: set[int] = set()
+    for d in dirs:
+        with contextlib.suppress(OSError):
+            pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+    return pids
+
+
+def _kill(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _node_mounts() -> list[str]:
+    """Mount points under the node's directories (not its namespaces: ``ip netns del``)."""
+    prefixes = [str(p) for p in (NODE_ROOT, NODE_RUN, *HARD_CODED_PATHS)]
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")
+        if any(point == p or point.startswith(p + "/") for p in prefixes):
+            mounts.append(point)
+    return sorted(set(mounts), key=len, reverse=True)
+
+
+def _node_netns() -> list[Path]:
+    """The node's namespace and its pods' (containerd names them ``cni-<uuid>``)."""
+    run = Path("/run/netns")
+    return [*run.glob("cni-*"), netns_path()] if run.exists() else []
+
+
+def cleanup(quiet: bool = False) -> None:
+    """Remove the node and every trace of it: also what a killed or failed run left.
+
+    Order: kubelet first (it would restart containers), then every process in the node's
+    cgroups (containers, shims, containerd) by PID, the forwarder, then mounts, cgroups, the
+    namespaces, the host's routes, the directories.
+    """
+    record = Record.load()
+    pids = dict(record.pids) if record else {}
+    kubelet = pids.get("kubelet")
+    if kubelet and _alive(kubelet):
+        _kill({kubelet}, signal.SIGTERM)
+        _wait_gone({kubelet}, 10)
+    for _ in range(50):
+        alive = {p for p in _cgroup_pids(_cgroup_dirs()) | set(pids.values()) if _alive(p)}
+        if not alive:
+            break
+        _kill(alive, signal.SIGKILL)
+        time.sleep(0.1)
+    else:
+        raise RealNodeError(f"processes of the node did not exit: {sorted(alive)}")
+    # Components this process started are its children: reap them, or their zombies keep
+    # the cgroups busy.
+    for pid in pids.values():
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+    for point in _node_mounts():
+        _run(["umount", "-l", point], check=False)
+    _remove_cgroups()
+    for ns in _node_netns():
+        if ns.exists():
+            _run(["ip", "netns", "del", ns.name], check=False)
+    for dst in record.host_routes if record else _host_blackholes():
+        _run(["ip", "route", "del", "blackhole", dst], check=False)
+    foreign = set(record.foreign_paths) if record else {str(p) for p in HARD_CODED_PATHS}
+    for path in [NODE_ROOT, NODE_RUN, *HARD_CODED_PATHS]:
+        if str(path) not in foreign:
+            shutil.rmtree(path, ignore_errors=True)
+    RECORD_FILE.unlink(missing_ok=True)
+    left = leftovers(sorted(foreign))
+    if left:
+        raise RealNodeError("teardown left: " + "; ".join(left))
+    if not quiet:
+        _log("removed (processes, mounts, cgroups, namespaces, routes, directories)")
+
+
+def _remove_cgroups(timeout: float = 10) -> None:
+    """rmdir the node's cgroups, deepest first, retrying while the kernel still counts exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        busy = []
+        for d in _cgroup_dirs():
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                busy.append(f"{d}: {err.strerror}")
+        if not busy or time.monotonic() > deadline:
+            return  # what is left is reported by leftovers()
+        time.sleep(0.2)
+
+
+def _wait_gone(pids: set[int], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def leftovers(foreign: Sequence[str] = ()) -> list[str]:
+    """Every trace of a node that is still there (empty after a complete teardown)."""
+    found = []
+    dirs = _cgroup_dirs()
+    if dirs:
+        found.append(f"cgroups {[str(d) for d in dirs[-3:]]}")
+    mounts = _node_mounts()
+    if mounts:
+        found.append(f"mounts {mounts[:3]}")
+    namespaces = [ns.name for ns in _node_netns() if ns.exists()]
+    if namespaces:
+        found.append(f"network namespaces {namespaces}")
+    host = json.loads(_run(["ip", "-j", "route", "show", "type", "blackhole"]).stdout)
+    ours = {r["dst"] for r in host} & set(_host_blackholes())
+    if ours:
+        found.append(f"host routes {sorted(ours)}")
+    record = Record.load()
+    foreign = set(foreign) | set(record.foreign_paths if record else [])
+    for path in [NODE_ROOT, NODE_RUN, *HARD_CODED_PATHS]:
+        if path.exists() and str(path) not in foreign:
+            found.append(str(path))
+    for name in ("kubelet", "containerd", "containerd-shim-runc-v2"):
+        pgrep = _run(["pgrep", "-f", str(toolchain.GROUPS[_group_of(name)].install_dir())
+                      + f"/bin/{name}"], check=False)  # fmt: skip
+        if pgrep.stdout.strip():
+            found.append(f"{name} processes {pgrep.stdout.split()}")
+    return found
+
+
+def _group_of(binary: str) -> str:
+    return next(g.name for g in toolchain.GROUPS.values() if binary in g.packages)
+
+
+def stop(quiet: bool = False) -> None:
+    """Tear the node down if this checkout's state directory owns it (or nobody does).
+
+    No lock taken: the node's forwarder holds it, and stopping the forwarder releases it.
+    """
+    record = Record.load()
+    if record is None and not netns_path().exists():
+        return  # never started (the record is written before anything is made)
+    if record and record.state_dir != str(localenv.state_dir()) and is_running():
+        if not quiet:
+            _log(f"the real node belongs to {record.state_dir}; left alone")
+        return
+    cleanup(quiet=quiet)
+    _delete_node_object(Path(record.state_dir) / "kubeconfig" if record else None)
+
+
+def _delete_node_object(kubeconfig: Path | None) -> None:
+    """Remove the Node from the cluster, so the pod GC removes the pods that were bound to it."""
+    if (
+        kubeconfig is None
+        or not kubeconfig.exists()
+        or not toolchain.GROUPS["kubernetes"].is_built()
+    ):
+        return
+    _run(
+        [toolchain.bin_path("kubectl"), "--kubeconfig", kubeconfig, "delete", "node", NODE_NAME,
+         "--ignore-not-found", "--wait=false", "--request-timeout=10s"],
+        check=False,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.realnode", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("start", help="join the real node to the running local cluster")
+    sub.add_parser("stop", help="remove the real node and every trace of it")
+    sub.add_parser("status", help="exit 0 when the real node runs")
+    sub.add_parser("check-guard", help="list what is missing of the node's isolation")
+    f = sub.add_parser("forward", help=argparse.SUPPRESS)
+    f.add_argument("host")
+    f.add_argument("port", type=int)
+    f.add_argument("--lock-fd", type=int)
+    args = parser.parse_args(argv)
+    if args.cmd == "start":
+        start()
+    elif args.cmd == "stop":
+        stop()
+    elif args.cmd == "forward":
+        forward(args.host, args.port, args.lock_fd)
+    elif args.cmd == "check-guard":
+        problems = guard_problems()
+        print("\n".join(problems) or "isolation in place")
+        return 1 if problems else 0
+    else:
+        running = is_running()
+        print("running" if running else "not running")
+        return 0 if running else 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -8,6 +8,7 @@ at the end of the session.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -23,16 +24,24 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 if str(PROJECT_DIR) not in sys.path:
     sys.path.insert(0, str(PROJECT_DIR))
 
-from tools import cluster, localenv, toolchain  # noqa: E402
+from tools import cluster, localenv, realnode, toolchain  # noqa: E402
 
 # The test session's own state directory, inside the administrator's (``.state/`` or
 # PMEM_CSI_STATE_DIR) but never equal to it: the tests start their own local cluster, with
 # their own Pulumi backend, next to whatever `make demo` or an administrator's local stack left
 # running there. Set before any fixture runs, so every helper that asks `localenv` (this
 # process and its children: the CLI, the reporter, nested tools) sees the same directory.
-if Path(os.environ.get("PMEM_CSI_STATE_DIR", "")).name != localenv.TEST_SESSION_SUBDIR:
+# PMEM_CSI_TEST_SESSION marks the directory as already chosen (a child pytest of this session).
+if os.environ.get("PMEM_CSI_TEST_SESSION") != "1":
     os.environ["PMEM_CSI_STATE_DIR"] = str(localenv.state_dir() / localenv.TEST_SESSION_SUBDIR)
-os.environ.pop("KUBECONFIG", None)  # never the administrator's (or the demo's) cluster
+    os.environ["PMEM_CSI_TEST_SESSION"] = "1"
+# Never the administrator's (or the demo's) cluster or secrets: until `local_cluster` names the
+# session's cluster, a client that looks for a kubeconfig finds none (an unset KUBECONFIG
+# would make it fall back to ~/.kube/config); Pulumi would prefer a passphrase in the
+# environment to the session's passphrase file.
+os.environ["KUBECONFIG"] = str(localenv.state_dir() / "no-cluster-yet" / "kubeconfig")
+for _var in ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_ACCESS_TOKEN", "PULUMI_BACKEND_URL"):
+    os.environ.pop(_var, None)
 
 IN_CI = any(
     os.environ.get(var, "").lower() in {"1", "true", "yes"}
@@ -75,8 +84,18 @@ def local_cluster() -> Iterator[Path]:
     missing = [g for g in toolchain.missing() if g in ("kubernetes", "etcd", "kwok")]
     if missing:
         _unavailable(f"tool group(s) not built: {', '.join(missing)}")
-    started_here = not cluster.is_running()
-    if started_here:
+    # One session at a time in a state directory: a second one would share (and then stop)
+    # this session's cluster.
+    lock = os.open(localenv.state_dir() / "session.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pytest.fail(
+            f"another test session runs with the state directory {localenv.state_dir()}; "
+            "wait for it, or give this one another PMEM_CSI_STATE_DIR",
+            pytrace=False,
+        )
+    if not cluster.is_running():
         # Stacks a killed earlier session left in this backend describe a cluster that is gone.
         shutil.rmtree(localenv.state_dir() / "pulumi-backend", ignore_errors=True)
     try:
@@ -85,8 +104,44 @@ def local_cluster() -> Iterator[Path]:
         _unavailable(f"cluster start failed: {err}")
     os.environ["KUBECONFIG"] = str(kubeconfig)
     yield kubeconfig
-    if started_here and not os.environ.get("PMEM_CSI_KEEP_CLUSTER"):
+    # Also a cluster an earlier session kept or left behind when it was killed: `make test`
+    # ends with no cluster of its own running unless asked to keep it.
+    if not os.environ.get("PMEM_CSI_KEEP_CLUSTER"):
         cluster.stop()
+    os.close(lock)
+
+
+@pytest.fixture(scope="session")
+def real_node_free(local_cluster: Path) -> Iterator[None]:
+    """The machine's one real node (tools/realnode.py) free for this session, given back after.
+
+    A `make demo` left running in the administrator's state directory holds the node. The
+    session stops that node (the demo's cluster keeps running; its reporter pods wait for the
+    node) and at the end joins it to the demo's cluster again, with the reporter image.
+    """
+    record = realnode.Record.load()
+    holder = None
+    if record and realnode.is_running() and record.state_dir != str(localenv.state_dir()):
+        holder = record.state_dir
+    if holder:
+        print(f"\n[tests] borrowing the real node of {holder} until the end of the session")
+        _node_command(holder, "tools.realnode", "stop")
+    yield
+    if holder and (Path(holder) / "kubeconfig").exists():
+        print(f"\n[tests] giving the real node back to {holder}")
+        _node_command(holder, "tools.cluster", "start", "--real-node")
+
+
+def _node_command(state_dir: str, module: str, *args: str) -> None:
+    own = ("PMEM_CSI_STATE_DIR", "PMEM_CSI_TEST_SESSION", "KUBECONFIG")
+    env = {k: v for k, v in os.environ.items() if k not in own}
+    subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=PROJECT_DIR,
+        env={**env, "PMEM_CSI_STATE_DIR": state_dir},
+        check=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="session")

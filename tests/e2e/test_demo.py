@@ -23,7 +23,7 @@ import pytest
 from tools import localenv, realnode, toolchain
 
 # The demo twice and a nested session that starts a cluster of its own.
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = pytest.mark.timeout(2700)
 
 CR_RESOURCE = "deployments.pmem-csi.intel.com"
 # What the demo's stack owns, and the kinds a stray update of another stack would touch.
@@ -102,8 +102,12 @@ def _assert_demo_reports_running(result: subprocess.CompletedProcess[str]) -> No
     }
 
 
-def _versions(kubeconfig: Path) -> dict[tuple[str, str, str], str]:
-    """(kind, namespace, name) -> resourceVersion of every watched object in a cluster."""
+def _identities(kubeconfig: Path) -> dict[tuple[str, str, str, str], tuple[str, str]]:
+    """(apiVersion, kind, namespace, name) -> (uid, what a writer of the object would change).
+
+    That is the generation for objects that have one (their status, which the demo's reporter
+    pods keep writing while they run, does not count), else the resourceVersion.
+    """
     out = subprocess.run(
         [
             str(toolchain.bin_path("kubectl")),
@@ -121,30 +125,34 @@ def _versions(kubeconfig: Path) -> dict[tuple[str, str, str], str]:
         timeout=120,
     ).stdout
     items: list[dict[str, Any]] = json.loads(out)["items"]
-    return {
-        (i["kind"], i["metadata"].get("namespace", ""), i["metadata"]["name"]): i["metadata"][
-            "resourceVersion"
-        ]
-        for i in items
-    }
+    found = {}
+    for item in items:
+        meta = item["metadata"]
+        key = (item["apiVersion"], item["kind"], meta.get("namespace", ""), meta["name"])
+        found[key] = (meta["uid"], str(meta.get("generation") or meta["resourceVersion"]))
+    return found
 
 
 def test_demo_then_the_suites_readme_flow_in_one_clone_then_the_demo_again(
-    local_cluster: Path, tmp_path: Path
+    local_cluster: Path, real_node_free: None, tmp_path: Path
 ) -> None:
     # local_cluster: only for its CI semantics (tools present, cluster startable).
     state = tmp_path / "state"  # the newcomer's `.state/`
-    env = {**os.environ, "PMEM_CSI_STATE_DIR": str(state)}
-    env.pop("KUBECONFIG", None)
+    session = state / localenv.TEST_SESSION_SUBDIR
+    # A newcomer's shell: none of this session's own settings.
+    own = ("KUBECONFIG", "PMEM_CSI_TEST_SESSION", "PMEM_CSI_KEEP_CLUSTER")
+    env = {k: v for k, v in os.environ.items() if k not in own}
+    env["PMEM_CSI_STATE_DIR"] = str(state)
     demo_kubeconfig = state / "kubeconfig"
     try:
         first = _run_demo(env)
         _assert_demo_reports_running(first)
         # The committed stack file is never rewritten (no encryptionsalt of this state dir).
         assert "encryptionsalt" not in (toolchain.PROJECT_DIR / "Pulumi.local.yaml").read_text()
-        before = _versions(demo_kubeconfig)
-        assert ("Deployment", "", "pmem-csi.intel.com") in before, sorted(before)
-        assert ("DaemonSet", "pmem-csi", "pmem-csi-intel-com-node") in before, sorted(before)
+        before = _identities(demo_kubeconfig)
+        cr = ("pmem-csi.intel.com/v1beta1", "Deployment", "", "pmem-csi.intel.com")
+        node_ds = ("apps/v1", "DaemonSet", "pmem-csi", "pmem-csi-intel-com-node")
+        assert cr in before and node_ds in before, sorted(before)
 
         suite = subprocess.run(
             [
@@ -166,21 +174,22 @@ def test_demo_then_the_suites_readme_flow_in_one_clone_then_the_demo_again(
         assert suite.returncode == 0, report
         assert "1 passed" in suite.stdout, report
         # Its own cluster and backend, inside the demo's state directory, and stopped after it.
-        session = state / localenv.TEST_SESSION_SUBDIR
         assert (session / "pulumi-backend").is_dir(), report
         assert not (session / "kubeconfig").exists(), report
 
-        after = _versions(demo_kubeconfig)
+        after = _identities(demo_kubeconfig)
         changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
         assert changed == [], changed
 
         again = _run_demo(env)
         _assert_demo_reports_running(again)
     finally:
-        subprocess.run(
-            [sys.executable, "-m", "tools.cluster", "stop"],
-            cwd=toolchain.PROJECT_DIR,
-            env=env,
-            capture_output=True,
-            timeout=120,
-        )
+        # The nested session's cluster too, should that session have been killed.
+        for state_dir in (session, state):
+            subprocess.run(
+                [sys.executable, "-m", "tools.cluster", "stop"],
+                cwd=toolchain.PROJECT_DIR,
+                env={**env, "PMEM_CSI_STATE_DIR": str(state_dir)},
+                capture_output=True,
+                timeout=120,
+            )

@@ -72,7 +72,7 @@ def _unavailable(reason: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def node(local_cluster: Path) -> Iterator[realnode.Record]:
+def node(local_cluster: Path, real_node_free: None) -> Iterator[realnode.Record]:
     """The real node, with the reporter image (``make image``) in its containerd."""
     if os.geteuid() != 0:
         _unavailable("the real node needs root (network namespace, cgroups, mounts)")

@@ -265,7 +265,7 @@ def test_a_cr_deleted_while_writing_is_logged_as_such(caplog: pytest.LogCaptureF
 
 
 def test_a_cr_gone_at_the_reread_is_logged_as_deleted(caplog: pytest.LogCaptureFixture) -> None:
-    cache, api, writer, _ = setup(failures=[ApiException(status=409)])
+    _cache, api, writer, _ = setup(failures=[ApiException(status=409)])
 
     def gone(name: str) -> None:
         api.gets += 1

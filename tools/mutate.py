@@ -1,0 +1,212 @@
+"""Mutation testing of the pure core: ``make mutate`` (by hand; not part of ``make test``).
+
+mutmut (pinned in requirements-dev.txt, configured under ``[tool.mutmut]`` in pyproject.toml)
+copies the code into ``mutants/`` (git-ignored), changes one thing at a time inside the
+functions of the modules below (a ``<`` into ``<=``, a string into ``"XX...XX"``, an ``and``
+into ``or``, an argument into ``None``) and runs the unit tests that cover that function
+against each change. A change no test notices ("survived") marks a behaviour that no test
+pins. docs/testing.md records the scores and explains each survivor that is left.
+
+    python -m tools.mutate run        # fresh run (removes mutants/ first), then the table
+    python -m tools.mutate run --keep # continue or update the last run
+    python -m tools.mutate report     # the table of the last run
+    python -m tools.mutate survivors [PATTERN]  # each surviving mutant's diff
+
+Why a wrapper: mutmut reports per file and counts the preflight's cluster reading
+(``observe`` and friends, exercised by the end-to-end tests) like its planning; this groups
+the scores by the modules issue 17 names and scores only their pure decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+MUTANTS_DIR = PROJECT_DIR / "mutants"
+
+# Module in the table -> the source files it covers (globs, as in [tool.mutmut] only_mutate).
+MODULES: dict[str, tuple[str, ...]] = {
+    "pmem_components/config.py": ("pmem_components/config.py",),
+    "pmem_components/patches.py": ("pmem_components/patches.py",),
+    "pmem_components/preflight.py (planning)": ("pmem_components/preflight.py",),
+    "pmem_components/takeover.py": ("pmem_components/takeover.py",),
+    "pmem_components/fieldowners.py": ("pmem_components/fieldowners.py",),
+    "pmem_components/manifests/": ("pmem_components/manifests/*.py",),
+    "reporter/status.py": ("reporter/status.py",),
+    "reporter/write.py": ("reporter/write.py",),
+}
+
+# Functions that do I/O rather than decide: mutated (mutmut cannot leave them out without
+# markers in the code) but not scored. The end-to-end tests run them against a cluster.
+NOT_SCORED = {
+    "pmem_components/preflight.py": (
+        "_observed",
+        "_Reader.*",
+        "observe",
+        "api_client_from",
+        "run",
+    ),
+}
+
+# mutmut's exit codes (mutmut.stats.status_by_exit_code), folded into what the table shows.
+KILLED, SURVIVED, NO_TESTS, TIMEOUT, NOT_CHECKED, OTHER = (
+    "killed",
+    "survived",
+    "no tests",
+    "timeout",
+    "not checked",
+    "other",
+)
+_STATUS = {1: KILLED, 3: KILLED, 0: SURVIVED, 5: NO_TESTS, 33: NO_TESTS, None: NOT_CHECKED}
+_TIMEOUT_CODES = {36, -24, 24, 152, 255}
+
+
+def status_of(exit_code: int | None) -> str:
+    if exit_code in _TIMEOUT_CODES:
+        return TIMEOUT
+    return _STATUS.get(exit_code, OTHER)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str  # mutmut's: pmem_components.preflight.x_plan__mutmut_8
+    source: str  # pmem_components/preflight.py
+    function: str  # plan, or Class.method
+    status: str
+    seconds: float  # wall time of its test run (0 when none ran)
+
+
+def function_of(mutant_name: str, module: str) -> str:
+    """``pkg.mod.x_plan__mutmut_8`` -> ``plan``; ``pkg.mod.xǁCǁm__mutmut_1`` -> ``C.m``."""
+    local = mutant_name[len(module) + 1 :].rsplit("__mutmut_", 1)[0]
+    if local.startswith("xǁ"):
+        return ".".join(part for part in local[2:].split("ǁ") if part)
+    return local.removeprefix("x_")
+
+
+def mutants(root: Path = MUTANTS_DIR) -> Iterator[Mutant]:
+    """Every mutant of the last run, from mutmut's per-file ``.meta`` results."""
+    for meta_path in sorted(root.rglob("*.py.meta")):
+        source = meta_path.relative_to(root).as_posix().removesuffix(".meta")
+        module = source.removesuffix(".py").replace("/", ".")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        durations = meta.get("durations_by_key") or {}
+        for name, code in (meta.get("exit_code_by_key") or {}).items():
+            yield Mutant(
+                name,
+                source,
+                function_of(name, module),
+                status_of(code),
+                float(durations.get(name) or 0.0),
+            )
+
+
+def module_of(source: str) -> str | None:
+    for module, patterns in MODULES.items():
+        if any(fnmatch.fnmatch(source, p) for p in patterns):
+            return module
+    return None
+
+
+def scored(m: Mutant) -> bool:
+    return not any(fnmatch.fnmatch(m.function, p) for p in NOT_SCORED.get(m.source, ()))
+
+
+def table(all_mutants: list[Mutant]) -> str:
+    """The per-module scores as a Markdown table (killed includes timeouts)."""
+    rows = [
+        "| module | mutants | killed | timeout | survived | no tests | not checked | score "
+        "| test time (s) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for module in MODULES:
+        mine = [m for m in all_mutants if module_of(m.source) == module and scored(m)]
+        counts = Counter(m.status for m in mine)
+        detected = counts[KILLED] + counts[TIMEOUT]
+        checked = len(mine) - counts[NOT_CHECKED]
+        score = f"{100 * detected / checked:.1f} %" if checked else "-"
+        seconds = sum(m.seconds for m in mine)
+        rows.append(
+            f"| {module} | {len(mine)} | {counts[KILLED]} | {counts[TIMEOUT]} "
+            f"| {counts[SURVIVED]} | {counts[NO_TESTS]} | {counts[NOT_CHECKED]} | {score} "
+            f"| {seconds:.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def survivors(pattern: str) -> None:
+    """Print the diff of each scored mutant that survived (or had no test)."""
+    os.chdir(PROJECT_DIR)
+    from mutmut.__main__ import get_diff_for_mutant
+
+    for m in mutants():
+        if m.status not in (SURVIVED, NO_TESTS) or not scored(m):
+            continue
+        if not fnmatch.fnmatch(m.name, pattern) and not fnmatch.fnmatch(m.source, pattern):
+            continue
+        diff = get_diff_for_mutant(m.name, path=Path(m.source))
+        changed = [
+            line
+            for line in diff.splitlines()
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))
+        ]
+        print(f"## {m.name} ({m.status})")
+        print("\n".join(changed))
+
+
+def run(keep: bool, children: int) -> int:
+    if not keep and MUTANTS_DIR.exists():
+        shutil.rmtree(MUTANTS_DIR)
+    mutmut = Path(sys.executable).with_name("mutmut")
+    started = time.monotonic()
+    cpu_before = os.times()
+    done = subprocess.run(
+        [str(mutmut), "run", "--max-children", str(children)], cwd=PROJECT_DIR, check=False
+    )
+    wall = time.monotonic() - started
+    cpu_after = os.times()
+    cpu = sum(
+        getattr(cpu_after, f) - getattr(cpu_before, f)
+        for f in ("children_user", "children_system")
+    )
+    print()
+    print(table(list(mutants())))
+    print(f"\nwall time {wall / 60:.1f} min, CPU time {cpu / 60:.1f} min, {children} workers")
+    return done.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.mutate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="run mutmut, then print the table")
+    run_p.add_argument("--keep", action="store_true", help="keep mutants/ (continue a run)")
+    run_p.add_argument("--children", type=int, default=os.cpu_count() or 2)
+    sub.add_parser("report", help="the table of the last run")
+    surv_p = sub.add_parser("survivors", help="diffs of the surviving mutants")
+    surv_p.add_argument("pattern", nargs="?", default="*", help="mutant name or file glob")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args.keep, args.children)
+    if not MUTANTS_DIR.is_dir():
+        print("no mutants/ yet: run `make mutate` first", file=sys.stderr)
+        return 1
+    if args.command == "report":
+        print(table(list(mutants())))
+    else:
+        survivors(args.pattern)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,8 @@ against each change. A change no test notices ("survived") marks a behaviour tha
 pins. docs/testing.md records the scores and explains each survivor that is left.
 
     python -m tools.mutate run        # fresh run (removes mutants/ first), then the table
-    python -m tools.mutate run --keep # continue or update the last run
+    python -m tools.mutate run --keep # continue the last run (mutants not checked yet)
+    python -m tools.mutate run --again-survivors  # the last run's survivors against new tests
     python -m tools.mutate report     # the table of the last run
     python -m tools.mutate survivors [PATTERN]  # each surviving mutant's diff
 
@@ -165,14 +166,24 @@ def survivors(pattern: str) -> None:
         print("\n".join(changed))
 
 
-def run(keep: bool, children: int) -> int:
-    if not keep and MUTANTS_DIR.exists():
+def run(keep: bool, children: int, again_survivors: bool = False) -> int:
+    """A mutmut run; ``again_survivors``: only the last run's survivors (after new tests: a
+    killed mutant stays killed when tests are only added)."""
+    names: list[str] = []
+    if again_survivors:
+        names = [m.name for m in mutants() if m.status in (SURVIVED, NO_TESTS) and scored(m)]
+        if not names:
+            print("no survivors to run again")
+            return 0
+    elif not keep and MUTANTS_DIR.exists():
         shutil.rmtree(MUTANTS_DIR)
     mutmut = Path(sys.executable).with_name("mutmut")
     started = time.monotonic()
     cpu_before = os.times()
     done = subprocess.run(
-        [str(mutmut), "run", "--max-children", str(children)], cwd=PROJECT_DIR, check=False
+        [str(mutmut), "run", "--max-children", str(children), *names],
+        cwd=PROJECT_DIR,
+        check=False,
     )
     wall = time.monotonic() - started
     cpu_after = os.times()
@@ -191,13 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run mutmut, then print the table")
     run_p.add_argument("--keep", action="store_true", help="keep mutants/ (continue a run)")
+    run_p.add_argument(
+        "--again-survivors", action="store_true", help="run the last run's survivors again"
+    )
     run_p.add_argument("--children", type=int, default=os.cpu_count() or 2)
     sub.add_parser("report", help="the table of the last run")
     surv_p = sub.add_parser("survivors", help="diffs of the surviving mutants")
     surv_p.add_argument("pattern", nargs="?", default="*", help="mutant name or file glob")
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.keep, args.children)
+        return run(args.keep, args.children, args.again_survivors)
     if not MUTANTS_DIR.is_dir():
         print("no mutants/ yet: run `make mutate` first", file=sys.stderr)
         return 1

@@ -334,3 +334,110 @@ def test_the_writer_passes_its_progress_deadline_to_the_status(
     writer.progress_deadline = timedelta(seconds=42)
     assert writer.reconcile(NAME)
     assert seen == [timedelta(seconds=42)]
+
+
+# --------------------------------------------------------------------------- second round
+
+
+def test_the_crs_namespace_defaults_to_the_drivers_default() -> None:
+    from reporter import model
+
+    assert write.cr_namespace({"spec": {"namespace": "drv"}}) == "drv"
+    assert write.cr_namespace({"spec": {}}) == model.DEFAULT_NAMESPACE
+    assert write.cr_namespace({}) == model.DEFAULT_NAMESPACE
+
+
+def test_a_steady_state_is_no_error() -> None:
+    _, _api, writer, _ = setup()
+    assert writer.reconcile(NAME)
+    assert not writer.reconcile(NAME)  # nothing deferred, nothing to write
+    assert writer.metrics.status_write_errors._value.get() == 0
+
+
+def test_a_later_write_patches_only_what_changed() -> None:
+    cache, api, writer, _ = setup()
+    assert writer.reconcile(NAME)
+    cr = cache.crs[NAME]
+    cache.crs[NAME] = {**cr, "metadata": {**cr["metadata"], "generation": 2}}
+    assert writer.reconcile(NAME)
+    second = api.patches[1]["status"]
+    assert second["observedGeneration"] == 2
+    assert "phase" not in second  # still Failed: not sent again
+
+
+def test_a_written_status_without_metadata_is_not_remembered() -> None:
+    cache, api, writer, _ = setup()
+    remembered: list[Any] = []
+    cache.remember_cr = remembered.append  # type: ignore[method-assign]
+    api.patch_status = lambda name, patch: {}  # type: ignore[method-assign,assignment]
+    assert writer.reconcile(NAME)
+    assert remembered == []
+
+
+def test_a_written_status_that_is_not_an_object_still_gets_its_event() -> None:
+    _cache, api, writer, _ = setup()
+    api.patch_status = lambda name, patch: None  # type: ignore[method-assign,assignment]
+    assert writer.reconcile(NAME)
+    ((_, event),) = api.events  # about the CR as the writer read it
+    assert event["involvedObject"]["name"] == NAME
+    assert event["involvedObject"]["resourceVersion"] == "1"
+    assert event["metadata"]["namespace"] == "pmem-csi"
+
+
+def test_the_log_names_the_phase_it_left(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from test_reporter_write import Phases
+
+    _, _api, writer, _ = setup()
+    phases = Phases(monkeypatch)
+    phases.set("Failed")
+    assert writer.reconcile(NAME)
+    phases.set("Running")
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        assert writer.reconcile(NAME)
+    assert f"{NAME}: status written: phase 'Failed' -> 'Running'" in caplog.messages
+
+
+def test_a_new_failure_reason_is_written_without_a_second_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from test_reporter_write import Phases
+
+    _, api, writer, _ = setup()
+    phases = Phases(monkeypatch)
+    phases.set("Failed")
+    assert writer.reconcile(NAME)
+    phases.set("Failed")  # another reason, same phase
+    writer.monotonic = lambda: 1000.0  # a token is back
+    assert writer.reconcile(NAME)
+    assert len(api.patches) == 2
+    assert [e["reason"] for _, e in api.events] == ["Failed"]
+
+
+def test_an_event_is_retried_after_a_transient_error() -> None:
+    _, api, writer, sleeps = setup()
+    original = api.create_event
+    failures = [ApiException(status=503)]
+
+    def flaky(namespace: str, event: dict[str, Any]) -> Any:
+        if failures:
+            raise failures.pop()
+        return original(namespace, event)
+
+    api.create_event = flaky  # type: ignore[method-assign]
+    assert writer.reconcile(NAME)
+    assert len(api.events) == 1 and len(sleeps) == 1
+    assert writer.metrics.events._value.get() == 1
+
+
+def test_an_event_after_lost_leadership_is_logged_as_not_created(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, api, writer, _ = setup()
+    calls = iter([True, True, False])
+    writer.is_leader = lambda: next(calls, False)
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        assert writer.reconcile(NAME)
+    assert api.events == []
+    assert f"event Failed on {NAME} not created: GiveUp: leadership lost" in caplog.messages

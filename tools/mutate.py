@@ -10,6 +10,8 @@ pins. docs/testing.md records the scores and explains each survivor that is left
     python -m tools.mutate run        # fresh run (removes mutants/ first), then the table
     python -m tools.mutate run --keep # continue the last run (mutants not checked yet)
     python -m tools.mutate run --again-survivors  # the last run's survivors against new tests
+    python -m tools.mutate run --keep --sample 150  # a seeded random sample per module
+    python -m tools.mutate report --sample 150      # ... and its score per module
     python -m tools.mutate report     # the table of the last run
     python -m tools.mutate survivors [PATTERN]  # each surviving mutant's diff
 
@@ -24,6 +26,7 @@ import argparse
 import fnmatch
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -124,25 +127,48 @@ def scored(m: Mutant) -> bool:
     return not any(fnmatch.fnmatch(m.function, p) for p in NOT_SCORED.get(m.source, ()))
 
 
-def table(all_mutants: list[Mutant]) -> str:
-    """The per-module scores as a Markdown table (killed includes timeouts)."""
-    rows = [
-        "| module | mutants | killed | timeout | survived | no tests | not checked | score "
-        "| test time (s) |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+SAMPLE_SEED = 17
+
+
+def sample(all_mutants: list[Mutant], size: int) -> set[str]:
+    """A seeded random sample of ``size`` scored mutants per module (all of a smaller one):
+    a run that checks only these estimates each module's score in a fraction of the time."""
+    chosen: set[str] = set()
+    for module in MODULES:
+        names = sorted(m.name for m in all_mutants if module_of(m.source) == module and scored(m))
+        chosen.update(random.Random(SAMPLE_SEED).sample(names, min(size, len(names))))
+    return chosen
+
+
+def _score(mutants_: list[Mutant]) -> tuple[str, int]:
+    counts = Counter(m.status for m in mutants_)
+    checked = len(mutants_) - counts[NOT_CHECKED]
+    detected = counts[KILLED] + counts[TIMEOUT]
+    return (f"{100 * detected / checked:.1f} %" if checked else "-"), checked
+
+
+def table(all_mutants: list[Mutant], sampled: set[str] | None = None) -> str:
+    """The per-module scores as a Markdown table (killed includes timeouts); with ``sampled``,
+    also the score over the sampled mutants and how many of them were checked."""
+    head = "| module | mutants | killed | timeout | survived | no tests | not checked | score "
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+    if sampled is not None:
+        head += "| sample score (checked) "
+        rule += "| ---: "
+    rows = [head + "| test time (s) |", rule + "| ---: |"]
     for module in MODULES:
         mine = [m for m in all_mutants if module_of(m.source) == module and scored(m)]
         counts = Counter(m.status for m in mine)
-        detected = counts[KILLED] + counts[TIMEOUT]
-        checked = len(mine) - counts[NOT_CHECKED]
-        score = f"{100 * detected / checked:.1f} %" if checked else "-"
-        seconds = sum(m.seconds for m in mine)
-        rows.append(
+        score, _ = _score(mine)
+        row = (
             f"| {module} | {len(mine)} | {counts[KILLED]} | {counts[TIMEOUT]} "
             f"| {counts[SURVIVED]} | {counts[NO_TESTS]} | {counts[NOT_CHECKED]} | {score} "
-            f"| {seconds:.0f} |"
         )
+        if sampled is not None:
+            in_sample = [m for m in mine if m.name in sampled]
+            sample_score, checked = _score(in_sample)
+            row += f"| {sample_score} ({checked} of {len(in_sample)}) "
+        rows.append(row + f"| {sum(m.seconds for m in mine):.0f} |")
     return "\n".join(rows)
 
 
@@ -166,14 +192,28 @@ def survivors(pattern: str) -> None:
         print("\n".join(changed))
 
 
-def run(keep: bool, children: int, again_survivors: bool = False) -> int:
+def run(
+    keep: bool, children: int, again_survivors: bool = False, sample_size: int | None = None
+) -> int:
     """A mutmut run; ``again_survivors``: only the last run's survivors (after new tests: a
-    killed mutant stays killed when tests are only added)."""
+    killed mutant stays killed when tests are only added); ``sample_size``: only the sampled
+    mutants not checked yet (or timed out, checked again with the current limit)."""
     names: list[str] = []
+    sampled: set[str] | None = None
     if again_survivors:
         names = [m.name for m in mutants() if m.status in (SURVIVED, NO_TESTS) and scored(m)]
         if not names:
             print("no survivors to run again")
+            return 0
+    elif sample_size is not None:
+        found = list(mutants())
+        if not found:
+            print("a sample needs the mutants of a first run: run without --sample first")
+            return 1
+        sampled = sample(found, sample_size)
+        names = [m.name for m in found if m.name in sampled and m.status in (NOT_CHECKED, TIMEOUT)]
+        if not names:
+            print(table(found, sampled))
             return 0
     elif not keep and MUTANTS_DIR.exists():
         shutil.rmtree(MUTANTS_DIR)
@@ -192,7 +232,7 @@ def run(keep: bool, children: int, again_survivors: bool = False) -> int:
         for f in ("children_user", "children_system")
     )
     print()
-    print(table(list(mutants())))
+    print(table(list(mutants()), sampled))
     print(f"\nwall time {wall / 60:.1f} min, CPU time {cpu / 60:.1f} min, {children} workers")
     return done.returncode
 
@@ -205,18 +245,21 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument(
         "--again-survivors", action="store_true", help="run the last run's survivors again"
     )
+    run_p.add_argument("--sample", type=int, help="check only a random sample per module")
     run_p.add_argument("--children", type=int, default=os.cpu_count() or 2)
-    sub.add_parser("report", help="the table of the last run")
+    report_p = sub.add_parser("report", help="the table of the last run")
+    report_p.add_argument("--sample", type=int, help="add the score of this sample per module")
     surv_p = sub.add_parser("survivors", help="diffs of the surviving mutants")
     surv_p.add_argument("pattern", nargs="?", default="*", help="mutant name or file glob")
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.keep, args.children, args.again_survivors)
+        return run(args.keep, args.children, args.again_survivors, args.sample)
     if not MUTANTS_DIR.is_dir():
         print("no mutants/ yet: run `make mutate` first", file=sys.stderr)
         return 1
     if args.command == "report":
-        print(table(list(mutants())))
+        found = list(mutants())
+        print(table(found, sample(found, args.sample) if args.sample else None))
     else:
         survivors(args.pattern)
     return 0

@@ -441,3 +441,13 @@ def test_an_event_after_lost_leadership_is_logged_as_not_created(
         assert writer.reconcile(NAME)
     assert api.events == []
     assert f"event Failed on {NAME} not created: GiveUp: leadership lost" in caplog.messages
+
+
+def test_an_error_without_an_http_status_is_logged_as_it_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, _api, writer, sleeps = setup(failures=[ValueError("bad object")])
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        assert not writer.reconcile(NAME)
+    assert f"{NAME}: writing status failed: ValueError: bad object" in caplog.messages
+    assert sleeps == []  # not retried

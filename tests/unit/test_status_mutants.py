@@ -176,3 +176,75 @@ UNSCHEDULED = {"type": "PodScheduled", "status": "False"}
 )
 def test_why_a_pod_is_not_ready(pod: dict, problem: str) -> None:
     assert st.pod_problem(pod) == problem
+
+
+# --------------------------------------------------------------------------- conditions and reasons
+
+
+def test_complete_secrets_say_what_they_hold() -> None:
+    from test_status import NS, cond
+
+    s = st.compute_status(observed(), NOW)
+    ready = cond(s, "CertsReady")
+    assert ready["message"] == (
+        f"Secrets {NS}/{NAMES.registry_secret} and {NS}/{NAMES.node_secret} "
+        "hold ca.crt, tls.crt, tls.key"
+    )
+
+
+def test_certificates_are_not_verified_before_the_secrets_are_complete() -> None:
+    from test_status import SECRET, cond, good_objects
+
+    objects = good_objects()
+    objects[SECRET][NAMES.node_secret] = None
+    verified = cond(st.compute_status(observed(objects), NOW), "CertsVerified")
+    assert (verified["status"], verified["reason"], verified["message"]) == (
+        "Unknown",
+        "CertsNotReady",
+        "Certificates cannot be verified until CertsReady is True",
+    )
+
+
+def test_a_pod_without_a_ready_condition_is_not_ready() -> None:
+    pods = [*node_pods(2), {**pod(BAD, "worker-2"), "status": {"phase": "Running"}}]
+    s = st.compute_status(observed(with_changes(ds=daemonset(3, 2)), nodepods=pods), NOW)
+    assert f"{BAD} on worker-2: " in comp(s, "Node")["reason"]
+
+
+def test_only_a_pod_scheduled_condition_makes_unschedulable_a_failure() -> None:
+    odd = _pod(
+        "Running",
+        conditions=[{"type": "Ready", "status": "False", "reason": "Unschedulable"}],
+        containerStatuses=[_cs("c")],
+    )
+    assert st.pod_failure(odd) is None
+
+
+def test_unready_pods_are_listed_by_name_and_five_at_most() -> None:
+    names_ = [f"{NAMES.hyphened}-node-{c}" for c in "edcba"]
+    pods = [pod(n, f"w-{n[-1]}", ready=False) for n in names_]
+    s = st.compute_status(observed(with_changes(ds=daemonset(5, 0)), nodepods=pods), NOW)
+    reason = comp(s, "Node")["reason"]
+    listed = [f"{n} on w-{n[-1]}" for n in sorted(names_)]
+    positions = [reason.index(text) for text in listed]
+    assert positions == sorted(positions)
+    assert "more" not in reason  # exactly five: no "and 0 more"
+
+
+def test_a_controller_behind_its_generation_is_named_by_kind_and_name() -> None:
+    ds = daemonset(3, generation=3, observed_generation=2)
+    s = st.compute_status(observed(with_changes(ds=ds)), NOW)
+    assert (
+        f"Rollout in progress: DaemonSet {NAMES.node_driver} has not observed generation 3 yet "
+        "(observed 2)"
+    ) in comp(s, "Node")["reason"]
+
+
+def test_the_phase_reason_names_only_a_components_first_problem() -> None:
+    pods = [pod(f"{NAMES.hyphened}-node-{i}", f"worker-{i}", ready=False) for i in range(2)]
+    s = st.compute_status(observed(with_changes(ds=daemonset(3, 0)), nodepods=pods), NOW)
+    node_reason = comp(s, "Node")["reason"]
+    first, _, rest = node_reason.partition("; ")
+    assert rest  # several problems
+    assert f"Node driver is NotReady: {first}" in s["reason"]
+    assert rest not in s["reason"]

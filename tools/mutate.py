@@ -141,19 +141,20 @@ def sample(all_mutants: list[Mutant], size: int) -> set[str]:
 
 
 def _score(mutants_: list[Mutant]) -> tuple[str, int]:
+    """Killed / (killed + survived + no tests). Timeouts are left out: on a loaded machine a
+    slow survivor times out too, so a timeout is neither until checked with a longer limit."""
     counts = Counter(m.status for m in mutants_)
-    checked = len(mutants_) - counts[NOT_CHECKED]
-    detected = counts[KILLED] + counts[TIMEOUT]
-    return (f"{100 * detected / checked:.1f} %" if checked else "-"), checked
+    decided = counts[KILLED] + counts[SURVIVED] + counts[NO_TESTS]
+    return (f"{100 * counts[KILLED] / decided:.1f} %" if decided else "-"), decided
 
 
 def table(all_mutants: list[Mutant], sampled: set[str] | None = None) -> str:
-    """The per-module scores as a Markdown table (killed includes timeouts); with ``sampled``,
-    also the score over the sampled mutants and how many of them were checked."""
+    """The per-module scores as a Markdown table (see ``_score``); with ``sampled``, also the
+    score over the sampled mutants and how many of them it is made of."""
     head = "| module | mutants | killed | timeout | survived | no tests | not checked | score "
     rule = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
     if sampled is not None:
-        head += "| sample score (checked) "
+        head += "| sample score (of) "
         rule += "| ---: "
     rows = [head + "| test time (s) |", rule + "| ---: |"]
     for module in MODULES:

@@ -29,7 +29,7 @@ def test_the_table_scores_decisions_and_leaves_out_the_preflights_io(tmp_path: P
         "pmem_components/preflight.py",
         {
             f"{pf}.x_plan__mutmut_1": 1,  # killed
-            f"{pf}.x_plan__mutmut_2": -24,  # timeout: detected too
+            f"{pf}.x_plan__mutmut_2": -24,  # timeout: left out of the score
             f"{pf}.x_plan__mutmut_3": 0,  # survived
             f"{pf}.x_plan__mutmut_4": None,  # not checked yet
             f"{pf}.x_observe__mutmut_1": 33,  # I/O: not scored
@@ -42,7 +42,7 @@ def test_the_table_scores_decisions_and_leaves_out_the_preflights_io(tmp_path: P
     assert {m.status for m in found} == {"killed", "timeout", "survived", "not checked", "no tests"}
     rows = {line.split(" | ")[0].lstrip("| "): line for line in mutate.table(found).splitlines()}
     assert rows["pmem_components/preflight.py (planning)"] == (
-        "| pmem_components/preflight.py (planning) | 4 | 1 | 1 | 1 | 0 | 1 | 66.7 % | 2 |"
+        "| pmem_components/preflight.py (planning) | 4 | 1 | 1 | 1 | 0 | 1 | 50.0 % | 2 |"
     )
     # A mutant without a test counts against the score.
     assert rows["reporter/write.py"] == "| reporter/write.py | 1 | 0 | 0 | 0 | 1 | 0 | 0.0 % | 0 |"

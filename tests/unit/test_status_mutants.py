@@ -150,11 +150,11 @@ UNSCHEDULED = {"type": "PodScheduled", "status": "False"}
             _pod(containerStatuses=[_cs("c", {"terminated": {"exitCode": 2}})]),
             "exit code 2 (container c)",
         ),
-        # A terminated state without an exit code, or exit code 0, is no failure.
+        # A terminated container without an exit code, or with exit code 0, is no failure.
         (
             _pod(
                 containerStatuses=[
-                    _cs("a", {"terminated": {}}),
+                    _cs("a", {"terminated": {"reason": "Completed"}}),
                     _cs("b", {"terminated": {"exitCode": 0}}),
                 ]
             ),

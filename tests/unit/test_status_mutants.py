@@ -248,3 +248,32 @@ def test_the_phase_reason_names_only_a_components_first_problem() -> None:
     assert rest  # several problems
     assert f"Node driver is NotReady: {first}" in s["reason"]
     assert rest not in s["reason"]
+
+
+# --------------------------------------------------------------------------- controller, unreadable
+
+
+def test_a_controller_scaled_to_zero_says_so() -> None:
+    from test_status import statefulset
+
+    s = st.compute_status(observed(with_changes(ss=statefulset(0)), ctrl_pods=[]), NOW)
+    assert comp(s, "Controller")["reason"] == "Controller stateful set is scaled to 0 replicas"
+
+
+def test_extra_controller_pods_are_waited_for() -> None:
+    from test_status import statefulset
+
+    ss = statefulset(1)
+    ss["status"]["replicas"] = 3
+    s = st.compute_status(observed(with_changes(ss=ss)), NOW)
+    assert "Waiting for 2 extra pod(s) to terminate" in comp(s, "Controller")["reason"]
+
+
+def test_objects_that_cannot_be_read_make_driver_deployed_unknown() -> None:
+    import dataclasses
+
+    from test_status import cond
+
+    o = dataclasses.replace(observed(), unreadable={"Service": "401 Unauthorized"})
+    deployed = cond(st.compute_status(o, NOW), "DriverDeployed")
+    assert (deployed["status"], deployed["reason"]) == ("Unknown", "ObjectsUnreadable")

@@ -277,3 +277,27 @@ def test_objects_that_cannot_be_read_make_driver_deployed_unknown() -> None:
     o = dataclasses.replace(observed(), unreadable={"Service": "401 Unauthorized"})
     deployed = cond(st.compute_status(o, NOW), "DriverDeployed")
     assert (deployed["status"], deployed["reason"]) == ("Unknown", "ObjectsUnreadable")
+
+
+def test_a_failed_certificate_check_records_the_generation_it_saw() -> None:
+    from test_status import _node_secret_with, cond
+
+    s = st.compute_status(observed(_node_secret_with("foreign_node")), NOW)
+    verified = cond(s, "CertsVerified")
+    assert verified["status"] == "False"
+    assert verified["observedGeneration"] == 4  # the CR's generation (test_status.cr)
+
+
+def test_a_transition_time_up_to_one_clock_skew_ahead_is_kept() -> None:
+    cr = {"metadata": {"name": "x"}}
+    at_limit = _stamp(NOW + dt.timedelta(seconds=st.CLOCK_SKEW_SECONDS))
+    beyond = _stamp(NOW + dt.timedelta(seconds=st.CLOCK_SKEW_SECONDS + 1))
+    old = {
+        "conditions": [
+            {"type": "A", "status": "True", "lastTransitionTime": at_limit},
+            {"type": "B", "status": "True", "lastTransitionTime": beyond},
+        ]
+    }
+    kept = st.without_implausible_times(old, cr, NOW)
+    assert kept["conditions"][0]["lastTransitionTime"] == at_limit
+    assert "lastTransitionTime" not in kept["conditions"][1]

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit lint tools image cluster-start cluster-stop clean-state
+.PHONY: demo test unit lint mutate tools image cluster-start cluster-stop clean-state
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ lint: $(VENV)/.installed
 
 unit: $(VENV)/.installed
 	$(PY) -m pytest tests/unit -q
+
+# Mutation testing of the pure core against the unit tests (by hand, not part of `make test`;
+# docs/testing.md): a fresh mutmut run in mutants/, then the score per module. Niced, since it
+# keeps every core busy for a while.
+mutate: $(VENV)/.installed
+	nice -n 10 $(PY) -m tools.mutate run
 
 # The whole suite: unit tests, then the end-to-end tests on a local cluster with the real
 # Pulumi engine. PMEM_CSI_REQUIRE_CLUSTER makes a missing tool a failure, never a skip.

@@ -1,0 +1,41 @@
+"""The certificates' fingerprint
+(:func:`pmem_components.manifests.bundle.certificates_fingerprint`).
+
+Why: it goes into the driver's pod templates so that new certificates roll the pods. The
+component test compares it with the function's own result, so a fingerprint of the CA alone
+passed the unit suite (mutation testing found it): then renewing the registry's or the node
+controller's certificate under the same CA would leave the pods running with the old one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pmem_components.manifests import bundle
+
+CA, REGISTRY, NODE = "ca-pem", "registry-pem", "node-pem"
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["ca", "registry", "node-controller"])
+def test_the_fingerprint_changes_when_any_one_certificate_does(which: int) -> None:
+    pems = [CA, REGISTRY, NODE]
+    before = bundle.certificates_fingerprint(*pems)
+    pems[which] = pems[which] + "-renewed"
+    assert bundle.certificates_fingerprint(*pems) != before
+
+
+def test_the_fingerprint_tells_which_certificate_holds_which_text() -> None:
+    """The parts are separated: moving text from one certificate to the next changes it."""
+    assert bundle.certificates_fingerprint("ab", "c", NODE) != bundle.certificates_fingerprint(
+        "a", "bc", NODE
+    )
+    assert bundle.certificates_fingerprint(CA, REGISTRY, NODE) != bundle.certificates_fingerprint(
+        REGISTRY, CA, NODE
+    )
+
+
+def test_the_fingerprint_ignores_surrounding_whitespace_and_is_stable() -> None:
+    """A PEM read from a file with a trailing newline is the same certificate."""
+    one = bundle.certificates_fingerprint(CA, REGISTRY, NODE)
+    assert bundle.certificates_fingerprint(f"{CA}\n", f" {REGISTRY}", f"{NODE}\n\n") == one
+    assert len(one) == 32 and int(one, 16) >= 0

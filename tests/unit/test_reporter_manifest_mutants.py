@@ -1,0 +1,81 @@
+"""The reporter's Deployment (:func:`pmem_components.manifests.reporter.build_reporter_objects`):
+what mutation testing found unpinned in test_reporter_rbac.py -- the arguments the reporter is
+started with, its probes, resources, security settings and spreading.
+"""
+
+from __future__ import annotations
+
+from test_reporter_rbac import NAMES, objects
+
+from pmem_components.manifests.reporter import METRICS_PORT, REPORTER_UID, reporter_selector
+from reporter.__main__ import parse_args
+
+
+def test_the_reporter_understands_its_arguments_as_the_deployment_means_them() -> None:
+    (container,) = objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    args = parse_args(container["args"])
+    assert args.deployment == ["pmem-csi.intel.com"]
+    assert args.namespace == "drv"
+    assert args.lease_name == "pmem-csi-intel-com-reporter"
+    assert args.log_level == parse_args(["--log-level", "4"]).log_level
+    assert args.metrics_port == METRICS_PORT
+    assert container["ports"] == [
+        {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}
+    ]
+
+
+def test_the_reporter_container_is_probed_limited_and_locked_down() -> None:
+    (container,) = objects()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["name"] == "reporter"
+    assert container["livenessProbe"] == {
+        "httpGet": {"path": "/healthz", "port": "metrics"},
+        "periodSeconds": 10,
+        "timeoutSeconds": 3,
+        "failureThreshold": 3,
+    }
+    assert container["readinessProbe"] == {
+        "httpGet": {"path": "/readyz", "port": "metrics"},
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 1,
+    }
+    assert container["resources"] == {
+        "requests": {"cpu": "10m", "memory": "64Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def test_the_reporter_pods_run_as_the_images_user_and_spread_over_nodes() -> None:
+    dep = objects()["Deployment"]
+    assert dep["apiVersion"] == "apps/v1"
+    assert dep["metadata"]["name"] == "pmem-csi-intel-com-reporter"
+    assert dep["metadata"]["namespace"] == "drv"
+    assert dep["metadata"]["labels"] == dep["spec"]["template"]["metadata"]["labels"]
+    assert dep["metadata"]["labels"]["team"] == "storage"
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": REPORTER_UID,
+        "runAsGroup": REPORTER_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert pod["affinity"] == {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "labelSelector": {"matchLabels": reporter_selector(NAMES)},
+                        "topologyKey": "kubernetes.io/hostname",
+                    },
+                }
+            ]
+        }
+    }
+    assert pod["terminationGracePeriodSeconds"] == 10
+    assert dep["spec"]["selector"] == {"matchLabels": reporter_selector(NAMES)}

@@ -1,0 +1,270 @@
+"""Mutation testing of the pure core: ``make mutate`` (by hand; not part of ``make test``).
+
+mutmut (pinned in requirements-dev.txt, configured under ``[tool.mutmut]`` in pyproject.toml)
+copies the code into ``mutants/`` (git-ignored), changes one thing at a time inside the
+functions of the modules below (a ``<`` into ``<=``, a string into ``"XX...XX"``, an ``and``
+into ``or``, an argument into ``None``) and runs the unit tests that cover that function
+against each change. A change no test notices ("survived") marks a behaviour that no test
+pins. docs/testing.md records the scores and explains each survivor that is left.
+
+    python -m tools.mutate run        # fresh run (removes mutants/ first), then the table
+    python -m tools.mutate run --keep # continue the last run (mutants not checked yet)
+    python -m tools.mutate run --again-survivors  # the last run's survivors against new tests
+    python -m tools.mutate run --keep --sample 150  # a seeded random sample per module
+    python -m tools.mutate report --sample 150      # ... and its score per module
+    python -m tools.mutate report     # the table of the last run
+    python -m tools.mutate survivors [PATTERN]  # each surviving mutant's diff
+
+Why a wrapper: mutmut reports per file and counts the preflight's cluster reading
+(``observe`` and friends, exercised by the end-to-end tests) like its planning; this groups
+the scores by the modules issue 17 names and scores only their pure decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+MUTANTS_DIR = PROJECT_DIR / "mutants"
+
+# Module in the table -> the source files it covers (globs, as in [tool.mutmut] only_mutate).
+MODULES: dict[str, tuple[str, ...]] = {
+    "pmem_components/config.py": ("pmem_components/config.py",),
+    "pmem_components/patches.py": ("pmem_components/patches.py",),
+    "pmem_components/preflight.py (planning)": ("pmem_components/preflight.py",),
+    "pmem_components/takeover.py": ("pmem_components/takeover.py",),
+    "pmem_components/fieldowners.py": ("pmem_components/fieldowners.py",),
+    "pmem_components/manifests/": ("pmem_components/manifests/*.py",),
+    "reporter/status.py": ("reporter/status.py",),
+    "reporter/write.py": ("reporter/write.py",),
+}
+
+# Functions that do I/O rather than decide: mutated (mutmut cannot leave them out without
+# markers in the code) but not scored. The end-to-end tests run them against a cluster.
+NOT_SCORED = {
+    "pmem_components/preflight.py": (
+        "_observed",
+        "_Reader.*",
+        "observe",
+        "api_client_from",
+        "run",
+    ),
+}
+
+# mutmut's exit codes (mutmut.stats.status_by_exit_code), folded into what the table shows.
+KILLED, SURVIVED, NO_TESTS, TIMEOUT, NOT_CHECKED, OTHER = (
+    "killed",
+    "survived",
+    "no tests",
+    "timeout",
+    "not checked",
+    "other",
+)
+_STATUS = {1: KILLED, 3: KILLED, 0: SURVIVED, 5: NO_TESTS, 33: NO_TESTS, None: NOT_CHECKED}
+_TIMEOUT_CODES = {36, -24, 24, 152, 255}
+
+
+def status_of(exit_code: int | None) -> str:
+    if exit_code in _TIMEOUT_CODES:
+        return TIMEOUT
+    return _STATUS.get(exit_code, OTHER)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str  # mutmut's: pmem_components.preflight.x_plan__mutmut_8
+    source: str  # pmem_components/preflight.py
+    function: str  # plan, or Class.method
+    status: str
+    seconds: float  # wall time of its test run (0 when none ran)
+
+
+def function_of(mutant_name: str, module: str) -> str:
+    """``pkg.mod.x_plan__mutmut_8`` -> ``plan``; ``pkg.mod.xǁCǁm__mutmut_1`` -> ``C.m``."""
+    local = mutant_name[len(module) + 1 :].rsplit("__mutmut_", 1)[0]
+    if local.startswith("xǁ"):
+        return ".".join(part for part in local[2:].split("ǁ") if part)
+    return local.removeprefix("x_")
+
+
+def mutants(root: Path = MUTANTS_DIR) -> Iterator[Mutant]:
+    """Every mutant of the last run, from mutmut's per-file ``.meta`` results."""
+    for meta_path in sorted(root.rglob("*.py.meta")):
+        source = meta_path.relative_to(root).as_posix().removesuffix(".meta")
+        module = source.removesuffix(".py").replace("/", ".")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        durations = meta.get("durations_by_key") or {}
+        for name, code in (meta.get("exit_code_by_key") or {}).items():
+            yield Mutant(
+                name,
+                source,
+                function_of(name, module),
+                status_of(code),
+                float(durations.get(name) or 0.0),
+            )
+
+
+def module_of(source: str) -> str | None:
+    for module, patterns in MODULES.items():
+        if any(fnmatch.fnmatch(source, p) for p in patterns):
+            return module
+    return None
+
+
+def scored(m: Mutant) -> bool:
+    return not any(fnmatch.fnmatch(m.function, p) for p in NOT_SCORED.get(m.source, ()))
+
+
+SAMPLE_SEED = 17
+
+
+def sample(all_mutants: list[Mutant], size: int) -> set[str]:
+    """A seeded random sample of ``size`` scored mutants per module (all of a smaller one):
+    a run that checks only these estimates each module's score in a fraction of the time."""
+    chosen: set[str] = set()
+    for module in MODULES:
+        names = sorted(m.name for m in all_mutants if module_of(m.source) == module and scored(m))
+        chosen.update(random.Random(SAMPLE_SEED).sample(names, min(size, len(names))))
+    return chosen
+
+
+def _score(mutants_: list[Mutant]) -> tuple[str, int]:
+    """Killed / (killed + survived + no tests). Timeouts are left out: on a loaded machine a
+    slow survivor times out too, so a timeout is neither until checked with a longer limit."""
+    counts = Counter(m.status for m in mutants_)
+    decided = counts[KILLED] + counts[SURVIVED] + counts[NO_TESTS]
+    return (f"{100 * counts[KILLED] / decided:.1f} %" if decided else "-"), decided
+
+
+def table(all_mutants: list[Mutant], sampled: set[str] | None = None) -> str:
+    """The per-module scores as a Markdown table (see ``_score``); with ``sampled``, also the
+    score over the sampled mutants and how many of them it is made of."""
+    head = "| module | mutants | killed | timeout | survived | no tests | not checked | score "
+    rule = "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+    if sampled is not None:
+        head += "| sample score (of) "
+        rule += "| ---: "
+    rows = [head + "| test time (s) |", rule + "| ---: |"]
+    for module in MODULES:
+        mine = [m for m in all_mutants if module_of(m.source) == module and scored(m)]
+        counts = Counter(m.status for m in mine)
+        score, _ = _score(mine)
+        row = (
+            f"| {module} | {len(mine)} | {counts[KILLED]} | {counts[TIMEOUT]} "
+            f"| {counts[SURVIVED]} | {counts[NO_TESTS]} | {counts[NOT_CHECKED]} | {score} "
+        )
+        if sampled is not None:
+            in_sample = [m for m in mine if m.name in sampled]
+            sample_score, checked = _score(in_sample)
+            row += f"| {sample_score} ({checked} of {len(in_sample)}) "
+        rows.append(row + f"| {sum(m.seconds for m in mine):.0f} |")
+    return "\n".join(rows)
+
+
+def survivors(pattern: str) -> None:
+    """Print the diff of each scored mutant that survived (or had no test)."""
+    os.chdir(PROJECT_DIR)
+    from mutmut.__main__ import get_diff_for_mutant
+
+    for m in mutants():
+        if m.status not in (SURVIVED, NO_TESTS) or not scored(m):
+            continue
+        if not fnmatch.fnmatch(m.name, pattern) and not fnmatch.fnmatch(m.source, pattern):
+            continue
+        diff = get_diff_for_mutant(m.name, path=Path(m.source))
+        changed = [
+            line
+            for line in diff.splitlines()
+            if line[:1] in "+-" and not line.startswith(("+++", "---"))
+        ]
+        print(f"## {m.name} ({m.status})")
+        print("\n".join(changed))
+
+
+def run(
+    keep: bool, children: int, again_survivors: bool = False, sample_size: int | None = None
+) -> int:
+    """A mutmut run; ``again_survivors``: only the last run's survivors (after new tests: a
+    killed mutant stays killed when tests are only added); ``sample_size``: only the sampled
+    mutants not checked yet (or timed out, checked again with the current limit)."""
+    names: list[str] = []
+    sampled: set[str] | None = None
+    if again_survivors:
+        names = [m.name for m in mutants() if m.status in (SURVIVED, NO_TESTS) and scored(m)]
+        if not names:
+            print("no survivors to run again")
+            return 0
+    elif sample_size is not None:
+        found = list(mutants())
+        if not found:
+            print("a sample needs the mutants of a first run: run without --sample first")
+            return 1
+        sampled = sample(found, sample_size)
+        names = [m.name for m in found if m.name in sampled and m.status in (NOT_CHECKED, TIMEOUT)]
+        if not names:
+            print(table(found, sampled))
+            return 0
+    elif not keep and MUTANTS_DIR.exists():
+        shutil.rmtree(MUTANTS_DIR)
+    mutmut = Path(sys.executable).with_name("mutmut")
+    started = time.monotonic()
+    cpu_before = os.times()
+    done = subprocess.run(
+        [str(mutmut), "run", "--max-children", str(children), *names],
+        cwd=PROJECT_DIR,
+        check=False,
+    )
+    wall = time.monotonic() - started
+    cpu_after = os.times()
+    cpu = sum(
+        getattr(cpu_after, f) - getattr(cpu_before, f)
+        for f in ("children_user", "children_system")
+    )
+    print()
+    print(table(list(mutants()), sampled))
+    print(f"\nwall time {wall / 60:.1f} min, CPU time {cpu / 60:.1f} min, {children} workers")
+    return done.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.mutate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_p = sub.add_parser("run", help="run mutmut, then print the table")
+    run_p.add_argument("--keep", action="store_true", help="keep mutants/ (continue a run)")
+    run_p.add_argument(
+        "--again-survivors", action="store_true", help="run the last run's survivors again"
+    )
+    run_p.add_argument("--sample", type=int, help="check only a random sample per module")
+    run_p.add_argument("--children", type=int, default=os.cpu_count() or 2)
+    report_p = sub.add_parser("report", help="the table of the last run")
+    report_p.add_argument("--sample", type=int, help="add the score of this sample per module")
+    surv_p = sub.add_parser("survivors", help="diffs of the surviving mutants")
+    surv_p.add_argument("pattern", nargs="?", default="*", help="mutant name or file glob")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run(args.keep, args.children, args.again_survivors, args.sample)
+    if not MUTANTS_DIR.is_dir():
+        print("no mutants/ yet: run `make mutate` first", file=sys.stderr)
+        return 1
+    if args.command == "report":
+        found = list(mutants())
+        print(table(found, sample(found, args.sample) if args.sample else None))
+    else:
+        survivors(args.pattern)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -517,3 +517,40 @@ def _test_two_instances_of_one_driver_get_distinct_resource_names(mocks: Mocks) 
         assert len(names_seen) == len(set(names_seen))
 
     return settle(pulumi.Output.all(east.ca_cert, west.ca_cert), check)
+
+
+def test_a_namespace_the_stack_created_stays_when_its_deployment_stops_creating_it(
+    mocks: Mocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """retainNamespaces false, and the last deployment that created the namespace switches
+    to createNamespace: false while it still lives there: not registering the namespace
+    would make the engine delete it, and the deployment with it (issue 15)."""
+    from pmem_components import registry
+
+    seen: list[tuple[dict[str, Any], pulumi.ResourceOptions]] = []
+    real = registry.register
+
+    def spy(obj: dict[str, Any], opts: pulumi.ResourceOptions, **kw: Any) -> Any:
+        seen.append((obj, opts))
+        return real(obj, opts, **kw)
+
+    monkeypatch.setattr(registry, "register", spy)
+    s = load_config(
+        {"deployments": [{"createNamespace": False}], "retainNamespaces": False},
+        check_certificates=False,
+    )
+
+    def program() -> Any:
+        from pmem_components.program import deploy as program_deploy
+
+        return settle(program_deploy(s, keep_namespaces={"pmem-csi"}), check)
+
+    def check(_: Any) -> None:
+        (ns,) = [(o, opts) for o, opts in seen if o["kind"] == "Namespace"]
+        obj, opts = ns
+        assert obj["metadata"]["name"] == "pmem-csi"
+        assert opts.retain_on_delete is True
+        # Released: the next pulumi up no longer counts it as the stack's.
+        assert names.STACK_ANNOTATION not in obj["metadata"].get("annotations", {})
+
+    run(program)

@@ -107,6 +107,7 @@ def deploy(
         if any(d.adopt_namespace for d in members):
             annotations[PATCH_FORCE_ANNOTATION] = "true"
         obj["metadata"]["annotations"] = annotations
+        obj = _patched_namespace(stack, obj, annotations)
         # Stacks made before namespaces moved to stack level have it under a deployment.
         old_urn = (
             f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
@@ -141,6 +142,31 @@ def deploy(
             "caCert": component.ca_cert,
         }
     return outputs
+
+
+def _patched_namespace(
+    stack: StackConfig, obj: dict[str, Any], annotations: Mapping[str, str]
+) -> dict[str, Any]:
+    """The stack-level Namespace with the ``kind: Namespace`` patches of the deployments that
+    create it, in config order.
+
+    The namespace is registered here, outside the deployments' components whose transforms
+    apply their patches, so they are applied here; the dry run (``check_patches``) has
+    validated them against the namespace object each of those deployments builds. The
+    annotations the stack relies on are put back after the patches.
+    """
+    from pmem_components import registry
+    from pmem_components.patches import PatchSet
+
+    ns = obj["metadata"]["name"]
+    for i, d in enumerate(stack.deployments):
+        if d.namespace != ns or not d.create_namespace or not d.patches:
+            continue
+        patched = PatchSet.for_deployment(i, d.patches).apply(registry.type_token(obj), obj)
+        obj = patched if patched is not None else obj
+    meta = obj.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+    return obj
 
 
 def kube_client() -> Any:

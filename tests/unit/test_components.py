@@ -554,3 +554,24 @@ def test_a_namespace_the_stack_created_stays_when_its_deployment_stops_creating_
         assert names.STACK_ANNOTATION not in obj["metadata"].get("annotations", {})
 
     run(program)
+
+
+def test_a_namespace_patch_is_applied_to_the_stack_level_namespace(mocks: Mocks) -> None:
+    run(lambda: _test_a_namespace_patch_is_applied_to_the_stack_level_namespace(mocks))
+
+
+def _test_a_namespace_patch_is_applied_to_the_stack_level_namespace(mocks: Mocks) -> Any:
+    """The program registers namespaces at stack level, outside the component whose
+    transforms apply the deployment's patches: the patch is applied there (issue 15)."""
+    label = {"pod-security.kubernetes.io/enforce": "privileged"}
+    patch = {"kind": "Namespace", "mergePatch": {"metadata": {"labels": label}}}
+    outputs = deploy(stack({"patches": [patch]}))
+
+    def check(_: Any) -> None:
+        ns = mocks.one("kubernetes:core/v1:Namespace")
+        assert ns.inputs["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == (
+            "privileged"
+        )
+        assert names.STACK_ANNOTATION in ns.inputs["metadata"]["annotations"]
+
+    return settle(outputs, check)

@@ -28,6 +28,12 @@ So this module answers, before anything changes:
 * Which namespaces did this stack create that configured deployments still use although no
   deployment creates them any more (``createNamespace: false``)? Returned in
   :attr:`Plan.keep_namespaces`, so the program keeps them instead of deleting them.
+* Would a patch make the provider replace an object (delete it and create it anew)? It does
+  so when the update changes a field Kubernetes does not let change in place. Rather than a
+  list of such fields kept here, each object a patch selects that exists is applied in a
+  server-side dry run against the live one, as the provider applies it (its field manager),
+  with and without the patches: a refusal only with them is a config error naming the
+  patch entry and the fields (:class:`Rejection`).
 
 :func:`plan` is pure (observations in, problems and moves out) and unit tested;
 :func:`observe` does the reads with the Kubernetes client (``get``/``list`` only).
@@ -87,6 +93,17 @@ class ObservedObject:
         return self.labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY
 
 
+@dataclass(frozen=True)
+class Rejection:
+    """The API server refused a deployment's patched object in a dry run (not unpatched)."""
+
+    index: int  # the deployment
+    labels: tuple[str, ...]  # the patch entries that select the object
+    ref: str  # "StatefulSet ns/name"
+    fields: tuple[str, ...]  # the changed fields the refusal is about
+    reason: str  # the API server's words (no object content for Secrets)
+
+
 @dataclass
 class Observed:
     """The cluster as far as the preflight looks at it."""
@@ -100,6 +117,7 @@ class Observed:
     # PersistentVolumes, VolumeAttachments and StorageClasses that name one of the drivers
     # the plan judges (``spec`` holds the field that names it, see :func:`volume_driver`).
     volumes: list[ObservedObject] = field(default_factory=list)
+    patch_rejections: list[Rejection] = field(default_factory=list)
 
 
 @dataclass
@@ -333,6 +351,14 @@ def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
                 + (f" ({RUNBOOK})" if ds.operator_owner or not ds.ours else "")
             )
 
+    for r in observed.patch_rejections:
+        out.problems.append(
+            f"{', '.join(r.labels)}: changes {', '.join(r.fields)} of {r.ref}, which the API "
+            f"server refuses to change in place ({r.reason}); the provider would delete the "
+            "object and create it anew. Leave that field out of the patch (to change it "
+            "anyway, delete the object first and run pulumi up again)"
+        )
+
     # Namespaces this stack created that a deployment still uses, though no one creates it.
     created = {d.namespace for d in deps if d.create_namespace}
     for ns in dict.fromkeys(d.namespace for d in deps if not d.create_namespace):
@@ -463,6 +489,29 @@ class _Reader:
     def __init__(self, api_client: Any) -> None:
         self.api = api_client
 
+    def dry_apply(
+        self, path: str, obj: Mapping[str, Any], manager: str
+    ) -> tuple[int, dict[str, Any]]:
+        """Server-side apply ``obj`` at ``path`` in a dry run (nothing is written): the
+        status and the response (the object, or the API server's Status on a refusal)."""
+        import json
+
+        query = [("dryRun", "All"), ("fieldManager", manager), ("force", "true")]
+        resp = kubecall.request(
+            self.api,
+            "PATCH",
+            path,
+            timeout=15,
+            body=dict(obj),
+            content_type="application/apply-patch+yaml",
+            query=query,
+        )
+        try:
+            body = json.loads(resp.body or b"{}")
+        except ValueError:
+            body = {}
+        return resp.status, body if isinstance(body, dict) else {}
+
     def get(self, path: str) -> dict[str, Any] | None:
         """GET ``path`` as JSON; None on 404 (through the client's auth and TLS settings)."""
         import json
@@ -506,9 +555,12 @@ def observe(api_client: Any, stack: StackConfig) -> Observed:
     # About 20 GETs per deployment, each a round trip to a remote API server: in parallel.
     with ThreadPoolExecutor(max_workers=_PARALLEL_GETS) as pool:
         lives = list(pool.map(lambda w: reader.get(w[2]), wanted))
-    for (i, kind, _), live in zip(wanted, lives, strict=True):
+    by_path: dict[str, dict[str, Any]] = {}
+    for (i, kind, path), live in zip(wanted, lives, strict=True):
         if live is not None:
             out.same_named[i].append(_observed(live, kind))
+            by_path[path] = live
+    out.patch_rejections = patch_rejections(reader, stack, by_path)
     daemon_sets = reader.get(_path("apps/v1", "DaemonSet", None)) or {}
     out.daemon_sets = [_observed(d, "DaemonSet") for d in daemon_sets.get("items") or []]
     # Volumes of the drivers that could be renamed or removed or change device mode: this
@@ -526,6 +578,89 @@ def observe(api_client: Any, stack: StackConfig) -> Observed:
             o = _observed(item, kind)
             if volume_driver(o) in drivers:
                 out.volumes.append(o)
+    return out
+
+
+# Managers for the dry run when the live object has no entry of the provider's.
+DRY_RUN_MANAGER = "pmem-csi-preflight"
+
+
+def _provider_manager(live: Mapping[str, Any]) -> str:
+    """The provider's field manager of ``live`` (server-side apply), so that the dry run
+    applies as the provider will: fields it owns and the object no longer has are removed."""
+    from pmem_components.fieldowners import is_pulumi_manager
+
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        manager = str(entry.get("manager") or "")
+        if entry.get("operation") == "Apply" and is_pulumi_manager(manager):
+            return manager
+    return DRY_RUN_MANAGER
+
+
+def _refusal(status: Mapping[str, Any], secret: bool) -> tuple[list[str], str]:
+    """(fields, reason) of an API server Status. For a Secret only the fields and the
+    reasons (``FieldValueInvalid``), never the messages: they may quote values."""
+    causes = [c for c in (status.get("details") or {}).get("causes") or [] if c.get("field")]
+    fields = [str(c["field"]) for c in causes]
+    word = "reason" if secret else "message"
+    reason = "; ".join(f"{c['field']}: {c.get(word) or ''}" for c in causes)
+    if not reason:
+        reason = str(status.get("reason" if secret else "message") or status.get("reason") or "")
+    return fields, reason[:300]
+
+
+def patch_rejections(
+    reader: Any, stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]
+) -> list[Rejection]:
+    """Dry-run every live object a patch selects, patched and as built (see module doc).
+
+    ``reader.dry_apply(path, obj, manager)`` returns (HTTP status, body). Only a refusal of
+    the patched object that the unpatched one does not get counts: the patch is its cause.
+    """
+    from pmem_components.patches import PatchSet, changed_paths
+
+    out: list[Rejection] = []
+    for i, d in enumerate(stack.deployments):
+        if not d.patches:
+            continue
+        patch_set = PatchSet.for_deployment(i, d.patches)
+        for obj in bundle.build_deployment_objects(d, create_namespace=False).all():
+            meta = obj["metadata"]
+            path = _path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+            live = lives.get(path)
+            kind, api_version = obj["kind"], obj["apiVersion"]
+            labels = tuple(
+                e.label for e in patch_set.entries if e.selects(kind, obj, api_version)
+            )
+            if live is None or not labels:
+                continue
+            patched = patch_set.apply(f"kubernetes:{api_version}:{kind}", obj) or obj
+            manager = _provider_manager(live)
+            status, body = reader.dry_apply(path, patched, manager)
+            if 200 <= status <= 299:
+                continue
+            if status != 422:
+                raise RuntimeError(f"dry-run apply of {path}: HTTP {status}")
+            plain_status, _ = reader.dry_apply(path, obj, manager)
+            if plain_status != 200 and plain_status != 201:
+                continue  # refused without the patches too: not theirs to answer for
+            fields, reason = _refusal(body, secret=kind == "Secret")
+            changed = changed_paths(obj, patched)
+            named = [
+                c
+                for c in changed
+                if any(c == f or c.startswith(f + ".") or f.startswith(c + ".") for f in fields)
+            ]
+            ns = meta.get("namespace")
+            out.append(
+                Rejection(
+                    index=i,
+                    labels=labels,
+                    ref=f"{kind} {ns + '/' if ns else ''}{meta['name']}",
+                    fields=tuple(named or fields or changed),
+                    reason=reason,
+                )
+            )
     return out
 
 
@@ -556,7 +691,8 @@ def run(stack: StackConfig, stack_id: str, api_client: Any) -> Plan:
             f"pmem-csi:preflight: cannot read the cluster ({type(err).__name__}: "
             f"{str(err)[:200]}); the preflight checks need get/list on Deployment CRs, "
             "namespaces, DaemonSets, PersistentVolumes, VolumeAttachments, StorageClasses and "
-            "the deployment's objects. Set pmem-csi:preflight: "
+            "the deployment's objects, and patch (server-side dry run) on the objects patches "
+            "select. Set pmem-csi:preflight: "
             "false to skip them (adoption, rename and migration are then not checked)"
         ) from None
     return plan(stack, observed, stack_id)

@@ -303,3 +303,88 @@ def test_a_namespace_the_stack_created_is_kept_while_a_deployment_uses_it() -> N
         plan(stack({"namespace": "elsewhere", "createNamespace": False}), mine, ME).keep_namespaces
         == set()
     )
+
+
+class DryRunApi:
+    """Answers dry-run applies as an API server would for a StatefulSet whose
+    podManagementPolicy is immutable: 422 when the applied object changes it."""
+
+    def __init__(self, live_policy: str = "OrderedReady") -> None:
+        self.live_policy = live_policy
+        self.calls: list[tuple[str, str]] = []
+
+    def dry_apply(self, path: str, obj: Any, manager: str) -> tuple[int, dict[str, Any]]:
+        self.calls.append((path, manager))
+        policy = (obj.get("spec") or {}).get("podManagementPolicy", self.live_policy)
+        if obj["kind"] == "StatefulSet" and policy != self.live_policy:
+            cause = {
+                "reason": "FieldValueForbidden",
+                "field": "spec",
+                "message": "Forbidden: updates to statefulset spec for fields other than "
+                "'replicas', 'template' ... are forbidden",
+            }
+            return 422, {"kind": "Status", "reason": "Invalid", "details": {"causes": [cause]}}
+        return 200, obj
+
+
+def _lives(cfg: Any) -> dict[str, Any]:
+    from pmem_components.manifests import bundle
+    from pmem_components.preflight import _path
+
+    out = {}
+    for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
+        meta = obj["metadata"]
+        live = {**obj, "metadata": {**meta, "managedFields": [
+            {"manager": "pulumi-kubernetes-abc123", "operation": "Apply"}]}}  # fmt: skip
+        out[_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])] = live
+    return out
+
+
+def test_a_patch_the_api_server_refuses_in_place_is_named_with_its_field() -> None:
+    from pmem_components.preflight import patch_rejections
+
+    patch = {"kind": "StatefulSet", "mergePatch": {"spec": {"podManagementPolicy": "Parallel"}}}
+    s = stack({"patches": [patch]})
+    api = DryRunApi()
+    (rejection,) = patch_rejections(api, s, _lives(s.deployments[0]))
+    assert rejection.labels == ("pmem-csi:deployments[0].patches[0]",)
+    assert rejection.fields == ("spec.podManagementPolicy",)
+    assert rejection.ref == "StatefulSet pmem-csi/pmem-csi-intel-com-controller"
+    # Applied as the provider applies it, with and without the patch.
+    assert {m for _, m in api.calls} == {"pulumi-kubernetes-abc123"}
+    assert len(api.calls) == 2
+    (problem,) = plan(s, Observed(patch_rejections=[rejection]), ME).problems
+    assert problem.startswith(
+        "pmem-csi:deployments[0].patches[0]: changes spec.podManagementPolicy of StatefulSet"
+    )
+    assert "delete the object and create it anew" in problem
+
+
+def test_patches_the_api_server_accepts_or_objects_not_there_yet_are_fine() -> None:
+    from pmem_components.preflight import patch_rejections
+
+    ok = {"kind": "StatefulSet", "mergePatch": {"spec": {"minReadySeconds": 5}}}
+    s = stack({"patches": [ok]})
+    assert patch_rejections(DryRunApi(), s, _lives(s.deployments[0])) == []
+    # Not created yet: nothing can be replaced, and nothing is dry-run.
+    bad = {"kind": "StatefulSet", "mergePatch": {"spec": {"podManagementPolicy": "Parallel"}}}
+    api = DryRunApi()
+    assert patch_rejections(api, stack({"patches": [bad]}), {}) == []
+    assert api.calls == []
+    # Live already Parallel (the patch was there before): no change, no replacement.
+    s = stack({"patches": [bad]})
+    assert patch_rejections(DryRunApi("Parallel"), s, _lives(s.deployments[0])) == []
+
+
+def test_a_secret_refusal_never_quotes_the_api_servers_message() -> None:
+    from pmem_components.preflight import _refusal
+
+    status = {
+        "details": {
+            "causes": [
+                {"field": "type", "reason": "FieldValueInvalid", "message": "Invalid: secret!"}
+            ]
+        }
+    }
+    fields, reason = _refusal(status, secret=True)
+    assert fields == ["type"] and reason == "type: FieldValueInvalid"

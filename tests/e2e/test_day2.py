@@ -1064,3 +1064,49 @@ def test_a_namespace_still_used_is_kept_when_its_creator_stops_creating_it(
     finally:
         dispose(stack)
         delete_quietly(core.delete_namespace, cfg.namespace)
+
+
+def test_patches_that_would_replace_an_object_are_refused_naming_the_field(
+    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+) -> None:
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    raw = {"name": f"p-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-patch"}
+    raw["reporter"] = NO_REPORTER
+    cfg = cfg_of(raw)
+
+    def config(dep: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pmem-csi:manageCrd": False,
+            "pmem-csi:retainNamespaces": False,
+            "pmem-csi:deployments": [dep],
+        }
+
+    stack = make_stack(stacks_dir, config(raw))
+    try:
+        assert up(stack, "patches: first").summary.result == "succeeded"
+        before = snapshot(kube, core, cfg)
+        # Each of these is immutable in the API: the provider would delete and re-create.
+        patches = [
+            {"kind": "StatefulSet", "mergePatch": {"spec": {"podManagementPolicy": "Parallel"}}},
+            {"kind": "Secret", "name": cfg.names.registry_secret, "mergePatch": {"type": "Opaque"}},
+            {"kind": "RoleBinding", "mergePatch": {"roleRef": {"name": "another-role"}}},
+            # Mutable: accepted.
+            {"kind": "DaemonSet", "mergePatch": {"spec": {"minReadySeconds": 3}}},
+        ]
+        _write_config(stack, config({**raw, "patches": patches}))
+        text = failed_up(stack)
+        prefix = "pmem-csi:deployments[0].patches"
+        assert f"{prefix}[0]: changes spec.podManagementPolicy of StatefulSet" in text
+        assert f"{prefix}[1]: changes type of Secret {cfg.namespace}/" in text
+        assert f"{prefix}[2]: changes roleRef.name of RoleBinding" in text
+        assert f"{prefix}[3]" not in text
+        assert snapshot(kube, core, cfg) == before  # refused before anything changed
+
+        _write_config(stack, config({**raw, "patches": patches[3:]}))
+        assert up(stack, "patches: mutable only").summary.result == "succeeded"
+        ds = kube.get(bundle.build_deployment_objects(cfg).node[0])
+        assert ds is not None and ds["spec"]["minReadySeconds"] == 3
+        assert ds["metadata"]["uid"] == before[f"DaemonSet/{cfg.names.node_driver}"][0]
+    finally:
+        dispose(stack)

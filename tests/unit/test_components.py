@@ -575,3 +575,63 @@ def _test_a_namespace_patch_is_applied_to_the_stack_level_namespace(mocks: Mocks
         assert names.STACK_ANNOTATION in ns.inputs["metadata"]["annotations"]
 
     return settle(outputs, check)
+
+
+# ------------------------------------------------------------------------- faces and URNs
+
+URN_HEAD = "urn:pulumi:unit::pmem-csi-pulumi::"
+DS_TYPES = (
+    "pmem-csi:index:PmemCsiDeployment$pmem-csi:index:NodeDriver$kubernetes:apps/v1:DaemonSet"
+)
+
+
+def _aliases_of(
+    monkeypatch: pytest.MonkeyPatch, program: Callable[[], Any]
+) -> dict[tuple[str, str], list[Any]]:
+    """Run ``program`` under the mocks; (kind, resource name) -> the aliases registered."""
+    from pmem_components import registry
+
+    seen: dict[tuple[str, str], list[Any]] = {}
+    real = registry.register
+
+    def spy(obj: dict[str, Any], opts: pulumi.ResourceOptions, **kw: Any) -> Any:
+        key = (obj["kind"], f"{kw.get('name_prefix', '')}{registry.resource_name(obj)}")
+        seen[key] = list(opts.aliases or [])
+        return real(obj, opts, **kw)
+
+    monkeypatch.setattr(registry, "register", spy)
+    run(lambda: (program(), None)[1])
+    return seen
+
+
+def test_the_named_face_keeps_the_urns_of_the_config_face_and_of_the_program(
+    mocks: Mocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PmemCsiDeployment(config) (and the program) name the children after the objects;
+    PmemCsiDeployment("name", args) prefixes them. Switching must move them, not delete and
+    re-create them by name (issue 15)."""
+    from pmem_components.components import PmemCsiDeployment, PmemCsiDeploymentArgs
+    from pmem_components.config import DeploymentConfig
+
+    cfg = DeploymentConfig(reporter={"enabled": False})
+    seen = _aliases_of(
+        monkeypatch, lambda: PmemCsiDeployment("pmem-east", PmemCsiDeploymentArgs(cfg))
+    )
+    ds = seen[("DaemonSet", "pmem-east:pmem-csi/pmem-csi-intel-com-node")]
+    assert f"{URN_HEAD}{DS_TYPES}::pmem-csi/pmem-csi-intel-com-node" in ds
+    # The namespace the component registers itself: the program's is a stack resource.
+    ns = seen[("Namespace", "pmem-east:pmem-csi")]
+    assert f"{URN_HEAD}kubernetes:core/v1:Namespace::pmem-csi" in ns
+
+
+def test_the_config_face_follows_an_alias_of_the_named_face(
+    mocks: Mocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pmem_components.components import PmemCsiDeployment
+    from pmem_components.config import DeploymentConfig
+
+    cfg = DeploymentConfig(reporter={"enabled": False})
+    opts = pulumi.ResourceOptions(aliases=[pulumi.Alias(name="pmem-east")])
+    seen = _aliases_of(monkeypatch, lambda: PmemCsiDeployment(cfg, opts))
+    ds = seen[("DaemonSet", "pmem-csi/pmem-csi-intel-com-node")]
+    assert f"{URN_HEAD}{DS_TYPES}::pmem-east:pmem-csi/pmem-csi-intel-com-node" in ds

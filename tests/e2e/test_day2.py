@@ -1110,3 +1110,49 @@ def test_patches_that_would_replace_an_object_are_refused_naming_the_field(
         assert ds["metadata"]["uid"] == before[f"DaemonSet/{cfg.names.node_driver}"][0]
     finally:
         dispose(stack)
+
+
+def test_switching_from_the_program_to_either_face_of_the_component_deletes_nothing(
+    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+) -> None:
+    """The program, then ``PmemCsiDeployment("pmem-east", args)``, then
+    ``PmemCsiDeployment(config)`` with an alias of that name: the same stack, and every
+    object (and the generated certificates) stays; the engine moves URNs, deletes nothing."""
+    from pmem_components import PmemCsiDeployment
+    from pmem_components.components import PmemCsiDeploymentArgs
+    from pmem_components.program import main as program
+    from tools import pulumi_stack as ps
+
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    raw = {"name": f"f-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-faces"}
+    raw["reporter"] = NO_REPORTER
+    cfg = cfg_of(raw)
+    config = {"pmem-csi:manageCrd": False, "pmem-csi:deployments": [raw]}
+
+    def named() -> None:
+        PmemCsiDeployment("pmem-east", PmemCsiDeploymentArgs(cfg, retain_namespace=False))
+
+    def config_face() -> None:
+        opts = pulumi.ResourceOptions(aliases=[pulumi.Alias(name="pmem-east")])
+        PmemCsiDeployment(cfg, opts, retain_namespace=False)
+
+    name = f"f{sfx}"
+    stack = ps.select_stack(name, program, stacks_dir / name, config)
+    try:
+        assert up(stack, "faces: program").summary.result == "succeeded"
+        ns_uid = core.read_namespace(cfg.namespace).metadata.uid
+        before = uids(kube, core, cfg)
+        ca = secret_data(core, cfg.names.registry_secret, cfg.namespace)["ca.crt"]
+        for what, face in (("faces: named", named), ("faces: config", config_face)):
+            stack = ps.select_stack(name, face, stacks_dir / name, config)
+            result = up(stack, what)
+            assert result.summary.result == "succeeded"
+            changes = resource_changes(result.summary)
+            assert not {"create", "delete", "replace"} & set(changes), (what, changes)
+            assert core.read_namespace(cfg.namespace).metadata.uid == ns_uid
+            assert uids(kube, core, cfg) == before, what
+            assert secret_data(core, cfg.names.registry_secret, cfg.namespace)["ca.crt"] == ca
+    finally:
+        dispose(stack)
+        delete_quietly(core.delete_namespace, cfg.namespace)

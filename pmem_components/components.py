@@ -217,7 +217,9 @@ def stack_id() -> str:
 
 def _urn(types: Sequence[str], name: str) -> str:
     """The URN of a resource whose type chain (parents first) is ``types``."""
-    return f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{'$'.join(types)}::{name}"
+    return (
+        f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{'$'.join(types)}::{name}"
+    )
 
 
 def _annotate(obj: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
@@ -261,7 +263,9 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         if args.validate:
             problems = deployment_problems(cfg, args.index)
             if not problems:
-                problems = certificate_problems(cfg, args.index)[0] + check_patches(cfg, args.index)
+                problems = certificate_problems(cfg, args.index)[0] + check_patches(
+                    cfg, args.index
+                )
             if problems:
                 raise ConfigError(problems)
         # Await settings first, so a user patch can still change one object's annotation.
@@ -402,7 +406,9 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         )
         cr_deps = [args.crd] if args.crd is not None else []
         self.deployment_cr = register(objs.deployment_cr, self, top, cr_deps)
-        self.reporter = [register(o, self, top, [*base, self.deployment_cr]) for o in objs.reporter]
+        self.reporter = [
+            register(o, self, top, [*base, self.deployment_cr]) for o in objs.reporter
+        ]
         self.ca_cert = pulumi.Output.from_input(certs.ca_cert)
         self.register_outputs(
             {

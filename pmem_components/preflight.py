@@ -48,7 +48,7 @@ from typing import Any
 
 from pmem_components import kubecall, names
 from pmem_components.awaiting import SKIP_AWAIT_ANNOTATION
-from pmem_components.config import DEVICE_MODE_ALIASES, StackConfig, key_path
+from pmem_components.config import DEVICE_MODE_ALIASES, DeploymentConfig, StackConfig, key_path
 from pmem_components.manifests import bundle
 
 OPERATOR_GROUP = names.CRD_GROUP
@@ -398,7 +398,9 @@ def _device_mode_problem(
     )
 
 
-def _unawaited_move_problem(i: int, d: Any, prev: Previous, observed: Observed) -> str | None:
+def _unawaited_move_problem(
+    i: int, d: DeploymentConfig, prev: Previous, observed: Observed
+) -> str | None:
     """Why the old node DaemonSet's delete in a move would not be awaited, if it would not.
 
     A move deletes the old DaemonSet (foreground, with its pods) before the new one is

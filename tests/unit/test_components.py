@@ -580,9 +580,7 @@ def _test_a_namespace_patch_is_applied_to_the_stack_level_namespace(mocks: Mocks
 # ------------------------------------------------------------------------- faces and URNs
 
 URN_HEAD = "urn:pulumi:unit::pmem-csi-pulumi::"
-DS_TYPES = (
-    "pmem-csi:index:PmemCsiDeployment$pmem-csi:index:NodeDriver$kubernetes:apps/v1:DaemonSet"
-)
+DS_TYPES = "pmem-csi:index:PmemCsiDeployment$pmem-csi:index:NodeDriver$kubernetes:apps/v1:DaemonSet"
 
 
 def _aliases_of(

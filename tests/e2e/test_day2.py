@@ -763,6 +763,15 @@ def test_a_stack_from_before_keeps_its_namespace(
 # StorageClass whose provisioner it is.
 
 
+@pytest.fixture
+def crd_present(api_client: Any) -> None:
+    """The CRD, for stacks with ``manageCrd: false`` (created unless there; never deleted)."""
+    from reporter.kubeapi import RawApi
+    from tests.e2e.reporter_helpers import ensure_crd
+
+    ensure_crd(RawApi(api_client))
+
+
 def _volume_objects(driver: str, tag: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(apiVersion, kind, body) of one PV, one VolumeAttachment and one StorageClass."""
     pv_name = f"pv-{tag}"
@@ -828,7 +837,11 @@ def _absent(kube: Cluster, api_version: str, kind: str, name: str) -> bool:
 
 
 def test_rename_and_removal_are_refused_while_the_driver_has_volumes(
-    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
 ) -> None:
     core = client.CoreV1Api(api_client)
     sfx = suffix()
@@ -941,7 +954,11 @@ def snapshot_without_cr(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentCo
 
 
 def test_a_move_without_await_is_refused_and_after_the_way_forward_never_overlaps(
-    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
 ) -> None:
     core = client.CoreV1Api(api_client)
     sfx = suffix()
@@ -1018,7 +1035,11 @@ def _rolled_out(kube: Cluster, cfg: DeploymentConfig) -> bool:
 
 
 def test_a_namespace_still_used_is_kept_when_its_creator_stops_creating_it(
-    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
 ) -> None:
     core = client.CoreV1Api(api_client)
     sfx = suffix()
@@ -1067,7 +1088,11 @@ def test_a_namespace_still_used_is_kept_when_its_creator_stops_creating_it(
 
 
 def test_patches_that_would_replace_an_object_are_refused_naming_the_field(
-    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
 ) -> None:
     core = client.CoreV1Api(api_client)
     sfx = suffix()
@@ -1113,7 +1138,11 @@ def test_patches_that_would_replace_an_object_are_refused_naming_the_field(
 
 
 def test_switching_from_the_program_to_either_face_of_the_component_deletes_nothing(
-    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
 ) -> None:
     """The program, then ``PmemCsiDeployment("pmem-east", args)``, then
     ``PmemCsiDeployment(config)`` with an alias of that name: the same stack, and every

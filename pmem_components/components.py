@@ -281,6 +281,13 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         own_aliases: list[Any] = []
         if prev is not None and prev.name != cfg.name and name == cfg.name:
             own_aliases.append(_urn([COMPONENT_TYPE], prev.name))
+        # The names this instance had before (see _former_names): its children keep their
+        # URNs when it switches faces, or moves from the program to library use.
+        former = [n for n in _former_names(opts) if n != name]
+        if name != cfg.name and cfg.name not in former:
+            former.append(cfg.name)  # the config face's (and the program's) URNs
+            own_aliases.append(_urn([COMPONENT_TYPE], cfg.name))
+        former_prefixes = ["" if n == cfg.name else f"{n}:" for n in former]
         opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(transforms=transforms, aliases=own_aliases or None)
         )
@@ -292,7 +299,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         old_h = DeploymentConfig(name=prev.name).names.hyphened if prev is not None else h
 
         def sub_opts(kind: str, suffix: str) -> pulumi.ResourceOptions:
-            aliases = []
+            aliases = [_urn([COMPONENT_TYPE, kind], f"{p}{h}{suffix}") for p in former_prefixes]
             if prev is not None and old_h != h and not prefix:
                 aliases.append(_urn([COMPONENT_TYPE, kind], f"{old_h}{suffix}"))
             return pulumi.ResourceOptions(parent=self, aliases=aliases or None)
@@ -337,7 +344,10 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             parent_types: Sequence[str],
             deps: Sequence[pulumi.Resource] = (),
         ) -> pulumi.CustomResource:
-            aliases: list[Any] = []
+            token, rname = registry.type_token(obj), registry.resource_name(obj)
+            aliases: list[Any] = [
+                _urn([*parent_types, token], f"{p}{rname}") for p in former_prefixes
+            ]
             replace_first = False
             if old_objs is not None:
                 old = _counterpart(obj, objs, old_objs)
@@ -361,9 +371,16 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         base: list[pulumi.Resource] = [args.namespace] if args.namespace is not None else []
         if objs.namespace is not None:
             ns_obj = _annotate(objs.namespace, {names.STACK_ANNOTATION: stack_id()})
+            ns_token = registry.type_token(ns_obj)
+            # Also where the program registers it: a stack resource (program -> library).
+            ns_aliases = [_urn([ns_token], cfg.namespace)] + [
+                _urn([*top, ns_token], f"{p}{cfg.namespace}") for p in former_prefixes
+            ]
             ns_res = registry.register(
                 ns_obj,
-                pulumi.ResourceOptions(parent=self, retain_on_delete=args.retain_namespace),
+                pulumi.ResourceOptions(
+                    parent=self, retain_on_delete=args.retain_namespace, aliases=ns_aliases
+                ),
                 name_prefix=prefix,
             )
             base = [ns_res]
@@ -402,6 +419,28 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         )
 
 
+def _former_names(opts: pulumi.ResourceOptions | None) -> list[str]:
+    """Names this component had before, from its own aliases (``pulumi.Alias(name=...)`` or
+    a URN of this type): each child then gets the alias of the child it was under that name.
+
+    Pulumi derives a child's alias from its parent's only when the child's name starts with
+    the parent's; the children of ``PmemCsiDeployment(config)`` are named after the objects,
+    so the component spells them out. ``PmemCsiDeployment("name", args)`` always counts the
+    driver name (the config face's and the program's) among them.
+    """
+    out: list[str] = []
+    for alias in (opts.aliases if opts is not None else None) or []:
+        former: Any = None
+        if isinstance(alias, pulumi.Alias) and alias.type_ in (None, ..., COMPONENT_TYPE):
+            former = alias.name
+        elif isinstance(alias, str) and alias.count("::") == 3:
+            _, _, type_, former = alias.split("::")
+            former = former if type_ == COMPONENT_TYPE else None
+        if isinstance(former, str) and former and former not in out:
+            out.append(former)
+    return out
+
+
 def _counterpart(
     obj: dict[str, Any], new: bundle.DeploymentObjects, old: bundle.DeploymentObjects
 ) -> dict[str, Any] | None:
@@ -410,6 +449,7 @@ def _counterpart(
     Both bundles come from the same builders, so the n-th object of a kind in one is the
     n-th of that kind in the other.
     """
+
     def key(o: dict[str, Any]) -> tuple[str, str]:
         return (o["apiVersion"], o["kind"])
 

@@ -205,6 +205,21 @@ def fixed_field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> 
     return problems
 
 
+def changed_paths(before: Any, after: Any, prefix: str = "") -> list[str]:
+    """Dotted paths (``spec.podManagementPolicy``, ``roleRef.name``) where ``after`` differs.
+
+    Lists are compared whole (a changed list is one path): that is how the API server names
+    fields in its validation errors too, down to the list.
+    """
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        out: list[str] = []
+        for key in dict.fromkeys([*before, *after]):
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out += changed_paths(before.get(key), after.get(key), path)
+        return out
+    return [] if before == after else [prefix]
+
+
 def _plain_copy(value: Any) -> Any:
     """Copy containers, share leaves (which may be Outputs that must not be deep-copied)."""
     if isinstance(value, Mapping):

@@ -18,6 +18,22 @@ So this module answers, before anything changes:
 * Are there objects with the deployment's names that this program did not create, above all
   the PMEM-CSI operator's (ownerReferences to a ``deployments.pmem-csi.intel.com`` CR), or a
   node driver of the same CSI driver name in another namespace? The message says what to do.
+* Does a driver that would be renamed or removed still have volumes (PersistentVolumes,
+  VolumeAttachments, StorageClasses naming its CSI driver)? Kubernetes finds the driver of a
+  volume by that name only, so they would be left with no driver that can mount, unmount or
+  delete them; refused, listing them. A device mode change is judged by what runs (the node
+  DaemonSet's ``-deviceManager=``) as well as by the CR, which may be gone.
+* Would a move's delete of the old node DaemonSet not be awaited (``pulumi.com/skipAwait``
+  makes the provider return from the delete at once)? Then two node drivers would overlap.
+* Which namespaces did this stack create that configured deployments still use although no
+  deployment creates them any more (``createNamespace: false``)? Returned in
+  :attr:`Plan.keep_namespaces`, so the program keeps them instead of deleting them.
+* Would a patch make the provider replace an object (delete it and create it anew)? It does
+  so when the update changes a field Kubernetes does not let change in place. Rather than a
+  list of such fields kept here, each object a patch selects that exists is applied in a
+  server-side dry run against the live one, as the provider applies it (its field manager),
+  with and without the patches: a refusal only with them is a config error naming the
+  patch entry and the fields (:class:`Rejection`).
 
 :func:`plan` is pure (observations in, problems and moves out) and unit tested;
 :func:`observe` does the reads with the Kubernetes client (``get``/``list`` only).
@@ -31,7 +47,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pmem_components import kubecall, names
-from pmem_components.config import StackConfig, key_path
+from pmem_components.awaiting import SKIP_AWAIT_ANNOTATION
+from pmem_components.config import DEVICE_MODE_ALIASES, DeploymentConfig, StackConfig, key_path
 from pmem_components.manifests import bundle
 
 OPERATOR_GROUP = names.CRD_GROUP
@@ -76,6 +93,17 @@ class ObservedObject:
         return self.labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY
 
 
+@dataclass(frozen=True)
+class Rejection:
+    """The API server refused a deployment's patched object in a dry run (not unpatched)."""
+
+    index: int  # the deployment
+    labels: tuple[str, ...]  # the patch entries that select the object
+    ref: str  # "StatefulSet ns/name"
+    fields: tuple[str, ...]  # the changed fields the refusal is about
+    reason: str  # the API server's words (no object content for Secrets)
+
+
 @dataclass
 class Observed:
     """The cluster as far as the preflight looks at it."""
@@ -86,12 +114,57 @@ class Observed:
     same_named: dict[int, list[ObservedObject]] = field(default_factory=dict)
     # DaemonSets anywhere in the cluster (node drivers are what must never run twice).
     daemon_sets: list[ObservedObject] = field(default_factory=list)
+    # PersistentVolumes, VolumeAttachments and StorageClasses that name one of the drivers
+    # the plan judges (``spec`` holds the field that names it, see :func:`volume_driver`).
+    volumes: list[ObservedObject] = field(default_factory=list)
+    patch_rejections: list[Rejection] = field(default_factory=list)
 
 
 @dataclass
 class Plan:
     problems: list[str] = field(default_factory=list)
     previous: dict[int, Previous] = field(default_factory=dict)
+    # Namespaces this stack created that configured deployments still use, though none of
+    # them creates it any more: the program registers them once more, kept on delete and no
+    # longer annotated as the stack's, so that leaving the stack never deletes them.
+    keep_namespaces: set[str] = field(default_factory=set)
+
+
+# Where each kind names its CSI driver.
+_VOLUME_DRIVER_FIELD = {
+    "PersistentVolume": ("csi", "driver"),
+    "VolumeAttachment": ("attacher",),
+    "StorageClass": ("provisioner",),
+}
+
+
+def volume_driver(obj: ObservedObject) -> str | None:
+    """The CSI driver a PersistentVolume, VolumeAttachment or StorageClass is bound to."""
+    value: Any = obj.spec
+    for part in _VOLUME_DRIVER_FIELD.get(obj.kind, ("-",)):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return str(value) if value else None
+
+
+def _volumes_of(observed: Observed, driver: str) -> list[ObservedObject]:
+    return [v for v in observed.volumes if volume_driver(v) == driver]
+
+
+def _running_modes(observed: Observed, driver: str) -> list[tuple[ObservedObject, str]]:
+    """(DaemonSet, device mode) of every node DaemonSet running ``driver``, from its
+    ``-deviceManager=`` argument: what manages the PMEM now, whatever the CR says."""
+    out = []
+    for ds in observed.daemon_sets:
+        if _driver_name_of(ds) != driver:
+            continue
+        pod = ((ds.spec.get("template") or {}).get("spec")) or {}
+        for container in pod.get("containers") or []:
+            words = [*(container.get("command") or []), *(container.get("args") or [])]
+            for word in words:
+                if isinstance(word, str) and word.lstrip("-").startswith("deviceManager="):
+                    mode = word.split("=", 1)[1]
+                    out.append((ds, DEVICE_MODE_ALIASES.get(mode, mode)))
+    return out
 
 
 def _driver_name_of(ds: ObservedObject) -> str | None:
@@ -104,7 +177,14 @@ def _driver_name_of(ds: ObservedObject) -> str | None:
     return None
 
 
-_WORKLOADS_FIRST = {"DaemonSet": 0, "StatefulSet": 1, "Deployment": 2}
+_WORKLOADS_FIRST = {
+    "DaemonSet": 0,
+    "StatefulSet": 1,
+    "Deployment": 2,
+    "PersistentVolume": 3,
+    "VolumeAttachment": 4,
+    "StorageClass": 5,
+}
 
 
 def _listing(objs: list[ObservedObject], most: int = 5) -> str:
@@ -182,20 +262,43 @@ def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
                         "deleted and created anew; the driver is down meanwhile, volumes stay); "
                         f"set {key_path(('deployments', i, 'allowReinstall'))}: true to do it"
                     )
-            old_mode = cr.spec.get("deviceMode")
-            if old_mode and old_mode != d.device_mode and not d.allow_device_mode_change:
-                out.problems.append(
-                    f"{key_path(('deployments', i, 'deviceMode'))}: changing it from "
-                    f"{old_mode!r} to {d.device_mode!r} makes the existing volumes unusable "
-                    "(their PMEM is managed the other way); delete or back up the volumes "
-                    "first, then set "
-                    f"{key_path(('deployments', i, 'allowDeviceModeChange'))}: true"
-                )
+        if not d.allow_device_mode_change:
+            problem = _device_mode_problem(i, d.name, d.device_mode, cr, observed)
+            if problem:
+                out.problems.append(problem)
         if d.renamed_from and d.renamed_from in mine and d.name not in mine:
             old = mine[d.renamed_from]
             out.previous[i] = Previous(d.renamed_from, str(old.spec.get("namespace") or ""))
+            stranded = _volumes_of(observed, d.renamed_from)
+            if stranded:
+                out.problems.append(
+                    f"{key_path(('deployments', i, 'renamedFrom'))}: renaming "
+                    f"{d.renamed_from!r} to {d.name!r} would strand its volumes: "
+                    f"{_listing(stranded)} name the CSI driver {d.renamed_from!r}, and "
+                    f"Kubernetes finds a volume's driver by that name only (the node state "
+                    f"directory /var/lib/{d.renamed_from} would be left behind too). A rename "
+                    "is refused while the old driver has volumes: keep the name "
+                    f"{d.renamed_from!r} (a namespace change with allowReinstall keeps the "
+                    "volumes), or first delete the PersistentVolumeClaims and StorageClasses "
+                    "that use it while it runs, then rename"
+                )
+        if i in out.previous:
+            problem = _unawaited_move_problem(i, d, out.previous[i], observed)
+            if problem:
+                out.problems.append(problem)
 
     gone = sorted(n for n in mine if n not in configured and n not in renamed)
+    for g in gone:
+        stranded = _volumes_of(observed, g)
+        if stranded:
+            out.problems.append(
+                f"{key_path(('deployments',))}: {g!r} (deployed by this stack) is no longer "
+                f"configured but still has volumes: {_listing(stranded)} name its CSI "
+                "driver; removing it would leave them without a driver (they could no longer "
+                "be mounted, unmounted or deleted). Keep it configured and first delete the "
+                "PersistentVolumeClaims (their volumes are deleted by the running driver) "
+                "and StorageClasses that use it, then remove it"
+            )
     new = [(i, d) for i, d in enumerate(deps) if d.name not in observed.crs]
     new = [(i, d) for i, d in new if i not in out.previous]
     if gone and new:
@@ -247,7 +350,87 @@ def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
                 "would run on the same nodes. Remove it first"
                 + (f" ({RUNBOOK})" if ds.operator_owner or not ds.ours else "")
             )
+
+    for r in observed.patch_rejections:
+        out.problems.append(
+            f"{', '.join(r.labels)}: changes {', '.join(r.fields)} of {r.ref}, which the API "
+            f"server refuses to change in place ({r.reason}); the provider would delete the "
+            "object and create it anew. Leave that field out of the patch (to change it "
+            "anyway, delete the object first and run pulumi up again)"
+        )
+
+    # Namespaces this stack created that a deployment still uses, though no one creates it.
+    created = {d.namespace for d in deps if d.create_namespace}
+    for ns in dict.fromkeys(d.namespace for d in deps if not d.create_namespace):
+        live = observed.namespaces.get(ns)
+        if ns in created or live is None:
+            continue
+        if live.annotations.get(names.STACK_ANNOTATION) == stack_id:
+            out.keep_namespaces.add(ns)
     return out
+
+
+def _device_mode_problem(
+    i: int, driver: str, mode: str, cr: ObservedObject | None, observed: Observed
+) -> str | None:
+    """A device mode change of ``driver`` to ``mode``, judged by the CR and by what runs.
+
+    The CR may be gone (deleted by hand, or with the CRD) or edited; the node DaemonSet's
+    ``-deviceManager=`` is what manages the PMEM of the existing volumes.
+    """
+    old: list[tuple[str, str]] = []  # (mode, where it was read)
+    cr_mode = cr.spec.get("deviceMode") if cr is not None else None
+    if cr_mode:
+        old.append((DEVICE_MODE_ALIASES.get(str(cr_mode), str(cr_mode)), "the Deployment CR"))
+    for ds, running in _running_modes(observed, driver):
+        old.append((running, f"{ds.ref} runs -deviceManager={running}"))
+    differing = [(m, where) for m, where in old if m != mode]
+    if not differing:
+        return None
+    volumes = _volumes_of(observed, driver)
+    return (
+        f"{key_path(('deployments', i, 'deviceMode'))}: changing it from "
+        f"{differing[0][0]!r} to {mode!r} makes the existing volumes unusable (their PMEM "
+        f"is managed the other way; {'; '.join(w for _, w in differing)}"
+        + (f"; volumes: {_listing(volumes)}" if volumes else "")
+        + "); delete or back up the volumes first, then set "
+        f"{key_path(('deployments', i, 'allowDeviceModeChange'))}: true"
+    )
+
+
+def _unawaited_move_problem(
+    i: int, d: DeploymentConfig, prev: Previous, observed: Observed
+) -> str | None:
+    """Why the old node DaemonSet's delete in a move would not be awaited, if it would not.
+
+    A move deletes the old DaemonSet (foreground, with its pods) before the new one is
+    created. ``pulumi.com/skipAwait`` also makes the provider return from that delete at
+    once, so the new pods would start while the old ones still hold the node's sockets and
+    host paths. The provider reads the annotation of the object it deletes, i.e. as it was
+    last applied: turning await on in the same update does not help.
+    """
+    key = key_path(("deployments", i, "await", "enabled"))
+    if not d.await_.enabled:
+        return (
+            f"{key}: false sets pulumi.com/skipAwait, with which the provider does not wait "
+            "for a delete either: the old node DaemonSet of this "
+            f"{'rename' if prev.name != d.name else 'reinstall'} would still run its pods "
+            "when the new one starts, two node drivers on the same nodes. Set "
+            "await.enabled: true for the update that moves the deployment"
+        )
+    old_ds = names.DeploymentNames(prev.name).node_driver
+    for ds in observed.daemon_sets:
+        if ds.namespace != prev.namespace or ds.name != old_ds:
+            continue
+        if str(ds.annotations.get(SKIP_AWAIT_ANNOTATION, "")).lower() == "true":
+            return (
+                f"{key}: {ds.ref} carries {SKIP_AWAIT_ANNOTATION} (from await.enabled: false), "
+                "which the provider reads when it deletes it, so the move would not wait for "
+                "the old node driver's pods to go: two node drivers on the same nodes; "
+                "first run pulumi up with await.enabled: true and the deployment where it is "
+                f"(name {prev.name!r}, namespace {prev.namespace!r}), then move it"
+            )
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -269,6 +452,9 @@ _PLURALS = {
     "Lease": "leases",
     "ConfigMap": "configmaps",
     "PodDisruptionBudget": "poddisruptionbudgets",
+    "PersistentVolume": "persistentvolumes",
+    "VolumeAttachment": "volumeattachments",
+    "StorageClass": "storageclasses",
 }
 
 
@@ -304,6 +490,29 @@ def _observed(obj: Mapping[str, Any], kind: str) -> ObservedObject:
 class _Reader:
     def __init__(self, api_client: Any) -> None:
         self.api = api_client
+
+    def dry_apply(
+        self, path: str, obj: Mapping[str, Any], manager: str
+    ) -> tuple[int, dict[str, Any]]:
+        """Server-side apply ``obj`` at ``path`` in a dry run (nothing is written): the
+        status and the response (the object, or the API server's Status on a refusal)."""
+        import json
+
+        query = [("dryRun", "All"), ("fieldManager", manager), ("force", "true")]
+        resp = kubecall.request(
+            self.api,
+            "PATCH",
+            path,
+            timeout=15,
+            body=dict(obj),
+            content_type="application/apply-patch+yaml",
+            query=query,
+        )
+        try:
+            body = json.loads(resp.body or b"{}")
+        except ValueError:
+            body = {}
+        return resp.status, body if isinstance(body, dict) else {}
 
     def get(self, path: str) -> dict[str, Any] | None:
         """GET ``path`` as JSON; None on 404 (through the client's auth and TLS settings)."""
@@ -348,11 +557,112 @@ def observe(api_client: Any, stack: StackConfig) -> Observed:
     # About 20 GETs per deployment, each a round trip to a remote API server: in parallel.
     with ThreadPoolExecutor(max_workers=_PARALLEL_GETS) as pool:
         lives = list(pool.map(lambda w: reader.get(w[2]), wanted))
-    for (i, kind, _), live in zip(wanted, lives, strict=True):
+    by_path: dict[str, dict[str, Any]] = {}
+    for (i, kind, path), live in zip(wanted, lives, strict=True):
         if live is not None:
             out.same_named[i].append(_observed(live, kind))
+            by_path[path] = live
+    out.patch_rejections = patch_rejections(reader, stack, by_path)
     daemon_sets = reader.get(_path("apps/v1", "DaemonSet", None)) or {}
     out.daemon_sets = [_observed(d, "DaemonSet") for d in daemon_sets.get("items") or []]
+    # Volumes of the drivers that could be renamed or removed or change device mode: this
+    # stack's CRs (a removed deployment is known only by its CR) and the configured names.
+    drivers = set(out.crs) | {d.name for d in stack.deployments}
+    drivers |= {d.renamed_from for d in stack.deployments if d.renamed_from}
+    for api_version, kind in (
+        ("v1", "PersistentVolume"),
+        ("storage.k8s.io/v1", "VolumeAttachment"),
+        ("storage.k8s.io/v1", "StorageClass"),
+    ):
+        for item in (reader.get(_path(api_version, kind, None)) or {}).get("items") or []:
+            if kind == "StorageClass":  # its provisioner is a top-level field
+                item = {**item, "spec": {"provisioner": item.get("provisioner")}}
+            o = _observed(item, kind)
+            if volume_driver(o) in drivers:
+                out.volumes.append(o)
+    return out
+
+
+# Managers for the dry run when the live object has no entry of the provider's.
+DRY_RUN_MANAGER = "pmem-csi-preflight"
+
+
+def _provider_manager(live: Mapping[str, Any]) -> str:
+    """The provider's field manager of ``live`` (server-side apply), so that the dry run
+    applies as the provider will: fields it owns and the object no longer has are removed."""
+    from pmem_components.fieldowners import is_pulumi_manager
+
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        manager = str(entry.get("manager") or "")
+        if entry.get("operation") == "Apply" and is_pulumi_manager(manager):
+            return manager
+    return DRY_RUN_MANAGER
+
+
+def _refusal(status: Mapping[str, Any], secret: bool) -> tuple[list[str], str]:
+    """(fields, reason) of an API server Status. For a Secret only the fields and the
+    reasons (``FieldValueInvalid``), never the messages: they may quote values."""
+    causes = [c for c in (status.get("details") or {}).get("causes") or [] if c.get("field")]
+    fields = [str(c["field"]) for c in causes]
+    word = "reason" if secret else "message"
+    reason = "; ".join(f"{c['field']}: {c.get(word) or ''}" for c in causes)
+    if not reason:
+        reason = str(status.get("reason" if secret else "message") or status.get("reason") or "")
+    return fields, reason[:300]
+
+
+def patch_rejections(
+    reader: Any, stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]
+) -> list[Rejection]:
+    """Dry-run every live object a patch selects, patched and as built (see module doc).
+
+    ``reader.dry_apply(path, obj, manager)`` returns (HTTP status, body). Only a refusal of
+    the patched object that the unpatched one does not get counts: the patch is its cause.
+    """
+    from pmem_components.patches import PatchSet, changed_paths
+
+    out: list[Rejection] = []
+    for i, d in enumerate(stack.deployments):
+        if not d.patches:
+            continue
+        patch_set = PatchSet.for_deployment(i, d.patches)
+        for obj in bundle.build_deployment_objects(d, create_namespace=False).all():
+            meta = obj["metadata"]
+            path = _path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+            live = lives.get(path)
+            kind, api_version = obj["kind"], obj["apiVersion"]
+            labels = tuple(
+                e.label for e in patch_set.entries if e.selects(kind, obj, api_version)
+            )
+            if live is None or not labels:
+                continue
+            patched = patch_set.apply(f"kubernetes:{api_version}:{kind}", obj) or obj
+            manager = _provider_manager(live)
+            status, body = reader.dry_apply(path, patched, manager)
+            if 200 <= status <= 299:
+                continue
+            if status != 422:
+                raise RuntimeError(f"dry-run apply of {path}: HTTP {status}")
+            plain_status, _ = reader.dry_apply(path, obj, manager)
+            if plain_status != 200 and plain_status != 201:
+                continue  # refused without the patches too: not theirs to answer for
+            fields, reason = _refusal(body, secret=kind == "Secret")
+            changed = changed_paths(obj, patched)
+            named = [
+                c
+                for c in changed
+                if any(c == f or c.startswith(f + ".") or f.startswith(c + ".") for f in fields)
+            ]
+            ns = meta.get("namespace")
+            out.append(
+                Rejection(
+                    index=i,
+                    labels=labels,
+                    ref=f"{kind} {ns + '/' if ns else ''}{meta['name']}",
+                    fields=tuple(named or fields or changed),
+                    reason=reason,
+                )
+            )
     return out
 
 
@@ -382,7 +692,9 @@ def run(stack: StackConfig, stack_id: str, api_client: Any) -> Plan:
         raise PreflightError(
             f"pmem-csi:preflight: cannot read the cluster ({type(err).__name__}: "
             f"{str(err)[:200]}); the preflight checks need get/list on Deployment CRs, "
-            "namespaces, DaemonSets and the deployment's objects. Set pmem-csi:preflight: "
+            "namespaces, DaemonSets, PersistentVolumes, VolumeAttachments, StorageClasses and "
+            "the deployment's objects, and patch (server-side dry run) on the objects patches "
+            "select. Set pmem-csi:preflight: "
             "false to skip them (adoption, rename and migration are then not checked)"
         ) from None
     return plan(stack, observed, stack_id)

@@ -13,7 +13,7 @@ set with ``pulumi config set --secret --path``). They are only ever used wrapped
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import pulumi
@@ -65,7 +65,9 @@ def read_config() -> StackConfig:
 
 
 def deploy(
-    stack: StackConfig, previous: Mapping[int, Any] | None = None
+    stack: StackConfig,
+    previous: Mapping[int, Any] | None = None,
+    keep_namespaces: Collection[str] = (),
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
 
@@ -74,6 +76,13 @@ def deploy(
     deployment's objects in it). They and the CRD are kept on delete unless
     ``retainNamespaces`` / ``retainCrd`` say otherwise. ``previous``: deployments that move
     (index -> :class:`pmem_components.preflight.Previous`), found by the preflight.
+
+    ``keep_namespaces``: namespaces this stack created that configured deployments still use
+    though none creates them any more (``createNamespace: false``), found by the preflight.
+    Not registering them would make the engine delete them (with ``retainNamespaces: false``
+    the state says so), and with them the deployments that live there. They are registered
+    once more, kept on delete and without the stack annotation: the next ``pulumi up`` no
+    longer counts them as the stack's and drops them from the state, leaving them in place.
     """
     from pmem_components import registry
     from pmem_components.components import (
@@ -89,13 +98,16 @@ def deploy(
 
     crd = install_crd(retain=stack.retain_crd) if stack.manage_crd else None
     namespaces: dict[str, pulumi.Resource] = {}
-    for ns in dict.fromkeys(d.namespace for d in stack.deployments if d.create_namespace):
+    creators = dict.fromkeys(d.namespace for d in stack.deployments if d.create_namespace)
+    released = [ns for ns in keep_namespaces if ns not in creators]
+    for ns in [*creators, *released]:
         members = [d for d in stack.deployments if d.namespace == ns]
         obj = bundle.build_shared_namespace(ns, members)
-        annotations = {names.STACK_ANNOTATION: stack_id()}
+        annotations = {names.STACK_ANNOTATION: stack_id()} if ns in creators else {}
         if any(d.adopt_namespace for d in members):
             annotations[PATCH_FORCE_ANNOTATION] = "true"
         obj["metadata"]["annotations"] = annotations
+        obj = _patched_namespace(stack, obj, annotations)
         # Stacks made before namespaces moved to stack level have it under a deployment.
         old_urn = (
             f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
@@ -103,7 +115,10 @@ def deploy(
         )
         namespaces[ns] = registry.register(
             obj,
-            pulumi.ResourceOptions(retain_on_delete=stack.retain_namespaces, aliases=[old_urn]),
+            pulumi.ResourceOptions(
+                retain_on_delete=stack.retain_namespaces or ns not in creators,
+                aliases=[old_urn],
+            ),
         )
     outputs: dict[str, Any] = {}
     for i, dep in enumerate(stack.deployments):
@@ -129,6 +144,31 @@ def deploy(
     return outputs
 
 
+def _patched_namespace(
+    stack: StackConfig, obj: dict[str, Any], annotations: Mapping[str, str]
+) -> dict[str, Any]:
+    """The stack-level Namespace with the ``kind: Namespace`` patches of the deployments that
+    create it, in config order.
+
+    The namespace is registered here, outside the deployments' components whose transforms
+    apply their patches, so they are applied here; the dry run (``check_patches``) has
+    validated them against the namespace object each of those deployments builds. The
+    annotations the stack relies on are put back after the patches.
+    """
+    from pmem_components import registry
+    from pmem_components.patches import PatchSet
+
+    ns = obj["metadata"]["name"]
+    for i, d in enumerate(stack.deployments):
+        if d.namespace != ns or not d.create_namespace or not d.patches:
+            continue
+        patched = PatchSet.for_deployment(i, d.patches).apply(registry.type_token(obj), obj)
+        obj = patched if patched is not None else obj
+    meta = obj.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+    return obj
+
+
 def kube_client() -> Any:
     """A Kubernetes API client connecting as the default Kubernetes provider does
     (``kubernetes:kubeconfig``, ``kubernetes:context``, else ``KUBECONFIG``)."""
@@ -140,16 +180,18 @@ def kube_client() -> Any:
     )
 
 
-def preflight(stack: StackConfig) -> dict[int, Any]:
+def preflight(stack: StackConfig) -> Any:
     """Read the cluster and refuse unsafe changes (see :mod:`pmem_components.preflight`).
 
-    Returns the deployments that move (renamedFrom / allowReinstall). The client connects as
-    the default Kubernetes provider does (``kubernetes:kubeconfig``, ``kubernetes:context``,
-    else ``KUBECONFIG``).
+    Returns the :class:`~pmem_components.preflight.Plan`: the deployments that move
+    (renamedFrom / allowReinstall) and the namespaces to keep. The client connects as the
+    default Kubernetes provider does (``kubernetes:kubeconfig``, ``kubernetes:context``, else
+    ``KUBECONFIG``).
     """
-    if not stack.preflight:
-        return {}
     from pmem_components import preflight as pf
+
+    if not stack.preflight:
+        return pf.Plan()
     from pmem_components.components import stack_id
 
     client = pf.api_client_from(
@@ -162,7 +204,7 @@ def preflight(stack: StackConfig) -> dict[int, Any]:
         client.close()
     if result.problems:
         raise ConfigError(result.problems)
-    return dict(result.previous)
+    return result
 
 
 def main() -> None:
@@ -171,10 +213,10 @@ def main() -> None:
 
     try:
         stack = read_config()
-        previous = preflight(stack)
+        checked = preflight(stack)
     except (ConfigError, PreflightError) as e:
         # Raising fails the update; the message already names each config key.
         raise pulumi.RunError(str(e)) from None
-    outputs = deploy(stack, previous)
+    outputs = deploy(stack, checked.previous, checked.keep_namespaces)
     pulumi.export("crd", "deployments.pmem-csi.intel.com" if stack.manage_crd else None)
     pulumi.export("deployments", outputs)

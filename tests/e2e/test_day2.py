@@ -753,3 +753,436 @@ def test_a_stack_from_before_keeps_its_namespace(
     finally:
         dispose(old)
         delete_quietly(core.delete_namespace, cfg.namespace)
+
+
+# --------------------------------------------------------------------------------------------
+# volumes, the running device mode, awaited deletes, namespaces in use (issue 15)
+#
+# kwok nodes run no driver, so the volumes are created as a driver and the kubelet would
+# leave them: a PersistentVolume and a VolumeAttachment naming the CSI driver, and a
+# StorageClass whose provisioner it is.
+
+
+@pytest.fixture
+def crd_present(api_client: Any) -> None:
+    """The CRD, for stacks with ``manageCrd: false`` (created unless there; never deleted)."""
+    from reporter.kubeapi import RawApi
+    from tests.e2e.reporter_helpers import ensure_crd
+
+    ensure_crd(RawApi(api_client))
+
+
+def _volume_objects(driver: str, tag: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(apiVersion, kind, body) of one PV, one VolumeAttachment and one StorageClass."""
+    pv_name = f"pv-{tag}"
+    return [
+        (
+            "v1",
+            "PersistentVolume",
+            {
+                "metadata": {"name": pv_name},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "csi": {"driver": driver, "volumeHandle": f"pmem-{tag}"},
+                },
+            },
+        ),
+        (
+            "storage.k8s.io/v1",
+            "VolumeAttachment",
+            {
+                "metadata": {"name": f"csi-{tag}"},
+                "spec": {
+                    "attacher": driver,
+                    "nodeName": "kwok-node-0",
+                    "source": {"persistentVolumeName": pv_name},
+                },
+            },
+        ),
+        ("storage.k8s.io/v1", "StorageClass", {"metadata": {"name": f"sc-{tag}"},
+                                               "provisioner": driver}),
+    ]  # fmt: skip
+
+
+def _create_volumes(kube: Cluster, driver: str, tag: str) -> list[str]:
+    refs = []
+    for api_version, kind, body in _volume_objects(driver, tag):
+        kube.resource(api_version, kind).create(body={"apiVersion": api_version, "kind": kind,
+                                                      **body})  # fmt: skip
+        refs.append(f"{kind} {body['metadata']['name']}")
+    return refs
+
+
+def _delete_volumes(kube: Cluster, tag: str) -> None:
+    for api_version, kind, body in reversed(_volume_objects("-", tag)):
+        name = body["metadata"]["name"]
+        try:
+            kube.resource(api_version, kind).delete(name=name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+        wait_for(lambda k=kind, v=api_version, n=name: _absent(kube, v, k, n), 60, f"{kind} gone")
+
+
+def _absent(kube: Cluster, api_version: str, kind: str, name: str) -> bool:
+    try:
+        kube.resource(api_version, kind).get(name=name)
+    except ApiException as err:
+        if err.status == 404:
+            return True
+        raise
+    return False
+
+
+def test_rename_and_removal_are_refused_while_the_driver_has_volumes(
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
+) -> None:
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    vol = {"name": f"v-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-vol"}
+    vol["reporter"] = NO_REPORTER
+    keep = {"name": f"k-{sfx}.pmem-csi.example", "namespace": vol["namespace"]}
+    keep["reporter"] = NO_REPORTER
+    cfg = cfg_of(vol)
+
+    def config(*deps: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pmem-csi:manageCrd": False,
+            "pmem-csi:retainNamespaces": False,
+            "pmem-csi:deployments": list(deps),
+        }
+
+    stack = make_stack(stacks_dir, config(vol, keep))
+    try:
+        assert up(stack, "volumes: first").summary.result == "succeeded"
+        refs = _create_volumes(kube, cfg.name, sfx)
+        before = snapshot(kube, core, cfg)
+
+        renamed = {**vol, "name": f"w-{sfx}.pmem-csi.example", "renamedFrom": cfg.name}
+        _write_config(stack, config(renamed, keep))
+        text = failed_up(stack)
+        assert "pmem-csi:deployments[0].renamedFrom: renaming" in text
+        for ref in refs:
+            assert ref in text, ref
+        assert f"keep the name '{cfg.name}'" in text
+
+        _write_config(stack, config(keep))  # remove the deployment with volumes
+        text = failed_up(stack)
+        assert f"pmem-csi:deployments: '{cfg.name}' (deployed by this stack)" in text
+        for ref in refs:
+            assert ref in text, ref
+        assert snapshot(kube, core, cfg) == before  # refused before anything changed
+
+        # The way forward: the volumes go first (with the driver still running), then it.
+        _delete_volumes(kube, sfx)
+        assert up(stack, "volumes: removed").summary.result == "succeeded"
+        for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
+            assert kube.get(obj) is None, f"{obj['kind']} {obj['metadata']['name']} left"
+    finally:
+        _delete_volumes(kube, sfx)
+        dispose(stack)
+
+
+def test_device_mode_guard_holds_when_the_cr_and_the_crd_are_gone(
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    kubectl: Callable[..., Any],
+) -> None:
+    from reporter.kubeapi import RawApi
+    from tests.e2e.reporter_helpers import ensure_crd
+
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    raw = {"name": f"m-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-mode"}
+    raw["reporter"] = NO_REPORTER
+    cfg = cfg_of(raw)
+
+    def config(dep: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pmem-csi:manageCrd": False,
+            "pmem-csi:retainNamespaces": False,
+            "pmem-csi:deployments": [dep],
+        }
+
+    ensure_crd(RawApi(api_client))
+    stack = make_stack(stacks_dir, config(raw))
+    try:
+        assert up(stack, "mode: lvm").summary.result == "succeeded"
+        before = snapshot(kube, core, cfg)
+        # Deleted by hand: the driver keeps running in lvm mode.
+        kubectl("delete", f"deployments.{names.CRD_GROUP}", cfg.name, "--wait=true")
+        _write_config(stack, config({**raw, "deviceMode": "direct"}))
+        text = failed_up(stack)
+        daemon_set = f"DaemonSet {cfg.namespace}/{cfg.names.node_driver} runs -deviceManager=lvm"
+        assert "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct'" in text
+        assert daemon_set in text
+
+        kubectl("delete", "crd", names.CRD_NAME, "--wait=true", "--timeout=60s")
+        text = failed_up(stack)
+        assert "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct'" in text
+        assert daemon_set in text
+        del before[f"{names.CRD_KIND}/{cfg.name}"]
+        after = snapshot_without_cr(kube, core, cfg)
+        assert after == before  # refused before anything changed
+    finally:
+        ensure_crd(RawApi(api_client))  # the next tests need it, whatever happened here
+        dispose(stack)
+
+
+def snapshot_without_cr(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentConfig) -> Any:
+    """:func:`snapshot` of everything but the Deployment CR (deleted by the test)."""
+    out: dict[str, Any] = {}
+    for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
+        if obj["kind"] == names.CRD_KIND and obj["apiVersion"] == CR_API:
+            continue
+        live = kube.get(obj)
+        assert live is not None, f"{obj['kind']} {obj['metadata']['name']} missing"
+        out[f"{obj['kind']}/{obj['metadata']['name']}"] = (
+            live["metadata"]["uid"],
+            live["metadata"]["resourceVersion"],
+        )
+    out["pods"] = pod_uids(core, cfg)
+    return out
+
+
+def test_a_move_without_await_is_refused_and_after_the_way_forward_never_overlaps(
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
+) -> None:
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    raw = {
+        "name": f"s-{sfx}.pmem-csi.example",
+        "namespace": f"day2-{sfx}-skip",
+        "reporter": NO_REPORTER,
+        "await": {"enabled": False},
+    }
+    cfg = cfg_of(raw)
+    moved_ns = f"day2-{sfx}-skip-moved"
+
+    def config(dep: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pmem-csi:manageCrd": False,
+            "pmem-csi:retainNamespaces": False,
+            "pmem-csi:deployments": [dep],
+        }
+
+    stack = make_stack(stacks_dir, config(raw))
+    try:
+        assert up(stack, "skipAwait: first").summary.result == "succeeded"
+        # Not awaited: the pods come after pulumi up returned.
+        wait_for(lambda: _rolled_out(kube, cfg), 180, "driver pods ready")
+        before = uids(kube, core, cfg)
+
+        moving = {**raw, "namespace": moved_ns, "allowReinstall": True}
+        _write_config(stack, config(moving))
+        text = failed_up(stack)
+        assert "pmem-csi:deployments[0].await.enabled: false sets pulumi.com/skipAwait" in text
+        # Await on in the same update is not enough: the old DaemonSet still skips the wait.
+        _write_config(stack, config({**moving, "await": {"enabled": True}}))
+        text = failed_up(stack)
+        assert f"DaemonSet {cfg.namespace}/{cfg.names.node_driver} carries" in text
+        assert uids(kube, core, cfg) == before  # refused before anything changed
+
+        # The way forward: await on where it is, then the move.
+        awaited = {**raw, "await": {"enabled": True}}
+        _write_config(stack, config(awaited))
+        assert up(stack, "skipAwait: await on").summary.result == "succeeded"
+        _write_config(stack, config({**awaited, "namespace": moved_ns, "allowReinstall": True}))
+        watcher = NodeDriverWatch(api_client, cfg.names.hyphened)
+        try:
+            result = up(stack, "skipAwait: move")
+        finally:
+            watcher.stop()
+        assert result.summary.result == "succeeded"
+        assert watcher.error is None, watcher.error
+        assert f"ADDED {moved_ns}/{cfg.names.node_driver}" in watcher.events
+        assert watcher.max_live == 1, watcher.events
+    finally:
+        dispose(stack)
+        delete_quietly(core.delete_namespace, cfg.namespace)
+
+
+def uids(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentConfig) -> dict[str, Any]:
+    """The uids of :func:`snapshot` (nothing re-created), without resourceVersions, which
+    controllers still change while a rollout that was not awaited goes on."""
+    return {k: v[0] if isinstance(v, tuple) else v for k, v in snapshot(kube, core, cfg).items()}
+
+
+def _rolled_out(kube: Cluster, cfg: DeploymentConfig) -> bool:
+    objs = bundle.build_deployment_objects(cfg)
+    ds = kube.get(objs.node[0]) or {}
+    sts = kube.get(next(o for o in objs.controller if o["kind"] == "StatefulSet")) or {}
+    ds_status, sts_status = ds.get("status") or {}, sts.get("status") or {}
+    desired = ds_status.get("desiredNumberScheduled")
+    return (
+        bool(desired)
+        and ds_status.get("numberReady") == desired
+        and ds_status.get("updatedNumberScheduled") == desired
+        and sts_status.get("readyReplicas") == 1
+    )
+
+
+def test_a_namespace_still_used_is_kept_when_its_creator_stops_creating_it(
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
+) -> None:
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    raw = {"name": f"n-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-kept"}
+    raw["reporter"] = NO_REPORTER
+    cfg = cfg_of(raw)
+
+    def config(dep: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pmem-csi:manageCrd": False,
+            "pmem-csi:retainNamespaces": False,
+            "pmem-csi:deployments": [dep],
+        }
+
+    # A patch of the namespace (registered at stack level, outside the deployment's
+    # component) is applied to it.
+    enforce = {"pod-security.kubernetes.io/enforce": "privileged"}
+    ns_patch = {"kind": "Namespace", "mergePatch": {"metadata": {"labels": enforce}}}
+    stack = make_stack(stacks_dir, config({**raw, "patches": [ns_patch]}))
+    try:
+        assert up(stack, "namespace: created").summary.result == "succeeded"
+        live = core.read_namespace(cfg.namespace)
+        assert live.metadata.labels["pod-security.kubernetes.io/enforce"] == "privileged"
+        ns_uid = live.metadata.uid
+        # The CR records the config (createNamespace); everything else stays as it is.
+        before = snapshot_without_cr(kube, core, cfg)
+
+        _write_config(stack, config({**raw, "createNamespace": False}))
+        result = up(stack, "namespace: no longer created")
+        assert result.summary.result == "succeeded"
+        live = core.read_namespace(cfg.namespace)
+        assert live.metadata.uid == ns_uid and live.status.phase == "Active"
+        assert names.STACK_ANNOTATION not in (live.metadata.annotations or {})
+        assert snapshot_without_cr(kube, core, cfg) == before
+
+        # The next update drops the released namespace from the state and leaves it.
+        result = up(stack, "namespace: released")
+        assert result.summary.result == "succeeded"
+        live = core.read_namespace(cfg.namespace)
+        assert live.metadata.uid == ns_uid and live.status.phase == "Active"
+        assert snapshot_without_cr(kube, core, cfg) == before
+        resources = stack.export_stack().deployment["resources"]
+        assert not [r for r in resources if r["type"] == "kubernetes:core/v1:Namespace"]
+    finally:
+        dispose(stack)
+        delete_quietly(core.delete_namespace, cfg.namespace)
+
+
+def test_patches_that_would_replace_an_object_are_refused_naming_the_field(
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
+) -> None:
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    raw = {"name": f"p-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-patch"}
+    raw["reporter"] = NO_REPORTER
+    cfg = cfg_of(raw)
+
+    def config(dep: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pmem-csi:manageCrd": False,
+            "pmem-csi:retainNamespaces": False,
+            "pmem-csi:deployments": [dep],
+        }
+
+    stack = make_stack(stacks_dir, config(raw))
+    try:
+        assert up(stack, "patches: first").summary.result == "succeeded"
+        before = snapshot(kube, core, cfg)
+        # Each of these is immutable in the API: the provider would delete and re-create.
+        patches = [
+            {"kind": "StatefulSet", "mergePatch": {"spec": {"podManagementPolicy": "Parallel"}}},
+            {"kind": "Secret", "name": cfg.names.registry_secret, "mergePatch": {"type": "Opaque"}},
+            {"kind": "RoleBinding", "mergePatch": {"roleRef": {"name": "another-role"}}},
+            # Mutable: accepted.
+            {"kind": "DaemonSet", "mergePatch": {"spec": {"minReadySeconds": 3}}},
+        ]
+        _write_config(stack, config({**raw, "patches": patches}))
+        text = failed_up(stack)
+        prefix = "pmem-csi:deployments[0].patches"
+        assert f"{prefix}[0]: changes spec.podManagementPolicy of StatefulSet" in text
+        assert f"{prefix}[1]: changes type of Secret {cfg.namespace}/" in text
+        assert f"{prefix}[2]: changes roleRef.name of RoleBinding" in text
+        assert f"{prefix}[3]" not in text
+        assert snapshot(kube, core, cfg) == before  # refused before anything changed
+
+        _write_config(stack, config({**raw, "patches": patches[3:]}))
+        assert up(stack, "patches: mutable only").summary.result == "succeeded"
+        ds = kube.get(bundle.build_deployment_objects(cfg).node[0])
+        assert ds is not None and ds["spec"]["minReadySeconds"] == 3
+        assert ds["metadata"]["uid"] == before[f"DaemonSet/{cfg.names.node_driver}"][0]
+    finally:
+        dispose(stack)
+
+
+def test_switching_from_the_program_to_either_face_of_the_component_deletes_nothing(
+    pulumi_ready: dict[str, str],
+    stacks_dir: Path,
+    api_client: Any,
+    kube: Cluster,
+    crd_present: None,
+) -> None:
+    """The program, then ``PmemCsiDeployment("pmem-east", args)``, then
+    ``PmemCsiDeployment(config)`` with an alias of that name: the same stack, and every
+    object (and the generated certificates) stays; the engine moves URNs, deletes nothing."""
+    from pmem_components import PmemCsiDeployment
+    from pmem_components.components import PmemCsiDeploymentArgs
+    from pmem_components.program import main as program
+    from tools import pulumi_stack as ps
+
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    raw = {"name": f"f-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-faces"}
+    raw["reporter"] = NO_REPORTER
+    cfg = cfg_of(raw)
+    config = {"pmem-csi:manageCrd": False, "pmem-csi:deployments": [raw]}
+
+    def named() -> None:
+        PmemCsiDeployment("pmem-east", PmemCsiDeploymentArgs(cfg, retain_namespace=False))
+
+    def config_face() -> None:
+        opts = pulumi.ResourceOptions(aliases=[pulumi.Alias(name="pmem-east")])
+        PmemCsiDeployment(cfg, opts, retain_namespace=False)
+
+    name = f"f{sfx}"
+    stack = ps.select_stack(name, program, stacks_dir / name, config)
+    try:
+        assert up(stack, "faces: program").summary.result == "succeeded"
+        ns_uid = core.read_namespace(cfg.namespace).metadata.uid
+        before = uids(kube, core, cfg)
+        ca = secret_data(core, cfg.names.registry_secret, cfg.namespace)["ca.crt"]
+        for what, face in (("faces: named", named), ("faces: config", config_face)):
+            stack = ps.select_stack(name, face, stacks_dir / name, config)
+            result = up(stack, what)
+            assert result.summary.result == "succeeded"
+            changes = resource_changes(result.summary)
+            assert not {"create", "delete", "replace"} & set(changes), (what, changes)
+            assert core.read_namespace(cfg.namespace).metadata.uid == ns_uid
+            assert uids(kube, core, cfg) == before, what
+            assert secret_data(core, cfg.names.registry_secret, cfg.namespace)["ca.crt"] == ca
+    finally:
+        dispose(stack)
+        delete_quietly(core.delete_namespace, cfg.namespace)

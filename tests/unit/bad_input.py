@@ -328,7 +328,9 @@ def stack_config(raw: dict[str, Any]) -> Iterator[None]:
         contextlib.ExitStack() as stack,
     ):
         if hasattr(program, "preflight"):  # reads the cluster; mocks have none
-            stack.enter_context(mock.patch.object(program, "preflight", lambda _s: {}))
+            from pmem_components.preflight import Plan
+
+            stack.enter_context(mock.patch.object(program, "preflight", lambda _s: Plan()))
         yield
 
 

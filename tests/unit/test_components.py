@@ -544,3 +544,119 @@ def _test_two_instances_of_one_driver_get_distinct_resource_names(mocks: Mocks) 
         assert len(names_seen) == len(set(names_seen))
 
     return settle(pulumi.Output.all(east.ca_cert, west.ca_cert), check)
+
+
+def test_a_namespace_the_stack_created_stays_when_its_deployment_stops_creating_it(
+    mocks: Mocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """retainNamespaces false, and the last deployment that created the namespace switches
+    to createNamespace: false while it still lives there: not registering the namespace
+    would make the engine delete it, and the deployment with it (issue 15)."""
+    from pmem_components import registry
+
+    seen: list[tuple[dict[str, Any], pulumi.ResourceOptions]] = []
+    real = registry.register
+
+    def spy(obj: dict[str, Any], opts: pulumi.ResourceOptions, **kw: Any) -> Any:
+        seen.append((obj, opts))
+        return real(obj, opts, **kw)
+
+    monkeypatch.setattr(registry, "register", spy)
+    s = load_config(
+        {"deployments": [{"createNamespace": False}], "retainNamespaces": False},
+        check_certificates=False,
+    )
+
+    def program() -> Any:
+        from pmem_components.program import deploy as program_deploy
+
+        return settle(program_deploy(s, keep_namespaces={"pmem-csi"}), check)
+
+    def check(_: Any) -> None:
+        (ns,) = [(o, opts) for o, opts in seen if o["kind"] == "Namespace"]
+        obj, opts = ns
+        assert obj["metadata"]["name"] == "pmem-csi"
+        assert opts.retain_on_delete is True
+        # Released: the next pulumi up no longer counts it as the stack's.
+        assert names.STACK_ANNOTATION not in obj["metadata"].get("annotations", {})
+
+    run(program)
+
+
+def test_a_namespace_patch_is_applied_to_the_stack_level_namespace(mocks: Mocks) -> None:
+    run(lambda: _test_a_namespace_patch_is_applied_to_the_stack_level_namespace(mocks))
+
+
+def _test_a_namespace_patch_is_applied_to_the_stack_level_namespace(mocks: Mocks) -> Any:
+    """The program registers namespaces at stack level, outside the component whose
+    transforms apply the deployment's patches: the patch is applied there (issue 15)."""
+    label = {"pod-security.kubernetes.io/enforce": "privileged"}
+    patch = {"kind": "Namespace", "mergePatch": {"metadata": {"labels": label}}}
+    outputs = deploy(stack({"patches": [patch]}))
+
+    def check(_: Any) -> None:
+        ns = mocks.one("kubernetes:core/v1:Namespace")
+        assert ns.inputs["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == (
+            "privileged"
+        )
+        assert names.STACK_ANNOTATION in ns.inputs["metadata"]["annotations"]
+
+    return settle(outputs, check)
+
+
+# ------------------------------------------------------------------------- faces and URNs
+
+URN_HEAD = "urn:pulumi:unit::pmem-csi-pulumi::"
+DS_TYPES = "pmem-csi:index:PmemCsiDeployment$pmem-csi:index:NodeDriver$kubernetes:apps/v1:DaemonSet"
+
+
+def _aliases_of(
+    monkeypatch: pytest.MonkeyPatch, program: Callable[[], Any]
+) -> dict[tuple[str, str], list[Any]]:
+    """Run ``program`` under the mocks; (kind, resource name) -> the aliases registered."""
+    from pmem_components import registry
+
+    seen: dict[tuple[str, str], list[Any]] = {}
+    real = registry.register
+
+    def spy(obj: dict[str, Any], opts: pulumi.ResourceOptions, **kw: Any) -> Any:
+        key = (obj["kind"], f"{kw.get('name_prefix', '')}{registry.resource_name(obj)}")
+        seen[key] = list(opts.aliases or [])
+        return real(obj, opts, **kw)
+
+    monkeypatch.setattr(registry, "register", spy)
+    run(lambda: (program(), None)[1])
+    return seen
+
+
+def test_the_named_face_keeps_the_urns_of_the_config_face_and_of_the_program(
+    mocks: Mocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PmemCsiDeployment(config) (and the program) name the children after the objects;
+    PmemCsiDeployment("name", args) prefixes them. Switching must move them, not delete and
+    re-create them by name (issue 15)."""
+    from pmem_components.components import PmemCsiDeployment, PmemCsiDeploymentArgs
+    from pmem_components.config import DeploymentConfig
+
+    cfg = DeploymentConfig(reporter={"enabled": False})
+    seen = _aliases_of(
+        monkeypatch, lambda: PmemCsiDeployment("pmem-east", PmemCsiDeploymentArgs(cfg))
+    )
+    ds = seen[("DaemonSet", "pmem-east:pmem-csi/pmem-csi-intel-com-node")]
+    assert f"{URN_HEAD}{DS_TYPES}::pmem-csi/pmem-csi-intel-com-node" in ds
+    # The namespace the component registers itself: the program's is a stack resource.
+    ns = seen[("Namespace", "pmem-east:pmem-csi")]
+    assert f"{URN_HEAD}kubernetes:core/v1:Namespace::pmem-csi" in ns
+
+
+def test_the_config_face_follows_an_alias_of_the_named_face(
+    mocks: Mocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pmem_components.components import PmemCsiDeployment
+    from pmem_components.config import DeploymentConfig
+
+    cfg = DeploymentConfig(reporter={"enabled": False})
+    opts = pulumi.ResourceOptions(aliases=[pulumi.Alias(name="pmem-east")])
+    seen = _aliases_of(monkeypatch, lambda: PmemCsiDeployment(cfg, opts))
+    ds = seen[("DaemonSet", "pmem-csi/pmem-csi-intel-com-node")]
+    assert f"{URN_HEAD}{DS_TYPES}::pmem-east:pmem-csi/pmem-csi-intel-com-node" in ds

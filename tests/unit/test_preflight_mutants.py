@@ -117,7 +117,8 @@ def test_a_device_mode_change() -> None:
     observed = Observed(crs={DRIVER: cr(DRIVER, mode="lvm")})
     assert problems(stack({"deviceMode": "direct"}), observed) == [
         "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct' makes the "
-        "existing volumes unusable (their PMEM is managed the other way); delete or back up the "
+        "existing volumes unusable (their PMEM is managed the other way; the Deployment CR); "
+        "delete or back up the "
         "volumes first, then set pmem-csi:deployments[0].allowDeviceModeChange: true"
     ]
 

@@ -34,8 +34,9 @@ from pmem_components.config import DeploymentConfig
 from pmem_components.manifests.bundle import CertificateValues, build_deployment_objects
 from pmem_components.manifests.crd import load_crd
 from reporter import model
+from reporter.__main__ import parse_args
 from reporter.kubeapi import RawApi, Resource
-from tests.e2e.waiting import wait_for
+from tests.e2e.waiting import settled, wait_for
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
@@ -295,6 +296,8 @@ class ReporterProcess:
             "DEBUG",
             *extra_args,
         ]
+        # Its settings as it parses them (defaults included), for waits derived from them.
+        self.settings = parse_args(args[3:])
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
         self._log = log_path.open("w", encoding="utf-8")
         self.proc = subprocess.Popen(
@@ -351,6 +354,34 @@ class ReporterProcess:
 
     def metric(self, name: str) -> float:
         return self.metrics().get(name, 0.0)
+
+    def quiet_seconds(self) -> float:
+        """How long without a change shows that the reporter has written all it has seen.
+
+        A change it has seen is written at once, at the next resync at the latest, or, when a
+        message-only write was put off for want of a token, within one message interval
+        (reporter/write.py); twice the longest of these, as the machine may be loaded.
+        """
+        s = self.settings
+        return 2 * max(s.resync_seconds, 1.0, s.message_interval)
+
+    def settled_metrics(
+        self,
+        names: tuple[str, ...],
+        cr_version: Callable[[], Any] | None = None,
+        timeout: float = 120.0,
+    ) -> dict[str, float]:
+        """The counters ``names`` once they (and ``cr_version()``, e.g. the CR's
+        resourceVersion, which every status write moves) stayed unchanged for
+        ``quiet_seconds``: no write already under way can still be counted after this, so a
+        later comparison sees only what happens after it."""
+
+        def read() -> tuple[dict[str, float], Any]:
+            m = self.metrics()
+            return {k: m.get(k, 0.0) for k in names}, cr_version() if cr_version else None
+
+        what = f"reporter {self.identity}'s {', '.join(names)}"
+        return settled(read, self.quiet_seconds(), timeout, what)[0]
 
     def kill(self) -> None:
         """SIGKILL: no Lease release, no cleanup; what a crashed node looks like."""

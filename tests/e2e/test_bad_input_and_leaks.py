@@ -433,8 +433,13 @@ def test_reporter_overwrites_a_garbage_status_cleanly(pair: Pair, api_client: An
     clean = wait_for(lambda: _running(api_client, cfg.name), STATUS_TIMEOUT, "Running")
     before = _cr(api_client, cfg.name)
     # The counter goes up after the PATCH that wrote Running returned, possibly after that
-    # status was seen: wait for it, so the comparison below counts the overwrite alone.
-    writes = wait_for(lambda: reporter.metric(WRITES), 30, "the write of Running counted")
+    # status was seen, and Pending was written before: wait until neither the counter nor the
+    # CR (each status write moves its resourceVersion) changes any more, so every write up to
+    # Running is counted and the comparison below counts the overwrite alone.
+    writes = reporter.settled_metrics(
+        (WRITES,), lambda: _cr(api_client, cfg.name)["metadata"]["resourceVersion"]
+    )[WRITES]
+    assert writes >= 1, "the write of Running counted"
     landed = client.CustomObjectsApi(api_client).patch_cluster_custom_object_status(
         names.CRD_GROUP,
         names.CRD_STORAGE_VERSION,

@@ -224,6 +224,9 @@ def test_deleted_cr_is_left_alone_and_up_refresh_recreates_it(
     wait_for(
         lambda: f"no longer watching cr/{env.cfg.name}/" in rep.log(), 30, "reporter drops the CR"
     )
+    # A PATCH begun before the CR went may still be counted (as a write or an error): the
+    # quiet window starts once those counters have stopped moving.
+    rep.settled_metrics((WRITES, WRITE_ERRORS))
     before = _quiet_counts(rep)
     time.sleep(QUIET_SECONDS)
     after = _quiet_counts(rep)

@@ -286,12 +286,18 @@ def test_language_host_passes_on_what_the_cli_sends(
     """A program that reports what it was given: config, secret, dry run, names, parallelism."""
     project = tmp_path / "probe"
     project.mkdir()
-    (project / "Pulumi.yaml").write_text("name: probe\nruntime: python\n")
+    # The project's runtime options: the program runs on the virtualenv Pulumi.yaml names.
+    runtime = yaml.safe_load((toolchain.PROJECT_DIR / "Pulumi.yaml").read_text())["runtime"]
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump({"name": "probe", "runtime": runtime}))
     (project / "__main__.py").write_text(PROBE_PROGRAM)
     (project / ".venv").symlink_to(toolchain.PROJECT_DIR / ".venv")
     backend = tmp_path / "backend"
     backend.mkdir()
     env = {**os.environ, **localenv.pulumi_env(), "PULUMI_BACKEND_URL": backend.as_uri()}
+    # The virtualenv not activated (not on PATH): Pulumi.yaml naming it is enough.
+    venv_bin = str(toolchain.PROJECT_DIR / ".venv" / "bin")
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
+    env.pop("VIRTUAL_ENV", None)
     shell = Shell(project, env)
     shell.run("pulumi stack init probe")
     shell.run("pulumi config set plain hello")

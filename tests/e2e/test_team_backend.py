@@ -181,21 +181,23 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
     gate = f"{patch}.mergePatch.spec.template.spec.nodeSelector.{GATE_LABEL}"
     first.run(f"pulumi config set --path '{patch}.kind' StatefulSet")
     first.run(f"pulumi config set --path '{gate}' {team.suffix}")
-    running = subprocess.Popen(
-        ["bash", "-c", "exec pulumi up --yes --skip-preview"],
-        cwd=first.cwd,
-        env=first.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    # Its output goes to a file: a pipe nobody reads while it waits could fill and block it.
+    first_log = first.cwd.parent / f"{first.cwd.name}-held-up.log"
+    with first_log.open("w") as log:
+        running = subprocess.Popen(
+            ["bash", "-c", "exec pulumi up --yes --skip-preview"],
+            cwd=first.cwd,
+            env=first.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         sts = team.cfg.names.controller_driver
 
         def held_at_the_gate() -> bool:
             if running.poll() is not None:  # not a wait: the run it waits for is over
-                raise RuntimeError(f"the first update ended:\n{running.communicate()[0]}")
+                raise RuntimeError(f"the first update ended:\n{first_log.read_text()}")
             jsonpath = "jsonpath={.spec.template.spec.nodeSelector}"
             got = team.kubectl(
                 "get", "statefulset", "-n", team.cfg.namespace, sts, "-o", jsonpath, check=False
@@ -216,12 +218,12 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
         # ---- the gate opens, the first update completes and releases the lock.
         node = team.kubectl("get", "nodes", "-o", "name").stdout.split()[0]
         team.kubectl("label", "--overwrite", node, f"{GATE_LABEL}={team.suffix}")
-        first_out, _ = running.communicate(timeout=600)
-        assert running.returncode == 0, first_out
+        running.wait(timeout=600)
+        assert running.returncode == 0, first_log.read_text()
     finally:
         if running.poll() is None:
             running.kill()
-            running.communicate(timeout=60)
+            running.wait(timeout=60)
     assert _lock_keys() == []
 
     # ---- the second administrator pulls the stack file and runs the same `up`: it now runs.

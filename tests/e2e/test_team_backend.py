@@ -23,6 +23,7 @@ matches, so the provider's await holds the update (and the lock) until the test 
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import shutil
@@ -34,8 +35,9 @@ from pathlib import Path
 
 import pytest
 
-from pmem_components import bundle, names
+from pmem_components import names
 from pmem_components.config import DeploymentConfig
+from pmem_components.manifests import bundle
 from tests.e2e.readme import Shell, clone_checkout, sh_blocks
 from tests.e2e.test_bad_input_and_leaks import PRIVATE_MARKER, needles
 from tests.e2e.waiting import wait_for
@@ -48,6 +50,8 @@ SECTION = "## Choosing a state backend"
 README_URL = "postgres://pulumi@db.example.com:5432/pulumi?sslmode=verify-full"
 LOCKED = "the stack is currently locked by 1 lock(s)"
 STACK = "prod"
+# Pulumi's marker of a secret value in a state file; its ciphertext sits next to it.
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
 GATE_LABEL = "team-backend-gate"
 
 
@@ -142,6 +146,17 @@ def _private_keys(team: Team) -> list[str]:
     return keys
 
 
+def _stored_objects() -> dict[str, str]:
+    """Every object the backend stored, decoded: its table keeps each as ``{"data": base64}``."""
+    rows = postgres.psql("SELECT key || ' ' || (data->>'data') FROM pulumi_state ORDER BY key")
+    out = {}
+    for row in rows.splitlines():
+        key, _, encoded = row.partition(" ")
+        blob = base64.b64decode(encoded)
+        out[key] = (gzip.decompress(blob) if key.endswith(".gz") else blob).decode()
+    return out
+
+
 def _leaks(text: str, keys: list[str]) -> list[str]:
     found = [f"key {i} ({n[:12]}...)" for i, k in enumerate(keys) for n in needles(k) if n in text]
     return found + ([PRIVATE_MARKER] if PRIVATE_MARKER in text else [])
@@ -234,7 +249,11 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
     # ---- no private key in plaintext: not in the database, not in the exported state.
     keys = _private_keys(team)
     dump = postgres.dump()
-    assert f"/{STACK}.json" in dump  # the dump holds the stack's checkpoint
     assert _leaks(dump, keys) == []
+    stored = _stored_objects()
+    checkpoints = [k for k in stored if k.endswith(f"/stacks/pmem-csi-pulumi/{STACK}.json")]
+    assert len(checkpoints) == 1, list(stored)
+    assert SECRET_SIG in stored[checkpoints[0]]  # the keys are there, as ciphertext only
+    for key, text in stored.items():  # checkpoint, its history and backups, locks
+        assert _leaks(text, keys) == [], key
     assert _leaks(exported, keys) == []
-    assert "4dabf18193072939515e22adb298388d" in dump  # the keys are there, as ciphertext

@@ -16,8 +16,10 @@ README's example URL replaced by the local server's:
    in plaintext.
 
 "While the first runs" is made deterministic with a gate, not a sleep: the first
-administrator's update patches the controller StatefulSet with a ``nodeSelector`` no node
-matches, so the provider's await holds the update (and the lock) until the test labels a node.
+administrator's update creates the reporter's Deployment with a ``nodeSelector`` (a patch) that
+no node matches, so the provider's await holds that create (and the stack's lock) until the test
+labels a node. (A gate on an update would not hold with pulumi-kubernetes 4.25: its StatefulSet
+await passed an update whose new pod could never be scheduled.)
 """
 
 from __future__ import annotations
@@ -194,7 +196,9 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
     # ---- the first administrator starts an update that the gate holds open.
     patch = "pmem-csi:deployments[0].patches[0]"
     gate = f"{patch}.mergePatch.spec.template.spec.nodeSelector.{GATE_LABEL}"
-    first.run(f"pulumi config set --path '{patch}.kind' StatefulSet")
+    image = "registry.example.com/pmem-csi-reporter:v1"
+    first.run(f"pulumi config set --path 'pmem-csi:deployments[0].reporter.image' {image}")
+    first.run(f"pulumi config set --path '{patch}.kind' Deployment")
     first.run(f"pulumi config set --path '{gate}' {team.suffix}")
     # Its output goes to a file: a pipe nobody reads while it waits could fill and block it.
     first_log = first.cwd.parent / f"{first.cwd.name}-held-up.log"
@@ -208,14 +212,14 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
             start_new_session=True,
         )
     try:
-        sts = team.cfg.names.controller_driver
+        reporter = team.cfg.names.reporter
 
         def held_at_the_gate() -> bool:
             if running.poll() is not None:  # not a wait: the run it waits for is over
                 raise RuntimeError(f"the first update ended:\n{first_log.read_text()}")
             jsonpath = "jsonpath={.spec.template.spec.nodeSelector}"
             got = team.kubectl(
-                "get", "statefulset", "-n", team.cfg.namespace, sts, "-o", jsonpath, check=False
+                "get", "deployment", "-n", team.cfg.namespace, reporter, "-o", jsonpath, check=False
             )
             return GATE_LABEL in got.stdout and len(_lock_keys()) == 1
 

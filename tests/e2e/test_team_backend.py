@@ -199,6 +199,7 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
     image = "registry.example.com/pmem-csi-reporter:v1"
     first.run(f"pulumi config set --path 'pmem-csi:deployments[0].reporter.image' {image}")
     first.run(f"pulumi config set --path '{patch}.kind' Deployment")
+    first.run(f"pulumi config set --path '{patch}.apiVersion' apps/v1")  # not the CR's kind
     first.run(f"pulumi config set --path '{gate}' {team.suffix}")
     # Its output goes to a file: a pipe nobody reads while it waits could fill and block it.
     first_log = first.cwd.parent / f"{first.cwd.name}-held-up.log"

@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test unit lint mutate tools image cluster-start cluster-stop clean-state
+.PHONY: demo test unit lint mutate tools image cluster-start cluster-stop postgres-start \
+	postgres-stop clean-state
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +51,16 @@ cluster-start: $(VENV)/.installed
 cluster-stop: $(VENV)/.installed
 	$(PY) -m tools.cluster stop
 
+# A local PostgreSQL server as a team's state backend (Debian's postgresql, installed with
+# apt-get when missing); prints the `pulumi login` URL. See README.md, "Choosing a state backend".
+postgres-start: $(VENV)/.installed
+	$(PY) -m tools.postgres start
+
+postgres-stop: $(VENV)/.installed
+	$(PY) -m tools.postgres stop
+
 # Also the cluster a test session left running with PMEM_CSI_KEEP_CLUSTER=1.
-clean-state: cluster-stop
+clean-state: cluster-stop postgres-stop
 	PMEM_CSI_STATE_DIR="$${PMEM_CSI_STATE_DIR:-.state}/test-session" $(PY) -m tools.cluster stop
+	PMEM_CSI_STATE_DIR="$${PMEM_CSI_STATE_DIR:-.state}/test-session" $(PY) -m tools.postgres stop
 	rm -rf .state

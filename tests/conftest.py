@@ -24,7 +24,7 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 if str(PROJECT_DIR) not in sys.path:
     sys.path.insert(0, str(PROJECT_DIR))
 
-from tools import cluster, localenv, realnode, toolchain  # noqa: E402
+from tools import cluster, localenv, postgres, realnode, toolchain  # noqa: E402
 
 # The test session's own state directory, inside the administrator's (``.state/`` or
 # PMEM_CSI_STATE_DIR) but never equal to it: the tests start their own local cluster, with
@@ -142,6 +142,23 @@ def _node_command(state_dir: str, module: str, *args: str) -> None:
         check=True,
         timeout=600,
     )
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """Login URL of a local PostgreSQL server (a team's state backend), stopped after the session.
+
+    Its data lives in the session's state directory; ``postgresql`` is installed with apt-get
+    when missing (tools/postgres.py). The password is in :func:`postgres.client_env`.
+    """
+    started_here = not postgres.is_running()
+    try:
+        url = postgres.start()
+    except Exception as err:  # the reason must reach the test report
+        _unavailable(f"PostgreSQL start failed: {err}")
+    yield url
+    if started_here and not os.environ.get("PMEM_CSI_KEEP_CLUSTER"):
+        postgres.stop()
 
 
 @pytest.fixture(scope="session")

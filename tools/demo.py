@@ -53,13 +53,15 @@ def _project_dir() -> Path:
     directory's random passphrase) into the stack file; that must not end up in the committed
     Pulumi.local.yaml, where it would break every other clone. So the CLI runs in a directory
     of its own whose Pulumi.yaml is the project's plus ``main:`` pointing at this checkout
-    (the same ``__main__.py``, the same ``.venv``); its Pulumi.local.yaml holds the committed
-    config plus this state directory's salt.
+    (the same ``__main__.py``) and the checkout's ``.venv`` named by absolute path; its
+    Pulumi.local.yaml holds the committed config plus this state directory's salt.
     """
     work = localenv.state_dir() / "local-project"
     work.mkdir(parents=True, exist_ok=True)
     project = yaml.safe_load((toolchain.PROJECT_DIR / "Pulumi.yaml").read_text())
     project["main"] = str(toolchain.PROJECT_DIR)
+    # Pulumi.yaml's virtualenv is relative to the project file: here, the checkout's.
+    project["runtime"]["options"]["virtualenv"] = str(toolchain.PROJECT_DIR / ".venv")
     (work / "Pulumi.yaml").write_text(yaml.safe_dump(project, sort_keys=False))
     return work
 

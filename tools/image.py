@@ -52,6 +52,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools import hostpkg
+
 TOOLS_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = TOOLS_DIR.parent
 REPORTER_DIR = PROJECT_DIR / "reporter"
@@ -303,41 +305,10 @@ def entry(key: str | None = None) -> BuiltImage:
 
 def ensure_host_tools(names: Sequence[str] = tuple(HOST_PACKAGES)) -> None:
     """Install the Debian packages of missing host tools with apt-get, only when missing."""
-    missing = [HOST_PACKAGES[n] for n in names if shutil.which(n) is None]
-    if not missing:
-        return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise ImageError(
-            f"missing host tools {', '.join(missing)}: install the Debian packages "
-            f"({' '.join(missing)}) as root"
-        )
-    apt_install(missing)
-    still = [n for n in names if shutil.which(n) is None]
-    if still:
-        raise ImageError(f"apt-get installed {' '.join(missing)} but {', '.join(still)} not found")
-
-
-def apt_install(packages: Sequence[str]) -> None:
-    """``apt-get install`` Debian packages (updating the package lists once if needed).
-
-    Also used by tools/realnode.py for runc, the CNI plugins and nft.
-    """
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise ImageError(f"install the Debian packages {' '.join(packages)} as root")
-    _log(f"installing {' '.join(packages)} with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", *packages]
-
-    def apt(cmd: list[str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(cmd, env=env, capture_output=True, text=True)
-
-    if apt(install).returncode != 0:
-        # A fresh machine has no package lists yet.
-        for cmd in (["apt-get", "update", "-q"], install):
-            done = apt(cmd)
-            if done.returncode != 0:
-                tail = "\n".join((done.stdout + done.stderr).splitlines()[-10:])
-                raise ImageError(f"{' '.join(cmd)} failed ({done.returncode}):\n{tail}")
+    try:
+        hostpkg.ensure({n: HOST_PACKAGES[n] for n in names})
+    except hostpkg.HostPackageError as err:
+        raise ImageError(str(err)) from err
 
 
 # --------------------------------------------------------------------------- helpers

@@ -23,9 +23,20 @@ What it does, as the official plugin does:
   parallelism, the monitor and engine addresses, config (``PULUMI_CONFIG``) and which config
   keys are secret (``PULUMI_CONFIG_SECRET_KEYS``). Exit code 32 means "the program already
   reported its error" and is answered with ``bail`` so the CLI does not print it twice;
-- the interpreter is the project's virtualenv: ``runtime.options.virtualenv`` of
-  ``Pulumi.yaml`` if set, else ``.venv`` in the program or project directory, else
-  ``$PULUMI_PYTHON_CMD`` or ``python3`` from PATH;
+- it reads ``runtime.options`` of ``Pulumi.yaml`` as the official host does (``virtualenv``,
+  ``toolchain``, ``typechecker``; wrong types and values are refused with its messages). The
+  interpreter is the virtualenv that ``virtualenv`` names (relative to the project root), run
+  with that virtualenv activated; without the option it is ``$PULUMI_PYTHON_CMD`` or
+  ``python3`` from PATH: a ``.venv`` no option names is not used. A named virtualenv that
+  does not exist fails ``Run`` with the official message, and is created (``python3 -m venv``
+  and ``pip install -r requirements.txt``) by ``GetRequiredPackages``, as the official pip
+  toolchain does. Only the pip toolchain is served: ``uv`` or ``poetry`` (named, or found by
+  their lock file) is refused by name;
+- ``GetRequiredPlugins`` is unimplemented, as in the official host, and
+  ``GetRequiredPackages`` lists the resource plugin (name and version) of every installed
+  Pulumi package from its ``pulumi-plugin.json`` (here: ``kubernetes`` at the pinned version),
+  so the CLI checks that the plugin is installed before it runs the program; ``About``
+  reports the program's interpreter and toolchain;
 - ``Cancel`` (and SIGINT/SIGTERM) interrupt a running program; SIGINT/SIGTERM, or the CLI
   going away, stop the server quietly (no traceback: the CLI stops every plugin with SIGINT
   at the end of each command).
@@ -36,8 +47,11 @@ nothing from this project, only ``grpc`` and the ``pulumi`` SDK.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,10 +90,13 @@ def restore_stderr() -> None:
 def _reexec_in_project_venv() -> None:
     """Started by an interpreter without grpc/pulumi: retry with the project's virtualenv.
 
-    The CLI starts plugins in the program directory, so ``./.venv`` is the project's.
+    This is the host's own interpreter (the official host is a Go binary and needs none), not
+    the program's. The CLI starts plugins in the program directory, so ``./.venv`` is the
+    project's. A virtualenv's python links to its base interpreter, so the two are told apart
+    by ``sys.prefix``, not by the resolved executable.
     """
     candidate = Path.cwd() / ".venv" / "bin" / "python"
-    if candidate.exists() and Path(sys.executable).resolve() != candidate.resolve():
+    if candidate.exists() and Path(sys.prefix).resolve() != candidate.parent.parent.resolve():
         os.execv(str(candidate), [str(candidate), os.path.abspath(__file__), *sys.argv[1:]])
     print(
         f"{Path(sys.argv[0]).name}: the Python SDK (pulumi, grpcio) is not importable by "
@@ -134,34 +151,289 @@ def parse_argv(argv: Sequence[str]) -> HostArgs:
     )
 
 
-def _venv_python(venv: Path) -> Path | None:
-    for name in ("bin/python", "bin/python3", "Scripts/python.exe"):
-        if (venv / name).exists():
-            return venv / name
-    return None
+class HostError(Exception):
+    """A request the host cannot serve; the message is the official plugin's where it has one."""
 
 
-def resolve_interpreter(
-    root_directory: str, program_directory: str, options: Mapping[str, Any], env: Mapping[str, str]
-) -> str:
-    """The Python that runs the program: the project's virtualenv when there is one."""
-    root = Path(root_directory or program_directory or ".")
-    program = Path(program_directory or root_directory or ".")
-    configured = options.get("virtualenv")
-    if isinstance(configured, str) and configured:
-        venv = Path(configured) if os.path.isabs(configured) else root / configured
-        python = _venv_python(venv)
-        if python is None:
-            raise FileNotFoundError(
-                f"Pulumi.yaml runtime option virtualenv={configured!r}: no Python in {venv}; "
-                "create it (python3 -m venv) and install requirements.txt"
+# The official host's `packagesWithoutPlugins`: known to have no resource plugin.
+PACKAGES_WITHOUT_PLUGINS = frozenset({"pulumi-policy", "pulumi-esc-sdk"})
+TOOLCHAINS = ("pip", "poetry", "uv")
+TYPECHECKERS = ("mypy", "pyright")
+
+
+@dataclass(frozen=True)
+class PythonOptions:
+    """``runtime.options`` of Pulumi.yaml as the official host reads them (``parseOptions``)."""
+
+    root: str
+    program_dir: str
+    virtualenv: str = ""
+    toolchain: str = ""  # "" is the official Auto: uv.lock / poetry.lock decide, else pip
+    typechecker: str = ""
+
+
+def parse_options(root: str, program_dir: str, options: Mapping[str, Any]) -> PythonOptions:
+    """Read the runtime options, rejecting what the official host rejects, with its messages."""
+    fields: dict[str, str] = {}
+    for key, allowed in (("virtualenv", None), ("typechecker", TYPECHECKERS),
+                         ("toolchain", TOOLCHAINS)):  # fmt: skip
+        if key not in options:
+            continue
+        value = options[key]
+        if not isinstance(value, str):
+            raise HostError(f"{key} option must be a string")
+        if allowed is not None and value not in allowed:
+            raise HostError(f"unsupported {key} option: {value}")
+        fields[key] = value
+    return PythonOptions(root=root, program_dir=program_dir, **fields)
+
+
+def _searchup(directory: str, name: str) -> bool:
+    current = Path(directory or ".").absolute()
+    return any((d / name).exists() for d in (current, *current.parents))
+
+
+def resolve_toolchain(opts: PythonOptions) -> str:
+    """``ResolveToolchain``: the named toolchain, or uv / poetry by their lock file, else pip."""
+    if opts.toolchain:
+        return opts.toolchain
+    if _searchup(opts.program_dir, "uv.lock"):
+        return "uv"
+    if _searchup(opts.program_dir, "poetry.lock"):
+        return "poetry"
+    return "pip"
+
+
+def virtualenv_path(opts: PythonOptions) -> str:
+    """The named virtualenv, relative to the project root (where Pulumi.yaml is); "" if none."""
+    if not opts.virtualenv:
+        return ""
+    return opts.virtualenv if os.path.isabs(opts.virtualenv) else os.path.join(
+        opts.root, opts.virtualenv
+    )
+
+
+def is_virtualenv(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, "bin", "python"))
+
+
+def virtualenv_error(opts: PythonOptions) -> str:
+    """The official ``NewVirtualEnvError`` text for a virtualenv option naming no virtualenv."""
+    full = virtualenv_path(opts)
+    message = "doesn't exist" if not os.path.exists(full) else (
+        "doesn't appear to be a virtual environment"
+    )
+    python = os.path.join(full, "bin", "python")
+    commands = (
+        f"    1. python3 -m venv {full}\n"
+        f"    2. {python} -m pip install --upgrade pip setuptools wheel\n"
+        f"    3. {python} -m pip install -r requirements.txt\n"
+    )
+    return (
+        f"The 'virtualenv' option in Pulumi.yaml is set to \"{opts.virtualenv}\", but "
+        f"\"{full}\" {message}; run the following commands to create the virtual environment "
+        f"and install dependencies into it:\n\n{commands}\n\n"
+        "For more information see: "
+        "https://www.pulumi.com/docs/intro/languages/python/#virtual-environments"
+    )
+
+
+def activate_virtualenv(env: Mapping[str, str], venv: str) -> dict[str, str]:
+    """``ActivateVirtualEnv``: venv/bin first on PATH, VIRTUAL_ENV set, PYTHONHOME dropped."""
+    bin_dir = os.path.join(venv, "bin")
+    out = {k: v for k, v in env.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    out["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}" if "PATH" in env else bin_dir
+    out["VIRTUAL_ENV"] = venv
+    return out
+
+
+def python_command(opts: PythonOptions, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """The interpreter that runs the program and its environment, as the pip toolchain has them.
+
+    Only a virtualenv that ``runtime.options.virtualenv`` names is used; without one it is
+    ``$PULUMI_PYTHON_CMD`` or ``python3`` / ``python`` from PATH, whatever ``.venv`` lies
+    around (the official host does not look for one). The stand-in runs pip only: a project
+    whose toolchain is uv or poetry is refused by name rather than run in the wrong
+    environment.
+    """
+    tc = resolve_toolchain(opts)
+    if tc != "pip":
+        raise HostError(
+            f"toolchain {tc} (Pulumi.yaml runtime.options.toolchain, or its lock file) is not "
+            "supported by the stand-in pulumi-language-python of pmem-csi-pulumi "
+            "(tools/langhost.py): set toolchain: pip and virtualenv"
+        )
+    venv = virtualenv_path(opts)
+    if venv:
+        return os.path.join(venv, "bin", "python"), activate_virtualenv(env, venv)
+    names = [env["PULUMI_PYTHON_CMD"]] if env.get("PULUMI_PYTHON_CMD") else ["python3", "python"]
+    for name in names:
+        found = shutil.which(name, path=env.get("PATH", os.defpath))
+        if found:
+            return found, dict(env)
+    quoted = " ".join(f'"{n}"' for n in names)
+    raise HostError(
+        f"failed to locate any of [{quoted}] on your PATH. "
+        "Have you installed Python 3.6 or greater?"
+    )
+
+
+def ensure_virtualenv(opts: PythonOptions, cwd: str, env: Mapping[str, str]) -> None:
+    """``EnsureVenv``: a named virtualenv that is missing (or an empty directory) is created.
+
+    As the official pip toolchain does: ``python3 -m venv``, upgrade pip, setuptools and wheel,
+    then ``pip install -r requirements.txt`` of the program directory when there is one.
+    Progress goes to stderr, which the CLI shows.
+    """
+    venv = virtualenv_path(opts)
+    if not venv or is_virtualenv(venv):
+        return
+    if os.path.exists(venv):
+        if not os.path.isdir(venv):
+            raise HostError(
+                f"the 'virtualenv' option in Pulumi.yaml is set to \"{venv}\" but it is not a "
+                "directory"
             )
-        return str(python)
-    for directory in (program, root):
-        python = _venv_python(directory / ".venv")
-        if python is not None:
-            return str(python)
-    return env.get("PULUMI_PYTHON_CMD") or "python3"
+        if os.listdir(venv):
+            return
+    base, _ = python_command(PythonOptions(opts.root, opts.program_dir, toolchain="pip"), env)
+    python = os.path.join(venv, "bin", "python")
+    steps = [
+        ("creating virtual environment at " + repr(venv), [base, "-m", "venv", venv]),
+        ("updating pip, setuptools, and wheel",
+         [python, "-m", "pip", "install", "--upgrade", "pip", "setuptools", "wheel"]),
+    ]  # fmt: skip
+    if os.path.exists(os.path.join(cwd, "requirements.txt")):
+        steps.append(
+            ("installing dependencies", [python, "-m", "pip", "install", "-r", "requirements.txt"])
+        )
+    print("Creating virtual environment...", file=sys.stderr, flush=True)
+    for what, cmd in steps:
+        done = subprocess.run(
+            cmd, cwd=cwd, env=activate_virtualenv(env, venv), stdout=sys.stderr, check=False
+        )
+        if done.returncode != 0:
+            raise HostError(f"{what} via '{' '.join(cmd)}': exit status {done.returncode}")
+    print("Finished installing dependencies", file=sys.stderr, flush=True)
+
+
+def normalize_name(name: str) -> str:
+    """PEP 503 names, as the official host compares packages."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# One interpreter start that does what the official host does with two (``pip list --format
+# json``, then its pulumi-plugin.json lookup script): every installed distribution, first on
+# sys.path wins as in pip, with the path of the pulumi-plugin.json of its top-level package.
+_PACKAGES_SCRIPT = r"""
+import importlib.metadata, importlib.util, json, os, re, sys
+seen, out = set(), []
+for dist in importlib.metadata.distributions():
+    name = dist.metadata["Name"]
+    if not name:
+        continue
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    if key in seen:
+        continue
+    seen.add(key)
+    try:
+        spec = importlib.util.find_spec(name.replace("-", "_"))
+        locs = list(spec.submodule_search_locations or []) if spec else []
+    except Exception:
+        locs = []
+    found = [p for l in locs for p in [os.path.join(str(l), "pulumi-plugin.json")]
+             if os.path.isfile(p)]
+    out.append([key, dist.version, found[0] if found else ""])
+print(json.dumps(out))
+"""
+
+
+def installed_packages(python: str, env: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """(normalized name, version, pulumi-plugin.json path or "") of each installed package."""
+    done = subprocess.run(
+        [python, "-c", _PACKAGES_SCRIPT], env=dict(env), capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise HostError(f"listing the packages of {python} failed: {done.stderr.strip()}")
+    return [tuple(row) for row in json.loads(done.stdout)]  # type: ignore[misc]
+
+
+def plugin_version(package_version: str) -> str:
+    """``determinePluginVersion``: a PEP 440 package version as the plugin's semver.
+
+    1.0 -> 1.0.0, 1.2.3a4 -> 1.2.3-alpha.4, 1.2.3rc4 -> 1.2.3-rc.4, 1.2.3.post4.dev5 ->
+    1.2.3+post4dev5; anything else (epochs, local versions) raises ValueError.
+    """
+    m = re.fullmatch(
+        r"(\d+(?:\.\d+)*)(?:(a|b|rc)(\d*))?(?:\.post(\d*))?(?:\.dev(\d*))?", package_version
+    )
+    if not package_version or m is None:
+        raise ValueError(f"cannot translate package version {package_version!r}")
+    release, pre, pre_n, post, dev = m.groups()
+    segments = release.split(".")
+    segments += ["0"] * (3 - len(segments))
+    out = ".".join(segments)
+    if pre:
+        out += "-" + {"a": "alpha", "b": "beta", "rc": "rc"}[pre] + "." + pre_n
+    if post is not None:
+        out += "+post" + post
+    if dev is not None:
+        out += ("" if post is not None else "+") + "dev" + dev
+    return out
+
+
+def package_dependency(
+    name: str, version: str, plugin_json: Mapping[str, Any] | None
+) -> tuple[str, str, str, Any, Any] | None:
+    """``packageDependencyFromPluginJSON``: (name, version, server, parameterization,
+    extension) of a package's resource plugin, or None when it has none (or no usable version).
+
+    A package counts when it has a pulumi-plugin.json or its name starts with ``pulumi-``.
+    """
+    if name in PACKAGES_WITHOUT_PLUGINS:
+        return None
+    if plugin_json is None and not name.startswith("pulumi-"):
+        return None
+    data = plugin_json or {}
+    if plugin_json is not None and not data.get("resource"):
+        return None
+    plugin_name = data.get("name") or name.removeprefix("pulumi-")
+    plugin = data.get("version") or ""
+    if not plugin:
+        try:
+            plugin = plugin_version(version)
+        except ValueError:
+            return None
+    if not plugin.startswith("v"):
+        plugin = "v" + plugin
+    return (
+        plugin_name,
+        plugin,
+        data.get("server") or "",
+        data.get("parameterization"),
+        data.get("extensionParameterization"),
+    )
+
+
+def required_packages(
+    opts: PythonOptions, env: Mapping[str, str]
+) -> list[tuple[str, str, str, Any, Any]]:
+    """What ``GetRequiredPackages`` answers: the resource plugin of each installed package."""
+    python, python_env = python_command(opts, env)
+    result = []
+    for name, version, path in installed_packages(python, python_env):
+        plugin_json = None
+        if path:
+            try:
+                plugin_json = json.loads(Path(path).read_text())
+            except OSError:
+                plugin_json = None
+            except ValueError as err:
+                raise HostError(f"failed to parse pulumi-plugin.json for {name}: {err}") from err
+        dep = package_dependency(name, version, plugin_json)
+        if dep is not None:
+            result.append(dep)
+    return result
 
 
 def executor_arguments(req: Any, engine_address: str, tracing: str) -> list[str]:
@@ -190,7 +462,8 @@ def executor_arguments(req: Any, engine_address: str, tracing: str) -> list[str]
 def executor_environment(req: Any, base: Mapping[str, str]) -> dict[str, str]:
     """The program's environment: ours plus the config and the names of its secret keys."""
     env = dict(base)
-    env["PULUMI_CONFIG"] = json.dumps(dict(req.config))
+    if req.config:  # an empty map is nil in Go: the official host then sets no PULUMI_CONFIG
+        env["PULUMI_CONFIG"] = json.dumps(dict(sorted(req.config.items())))
     env["PULUMI_CONFIG_SECRET_KEYS"] = json.dumps(list(req.configSecretKeys))
     return env
 
@@ -253,11 +526,64 @@ def _import_protos() -> tuple[Any, Any, Any]:
     return language_pb2, language_pb2_grpc, plugin_pb2
 
 
+_ABOUT_SCRIPT = (
+    "import sys, json\n"
+    "try:\n    import pip; v = pip.__version__\nexcept Exception:\n    v = ''\n"
+    "print(json.dumps([sys.executable, '.'.join(map(str, sys.version_info[:3])), v]))"
+)
+
+
+def about(opts: PythonOptions, env: Mapping[str, str]) -> tuple[str, str, dict[str, str]]:
+    """(executable, version, metadata) of the program's interpreter, as ``About`` reports."""
+    python, python_env = python_command(opts, env)
+    done = subprocess.run(
+        [python, "-c", _ABOUT_SCRIPT], env=python_env, capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise HostError(f"failed to get python executable path: {done.stderr.strip()}")
+    executable, version, pip_version = json.loads(done.stdout)
+    return executable, version, {
+        "toolchain": opts.toolchain.capitalize() if opts.toolchain else "Auto",
+        "toolchainVersion": pip_version,
+        "typechecker": opts.typechecker.capitalize() if opts.typechecker else "None",
+    }
+
+
+def typecheck_command(opts: PythonOptions, python: str) -> list[str]:
+    """The typechecker run before the program when ``runtime.options.typechecker`` is set."""
+    if not opts.typechecker:
+        return []
+    cmd = [python, "-m", opts.typechecker]
+    if opts.typechecker == "mypy":
+        venv = virtualenv_path(opts)
+        cmd += ["--exclude", os.path.relpath(venv or ".", opts.program_dir)]
+    return [*cmd, opts.program_dir]
+
+
 def make_servicer(args: HostArgs, executor: Path) -> Any:
     """The LanguageRuntime servicer (built here so importing this module needs no SDK)."""
+    import grpc
     from google.protobuf import json_format
 
     language_pb2, language_pb2_grpc, plugin_pb2 = _import_protos()
+
+    def options_of(info: Any, context: Any) -> PythonOptions:
+        """Parsed options; a bad one aborts the call as the official host's error does."""
+        raw = json_format.MessageToDict(info.options) if info.HasField("options") else {}
+        try:
+            return parse_options(info.root_directory, info.program_directory, raw)
+        except HostError as err:
+            context.abort(grpc.StatusCode.UNKNOWN, str(err))
+            raise  # not reached: abort raises
+
+    def parameterization(value: Any) -> Any:
+        if not value:
+            return None
+        return plugin_pb2.PackageParameterization(
+            name=value.get("name", ""),
+            version=value.get("version", ""),
+            value=base64.b64decode(value.get("value", "")),
+        )
 
     class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
         def __init__(self) -> None:
@@ -274,16 +600,43 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
             return plugin_pb2.PluginInfo(version=_sdk_version())
 
         def GetRequiredPlugins(self, request: Any, context: Any) -> Any:
-            # The project's providers are installed explicitly (offline, no acquisition).
-            return language_pb2.GetRequiredPluginsResponse()
+            # As the official host: unimplemented, so the CLI asks GetRequiredPackages.
+            context.abort(
+                grpc.StatusCode.UNIMPLEMENTED, "method GetRequiredPlugins not implemented"
+            )
 
         def GetRequiredPackages(self, request: Any, context: Any) -> Any:
-            return language_pb2.GetRequiredPackagesResponse()
+            opts = options_of(request.info, context)
+            try:
+                ensure_virtualenv(opts, request.info.program_directory, os.environ)
+                found = required_packages(opts, os.environ)
+            except HostError as err:
+                context.abort(grpc.StatusCode.UNKNOWN, str(err))
+            packages = [
+                plugin_pb2.PackageDependency(
+                    name=name,
+                    version=version,
+                    kind="resource",
+                    server=server,
+                    parameterization=parameterization(param),
+                    extension=parameterization(ext),
+                )
+                for name, version, server, param, ext in found
+            ]
+            return language_pb2.GetRequiredPackagesResponse(packages=packages)
 
         def About(self, request: Any, context: Any) -> Any:
+            # Without program info (older CLIs) the official host uses the plain pip toolchain.
+            if request.HasField("info"):
+                opts = options_of(request.info, context)
+            else:
+                opts = PythonOptions(root="", program_dir="", toolchain="pip")
+            try:
+                executable, version, metadata = about(opts, os.environ)
+            except HostError as err:
+                context.abort(grpc.StatusCode.UNKNOWN, str(err))
             return language_pb2.AboutResponse(
-                executable=sys.executable,
-                version=".".join(str(v) for v in sys.version_info[:3]),
+                executable=executable, version=version, metadata=metadata
             )
 
         def Cancel(self, request: Any, context: Any) -> Any:
@@ -293,13 +646,27 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
             return empty_pb2.Empty()
 
         def Run(self, req: Any, context: Any) -> Any:
-            options = json_format.MessageToDict(req.info.options) if req.info.options else {}
+            opts = options_of(req.info, context)
+            if virtualenv_path(opts) and not is_virtualenv(virtualenv_path(opts)):
+                context.abort(grpc.StatusCode.UNKNOWN, virtualenv_error(opts))
             try:
-                python = resolve_interpreter(
-                    req.info.root_directory, req.info.program_directory, options, os.environ
-                )
-            except FileNotFoundError as err:
-                return language_pb2.RunResponse(error=str(err))
+                python, env = python_command(opts, os.environ)
+            except HostError as err:
+                context.abort(grpc.StatusCode.UNKNOWN, str(err))
+            typecheck = typecheck_command(opts, python)
+            if typecheck:
+                done = subprocess.run(
+                    typecheck, cwd=opts.program_dir or None, env=env, capture_output=True,
+                    text=True,
+                )  # fmt: skip
+                sys.stdout.write(done.stdout)
+                sys.stderr.write(done.stderr)
+                if done.returncode != 0:
+                    context.abort(
+                        grpc.StatusCode.UNKNOWN,
+                        f"{opts.typechecker} failed: exit status {done.returncode}\n"
+                        f"{done.stdout}{done.stderr}",
+                    )
             cmd = [
                 *QUIET_START,
                 python,
@@ -308,15 +675,13 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
                 *executor_arguments(req, args.engine_address, args.tracing),
             ]
             # stdout/stderr are inherited: the CLI shows the program's prints as diagnostics.
+            # The working directory is the host's, as with the official host (the executor
+            # changes to --pwd itself).
             try:
-                proc = subprocess.Popen(
-                    cmd,
-                    cwd=req.pwd or req.info.program_directory or None,
-                    env=executor_environment(req, os.environ),
-                )
+                proc = subprocess.Popen(cmd, env=executor_environment(req, env))
             except OSError as err:
                 return language_pb2.RunResponse(
-                    error=f"problem executing program (could not run {python}): {err}"
+                    error=f"problem executing program (could not run language executor): {err}"
                 )
             with self._lock:
                 self._running.add(proc)

@@ -54,7 +54,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tools import localenv, toolchain
+from tools import hostpkg, localenv, toolchain
 
 NODE_NAME = "real-node-1"
 # The node's label and taint: only pods that tolerate the taint (and select the label, like the
@@ -220,14 +220,11 @@ def in_netns(*cmd: str | Path) -> list[str]:
 
 def ensure_node_packages() -> None:
     """Install runc, the CNI plugins and nft from Debian with apt-get when missing."""
-    from tools import image
-
-    missing = [pkg for pkg, path in NODE_PACKAGES.items() if not path.exists()]
-    if missing:
-        image.apt_install(missing)
-    still = [str(path) for path in NODE_PACKAGES.values() if not path.exists()]
-    if still:
-        raise RealNodeError(f"apt-get installed {' '.join(missing)} but {', '.join(still)} missing")
+    paths = {str(path): pkg for pkg, path in NODE_PACKAGES.items()}
+    try:
+        hostpkg.ensure(paths, found=lambda path: Path(path).exists())
+    except hostpkg.HostPackageError as err:
+        raise RealNodeError(str(err)) from err
 
 
 # --------------------------------------------------------------------------- the guard

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,23 @@ def sh_blocks(heading: str) -> list[list[str]]:
     section = text[start : end if end != -1 else None]
     blocks = re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
     return [[line for line in block.splitlines() if line.strip()] for block in blocks]
+
+
+def clone_checkout(root: Path) -> Path:
+    """``root`` made a copy of the project as an administrator's clone has it.
+
+    The files the program needs (``Pulumi.yaml``, ``__main__.py``, ``requirements.txt``,
+    ``pmem_components/``, ``crd/``) and a ``.venv`` link to this checkout's: the virtualenv
+    that ``Pulumi.yaml`` names.
+    """
+    src = toolchain.PROJECT_DIR
+    for name in ("Pulumi.yaml", "__main__.py", "requirements.txt"):
+        shutil.copyfile(src / name, root / name)
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in ("pmem_components", "crd"):
+        shutil.copytree(src / name, root / name, ignore=ignore)
+    (root / ".venv").symlink_to(src / ".venv")
+    return root
 
 
 @dataclass

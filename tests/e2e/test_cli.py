@@ -19,10 +19,11 @@ module re-creates it afterwards for the test modules that follow.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
-import shutil
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +33,7 @@ import pytest
 import yaml
 
 from pmem_components import names
-from tests.e2e.readme import Shell, sh_blocks
+from tests.e2e.readme import Shell, clone_checkout, sh_blocks
 from tests.e2e.waiting import wait_for
 from tests.unit import certutil
 from tools import localenv, toolchain
@@ -54,14 +55,7 @@ def certs() -> certutil.CertSet:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory, certs: certutil.CertSet) -> Path:
     """A copy of the project as an administrator's clone has it, plus the five PEM files."""
-    root = tmp_path_factory.mktemp("checkout")
-    src = toolchain.PROJECT_DIR
-    for name in ("Pulumi.yaml", "__main__.py", "requirements.txt"):
-        shutil.copyfile(src / name, root / name)
-    ignore = shutil.ignore_patterns("__pycache__")
-    for name in ("pmem_components", "crd"):
-        shutil.copytree(src / name, root / name, ignore=ignore)
-    (root / ".venv").symlink_to(src / ".venv")
+    root = clone_checkout(tmp_path_factory.mktemp("checkout"))
     files = {
         "ca.crt": certs.ca_cert,
         "registry.crt": certs.registry_cert,
@@ -287,12 +281,18 @@ def test_language_host_passes_on_what_the_cli_sends(
     """A program that reports what it was given: config, secret, dry run, names, parallelism."""
     project = tmp_path / "probe"
     project.mkdir()
-    (project / "Pulumi.yaml").write_text("name: probe\nruntime: python\n")
+    # The project's runtime options: the program runs on the virtualenv Pulumi.yaml names.
+    runtime = yaml.safe_load((toolchain.PROJECT_DIR / "Pulumi.yaml").read_text())["runtime"]
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump({"name": "probe", "runtime": runtime}))
     (project / "__main__.py").write_text(PROBE_PROGRAM)
     (project / ".venv").symlink_to(toolchain.PROJECT_DIR / ".venv")
     backend = tmp_path / "backend"
     backend.mkdir()
     env = {**os.environ, **localenv.pulumi_env(), "PULUMI_BACKEND_URL": backend.as_uri()}
+    # The virtualenv not activated (not on PATH): Pulumi.yaml naming it is enough.
+    venv_bin = str(toolchain.PROJECT_DIR / ".venv" / "bin")
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
+    env.pop("VIRTUAL_ENV", None)
     shell = Shell(project, env)
     shell.run("pulumi stack init probe")
     shell.run("pulumi config set plain hello")
@@ -317,3 +317,92 @@ def test_language_host_passes_on_what_the_cli_sends(
     shell.run("pulumi stack rm --yes probe")
     for _, result in shell.log:
         assert "Traceback" not in result.stderr + result.stdout
+
+
+CTRL_C_PROGRAM = """\
+import json, os, signal
+
+import pulumi
+
+# Signals are blocked and waited for, so the program learns who sent SIGINT.
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT, signal.SIGTERM])
+report = {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0)}
+with open(os.environ["PROBE_REPORT"] + ".tmp", "w") as f:
+    json.dump(report, f)
+os.rename(os.environ["PROBE_REPORT"] + ".tmp", os.environ["PROBE_REPORT"])
+info = signal.sigtimedwait([signal.SIGINT, signal.SIGTERM], 300)
+with open(os.environ["PROBE_SIGNAL"], "w") as f:
+    json.dump({"signo": info.si_signo, "from": info.si_pid} if info else {}, f)
+os._exit(130)
+pulumi.export("unreached", True)
+"""
+
+
+def test_terminal_ctrl_c_reaches_the_cli_which_has_the_host_interrupt_the_program(
+    pulumi_ready: dict[str, str], tmp_path: Path
+) -> None:
+    """``pulumi up`` on a terminal (a pty), Ctrl-C typed while the program runs.
+
+    The terminal sends SIGINT to its foreground process group, the CLI's. Plugins run in
+    process groups of their own (the program in its language host's), so the program's SIGINT
+    comes from its language host, which the CLI's cancellation asks to stop it.
+    """
+    import pty
+    import threading
+
+    project = tmp_path / "ctrl-c"
+    project.mkdir()
+    runtime = yaml.safe_load((toolchain.PROJECT_DIR / "Pulumi.yaml").read_text())["runtime"]
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump({"name": "ctrlc", "runtime": runtime}))
+    (project / "__main__.py").write_text(CTRL_C_PROGRAM)
+    (project / ".venv").symlink_to(toolchain.PROJECT_DIR / ".venv")
+    backend = tmp_path / "backend"
+    backend.mkdir()
+    report, got = tmp_path / "program.json", tmp_path / "signal.json"
+    env = {**os.environ, **localenv.pulumi_env(), "PULUMI_BACKEND_URL": backend.as_uri(),
+           "PROBE_REPORT": str(report), "PROBE_SIGNAL": str(got), "TERM": "xterm"}  # fmt: skip
+    shell = Shell(project, env)
+    shell.run("pulumi stack init ctrlc")
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the CLI, as a shell starts it: session leader and foreground group of the pty
+        try:
+            os.chdir(project)
+            os.execvpe("pulumi", ["pulumi", "up", "--yes", "--skip-preview"], env)
+        finally:
+            os._exit(127)
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the CLI has exited and closed the terminal
+                return
+            if not chunk:
+                return
+            chunks.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        program = wait_for(lambda: report.exists() and json.loads(report.read_text()), 120,
+                           "the program to run")  # fmt: skip
+        os.write(fd, b"\x03")  # Ctrl-C, typed
+        _, status = os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(ChildProcessError, ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    reader.join(timeout=30)
+    os.close(fd)
+    out = b"".join(chunks).decode(errors="replace")
+
+    cli_group = pid  # the session leader's own group is the terminal's foreground group
+    assert program["pgid"] != cli_group, program
+    assert json.loads(got.read_text()) == {"signo": signal.SIGINT, "from": program["ppid"]}
+    assert "^C received; cancelling" in out, out
+    assert "update canceled" in out, out
+    assert os.waitstatus_to_exitcode(status) == 1, out
+    assert "Traceback" not in out, out
+    shell.run("pulumi stack rm --yes --force ctrlc")

@@ -34,7 +34,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import time
@@ -50,7 +49,7 @@ import pytest
 from pmem_components import names
 from pmem_components.config import DeploymentConfig
 from pmem_components.manifests import bundle
-from tests.e2e.readme import Shell, sh_blocks
+from tests.e2e.readme import Shell, clone_checkout, sh_blocks
 from tests.e2e.waiting import wait_for
 from tools import localenv, toolchain
 
@@ -164,14 +163,7 @@ def admin(
     pulumi_ready: dict[str, str], local_cluster: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Admin:
     """A copy of the project as an administrator's clone has it, with a backend of its own."""
-    root = tmp_path_factory.mktemp("checkout")
-    src = toolchain.PROJECT_DIR
-    for name in ("Pulumi.yaml", "__main__.py", "requirements.txt"):
-        shutil.copyfile(src / name, root / name)
-    ignore = shutil.ignore_patterns("__pycache__")
-    for name in ("pmem_components", "crd"):
-        shutil.copytree(src / name, root / name, ignore=ignore)
-    (root / ".venv").symlink_to(src / ".venv")
+    root = clone_checkout(tmp_path_factory.mktemp("checkout"))
     backend = tmp_path_factory.mktemp("backend")
     env = {**os.environ, **localenv.pulumi_env()}
     env["PULUMI_BACKEND_URL"] = backend.as_uri()

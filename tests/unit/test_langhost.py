@@ -29,38 +29,6 @@ def test_argv_as_the_cli_passes_it() -> None:
     assert langhost.parse_argv([]).engine_address == ""
 
 
-def _venv(directory: Path) -> Path:
-    python = directory / ".venv" / "bin" / "python"
-    python.parent.mkdir(parents=True)
-    python.touch()
-    return python
-
-
-def test_interpreter_is_the_projects_virtualenv(tmp_path: Path) -> None:
-    root, program = tmp_path / "root", tmp_path / "prog"
-    root.mkdir()
-    program.mkdir()
-    env = {"PULUMI_PYTHON_CMD": "/usr/bin/python3.11"}
-    assert langhost.resolve_interpreter(str(root), str(program), {}, env) == "/usr/bin/python3.11"
-    assert langhost.resolve_interpreter(str(root), str(program), {}, {}) == "python3"
-    root_python = _venv(root)
-    assert langhost.resolve_interpreter(str(root), str(program), {}, env) == str(root_python)
-    # The program directory's .venv wins (Pulumi.yaml `main:` pointing at a checkout).
-    program_python = _venv(program)
-    assert langhost.resolve_interpreter(str(root), str(program), {}, env) == str(program_python)
-
-
-def test_virtualenv_runtime_option_is_honoured_or_named_when_missing(tmp_path: Path) -> None:
-    venv_python = tmp_path / "venv" / "bin" / "python"
-    venv_python.parent.mkdir(parents=True)
-    venv_python.touch()
-    _venv(tmp_path)
-    got = langhost.resolve_interpreter(str(tmp_path), str(tmp_path), {"virtualenv": "venv"}, {})
-    assert got == str(venv_python)
-    with pytest.raises(FileNotFoundError, match="virtualenv='nope'"):
-        langhost.resolve_interpreter(str(tmp_path), str(tmp_path), {"virtualenv": "nope"}, {})
-
-
 def _run_request(**fields: object) -> SimpleNamespace:
     base: dict[str, object] = {
         "monitor_address": "127.0.0.1:1",

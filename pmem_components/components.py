@@ -26,6 +26,7 @@ from pmem_components.config import (
     deployment_problems,
 )
 from pmem_components.manifests import bundle
+from pmem_components.manifests import reporter as reporter_manifests
 from pmem_components.manifests.crd import load_crd
 from pmem_components.patches import PatchError, PatchSet
 
@@ -346,6 +347,12 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             for obj in objs.all():
                 _annotate(obj, extra)
         _annotate(objs.deployment_cr, {names.STACK_ANNOTATION: stack_id()})
+        objs.reporter[:] = [
+            reporter_manifests.with_allowed_field_owners(o, args.allowed_field_owners)
+            if o["kind"] == "Deployment"
+            else o
+            for o in objs.reporter
+        ]
         for workload in (*objs.controller, *objs.node):
             if workload["kind"] in ("StatefulSet", "DaemonSet"):
                 # Deleted only once its pods are gone: a reinstall (delete before replace)

@@ -164,3 +164,35 @@ def test_every_built_in_entry_says_why() -> None:
     from pmem_components.fieldowners import BUILT_IN_ALLOWED
 
     assert BUILT_IN_ALLOWED and all(a.reason and a.paths for a in BUILT_IN_ALLOWED)
+
+
+def test_the_stack_setting_reaches_the_program_and_the_reporter() -> None:
+    import json
+
+    from pmem_components.config import ConfigError, load_config
+    from pmem_components.fieldowners import ALLOWED_ENV, Allowance
+    from pmem_components.manifests import bundle
+    from pmem_components.manifests.reporter import with_allowed_field_owners
+
+    raw = [{"manager": "team-labeller", "paths": ["metadata.labels.team"], "reason": "ours"}]
+    stack = load_config(
+        {"allowedFieldOwners": raw, "deployments": [{"reporter": {"image": "r:1"}}]}
+    )
+    assert stack.allowed_field_owners == (
+        Allowance("team-labeller", ("metadata.labels.team",), "ours"),
+    )
+    deployment = next(
+        o for o in bundle.reporter_objects(stack.deployments[0]) if o["kind"] == "Deployment"
+    )
+    container = with_allowed_field_owners(deployment, stack.allowed_field_owners)["spec"][
+        "template"
+    ]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert json.loads(env[ALLOWED_ENV]) == raw
+    assert with_allowed_field_owners(deployment, ()) is deployment
+    try:
+        load_config({"allowedFieldOwners": [{"manager": "x"}]})
+    except ConfigError as err:
+        assert err.problems[0].startswith("pmem-csi:allowedFieldOwners[0].paths: ")
+    else:
+        raise AssertionError("a bad entry must be a config error")

@@ -3,11 +3,30 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools import toolchain
+
+# What an administrator's clone holds of the project, for tests that run the CLI in a copy.
+PROJECT_FILES = ("Pulumi.yaml", "__main__.py", "requirements.txt")
+PROJECT_DIRS = ("pmem_components", "crd")
+
+
+def project_copy(root: Path) -> Path:
+    """A copy of the project in ``root`` as a clone has it, with a ``.venv`` link to this
+    checkout's (the CLI's language host runs the program with it)."""
+    src = toolchain.PROJECT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        shutil.copyfile(src / name, root / name)
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in PROJECT_DIRS:
+        shutil.copytree(src / name, root / name, ignore=ignore)
+    (root / ".venv").symlink_to(src / ".venv")
+    return root
 
 
 def sh_blocks(heading: str) -> list[list[str]]:

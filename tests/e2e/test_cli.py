@@ -22,7 +22,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,7 +31,7 @@ import pytest
 import yaml
 
 from pmem_components import names
-from tests.e2e.readme import Shell, sh_blocks
+from tests.e2e.readme import Shell, project_copy, sh_blocks
 from tests.e2e.waiting import wait_for
 from tests.unit import certutil
 from tools import localenv, toolchain
@@ -54,14 +53,7 @@ def certs() -> certutil.CertSet:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory, certs: certutil.CertSet) -> Path:
     """A copy of the project as an administrator's clone has it, plus the five PEM files."""
-    root = tmp_path_factory.mktemp("checkout")
-    src = toolchain.PROJECT_DIR
-    for name in ("Pulumi.yaml", "__main__.py", "requirements.txt"):
-        shutil.copyfile(src / name, root / name)
-    ignore = shutil.ignore_patterns("__pycache__")
-    for name in ("pmem_components", "crd"):
-        shutil.copytree(src / name, root / name, ignore=ignore)
-    (root / ".venv").symlink_to(src / ".venv")
+    root = project_copy(tmp_path_factory.mktemp("checkout"))
     files = {
         "ca.crt": certs.ca_cert,
         "registry.crt": certs.registry_cert,

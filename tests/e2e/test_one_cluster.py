@@ -588,3 +588,77 @@ def test_rollout_restart_survives_up_and_is_not_drift(
     finally:
         reporter.stop()
         print(reporter.log()[-5000:])
+
+
+def test_render_yaml_to_directory_sends_no_request(
+    two_clusters: TwoClusters, other: Other, project: Path, tmp_path: Path
+) -> None:
+    """``kubernetes:renderYamlToDirectory``: manifests in files, no request to any cluster,
+    also not to the one ``KUBECONFIG`` names (before: the preflight read it and refused the
+    CR of the other stack there, and the take-over would have written its objects)."""
+    out = tmp_path / "rendered"
+    env = {**other.env, "KUBECONFIG": str(two_clusters.kubeconfigs["b"])}
+    shell = Shell(project, env)
+    stack = f"r{uuid.uuid4().hex[:6]}"
+    b_before = settled(two_clusters.clients["b"], "cluster b")
+    shell.run(f"pulumi stack init {stack}")
+    config = {**stack_config(other.raw), "kubernetes:renderYamlToDirectory": str(out)}
+    ps.write_stack_config(project, stack, config)
+    try:
+        result = shell.run("pulumi up --yes --skip-preview")
+        assert "pmem-csi:preflight: skipped" in result.stdout + result.stderr
+        assert list(out.rglob("*.yaml")), "the manifests are rendered"
+        assert not changed(b_before, versions(two_clusters.clients["b"]))
+    finally:
+        shell.run("pulumi destroy --yes --skip-preview", check=False)
+        shell.run(f"pulumi stack rm --yes {stack}", check=False)
+
+
+def test_an_explicit_provider_gets_the_take_over(
+    two_clusters: TwoClusters,
+    other: Other,
+    crd_in_a: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Library use: ``PmemCsiDeployment(..., opts=ResourceOptions(provider=p))`` with ``p`` on
+    cluster "a" while the default (``KUBECONFIG``) is "b": the take-over reads and writes "a"
+    (before: the default cluster)."""
+    a_file, b_file = _files(two_clusters, tmp_path)
+    cfg = parsed(other.raw)
+
+    def program() -> None:
+        import pulumi
+        import pulumi_kubernetes as k8s
+
+        from pmem_components import PmemCsiDeployment
+        from pmem_components.components import PmemCsiDeploymentArgs
+
+        provider = k8s.Provider("a", kubeconfig=str(a_file))
+        PmemCsiDeployment(
+            "lib-a",
+            PmemCsiDeploymentArgs(cfg, take_over_fields=True),
+            pulumi.ResourceOptions(provider=provider),
+        )
+
+    stack = ps.select_stack(f"l{uuid.uuid4().hex[:6]}", program, tmp_path / "lib")
+    monkeypatch.setenv("KUBECONFIG", str(b_file))
+    stack.workspace.env_vars["KUBECONFIG"] = str(b_file)
+    a = two_clusters.clients["a"]
+    b_before = settled(two_clusters.clients["b"], "cluster b")
+    ds = next(o for o in bundle.node_objects(cfg) if o["kind"] == "DaemonSet")
+    try:
+        stack.up(on_output=ps.printer("[library up] "))
+        assert not changed(b_before, versions(two_clusters.clients["b"])), "up"
+        edit_label(a, ds, LABEL, "changed-in-a")
+        lines: list[str] = []
+        stack.up(on_output=lines.append)
+        assert live(a, ds)["metadata"]["labels"][LABEL] == "declared"
+        assert "took over fields of DaemonSet" in "".join(lines)
+        assert not changed(b_before, versions(two_clusters.clients["b"])), "second up"
+    finally:
+        try:
+            stack.destroy(on_output=ps.printer("[library destroy] "))
+        finally:
+            stack.workspace.remove_stack(stack.name)
+    assert not changed(b_before, versions(two_clusters.clients["b"])), "destroy"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -662,3 +663,67 @@ def test_an_explicit_provider_gets_the_take_over(
         finally:
             stack.workspace.remove_stack(stack.name)
     assert not changed(b_before, versions(two_clusters.clients["b"])), "destroy"
+
+
+def test_in_cluster_service_account_credentials_without_a_kubeconfig(
+    other: Other,
+    project: Path,
+    api_client: Any,
+    local_cluster: Path,
+    crd_in_a: None,
+    tmp_path: Path,
+) -> None:
+    """The program run as in a pod (CI, the Pulumi Kubernetes Operator): no kubeconfig, a
+    ServiceAccount token and CA where Kubernetes mounts them, ``KUBERNETES_SERVICE_HOST`` and
+    ``_PORT``. The CLI runs in a mount namespace of its own with a tmpfs on ``/run`` holding
+    them (the host's ``/run`` is not touched). Before: the preflight failed with "Invalid
+    kube-config file. No configuration found." where the provider used the token."""
+    sfx = uuid.uuid4().hex[:6]
+    account = f"pulumi-{sfx}"
+    core, rbac = client.CoreV1Api(api_client), client.RbacAuthorizationV1Api(api_client)
+    core.create_namespaced_service_account("default", {"metadata": {"name": account}})
+    binding = {
+        "metadata": {"name": account},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "cluster-admin",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": "default"}],
+    }
+    rbac.create_cluster_role_binding(binding)
+    token = core.create_namespaced_service_account_token(
+        account, "default", {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    admin = named(local_cluster, "a")
+    cluster_info = admin["clusters"][0]["cluster"]
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text(token)
+    shutil.copyfile(cluster_info["certificate-authority"], sa / "ca.crt")
+    host, port = cluster_info["server"].removeprefix("https://").rsplit(":", 1)
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in other.env.items() if k != "KUBECONFIG"}
+    env.update(HOME=str(home), KUBERNETES_SERVICE_HOST=host, KUBERNETES_SERVICE_PORT=port)
+    shell = Shell(project, env)
+    mounted = (
+        "unshare --mount --propagation private sh -c 'mount -t tmpfs tmpfs /run && "
+        "mkdir -p /run/secrets/kubernetes.io/serviceaccount && "
+        f"cp {sa}/token {sa}/ca.crt /run/secrets/kubernetes.io/serviceaccount/ && "
+        'exec "$@"\' sh '
+    )
+    raw = _deployment(sfx)
+    stack = f"i{sfx}"
+    shell.run(f"pulumi stack init {stack}")
+    ps.write_stack_config(project, stack, stack_config(raw))
+    try:
+        result = shell.run(mounted + "pulumi up --yes --skip-preview")
+        assert "Invalid kube-config" not in result.stdout + result.stderr
+        cr = bundle.build_deployment_objects(parsed(raw)).deployment_cr
+        assert Cluster(api_client).get(cr) is not None
+    finally:
+        shell.run(mounted + "pulumi destroy --yes --skip-preview", check=False)
+        shell.run(f"pulumi stack rm --yes {stack}", check=False)
+        rbac.delete_cluster_role_binding(account)
+        core.delete_namespaced_service_account(account, "default")

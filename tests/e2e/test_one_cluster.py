@@ -270,6 +270,18 @@ def live(api_client: Any, obj: dict[str, Any]) -> dict[str, Any]:
 
 
 LABEL = "e2e.example.com/one-cluster"
+# The stacks here reuse names one after the other: their namespaces go with them.
+NOT_RETAINED = {"pmem-csi:retainNamespaces": False}
+
+
+def gone(api_client: Any, namespace: str) -> None:
+    """Wait until ``namespace`` is deleted (a later stack creates it again)."""
+
+    def absent() -> bool:
+        names_now = [n.metadata.name for n in client.CoreV1Api(api_client).list_namespace().items]
+        return namespace not in names_now
+
+    wait_for(absent, 180, f"namespace {namespace} deleted")
 
 
 def _deployment(sfx: str, **extra: Any) -> dict[str, Any]:
@@ -410,7 +422,7 @@ def test_the_cluster_not_chosen_stays_untouched(
         assert not changed(b_before, versions(two_clusters.clients["b"])), step
 
     shell.run(f"pulumi stack init {stack}")
-    ps.write_stack_config(project, stack, {**stack_config(other.raw), **settings})
+    ps.write_stack_config(project, stack, {**stack_config(other.raw), **NOT_RETAINED, **settings})
     try:
         shell.run("pulumi preview")
         untouched("pulumi preview")
@@ -442,6 +454,7 @@ def test_the_cluster_not_chosen_stays_untouched(
     finally:
         shell.run("pulumi destroy --yes --skip-preview", check=False)
         shell.run(f"pulumi stack rm --yes {stack}", check=False)
+        gone(a, cfg.namespace)
     untouched("pulumi destroy")
     for _, result in shell.log:
         assert "Traceback" not in result.stderr + result.stdout
@@ -478,7 +491,7 @@ def single(
 
     work = tmp_path_factory.mktemp("single")
     raw = _deployment(uuid.uuid4().hex[:6], reporter={"image": REPORTER_IMAGE})
-    stack = make_stack(work, stack_config(raw))
+    stack = make_stack(work, {**stack_config(raw), **NOT_RETAINED})
     stack.up(on_output=ps.printer("[single up] "))
     try:
         yield Single(stack, raw, parsed(raw), work)
@@ -638,7 +651,7 @@ def test_an_explicit_provider_gets_the_take_over(
         provider = k8s.Provider("a", kubeconfig=str(a_file))
         PmemCsiDeployment(
             "lib-a",
-            PmemCsiDeploymentArgs(cfg, take_over_fields=True),
+            PmemCsiDeploymentArgs(cfg, take_over_fields=True, retain_namespace=False),
             pulumi.ResourceOptions(provider=provider),
         )
 
@@ -716,7 +729,7 @@ def test_in_cluster_service_account_credentials_without_a_kubeconfig(
     raw = _deployment(sfx)
     stack = f"i{sfx}"
     shell.run(f"pulumi stack init {stack}")
-    ps.write_stack_config(project, stack, stack_config(raw))
+    ps.write_stack_config(project, stack, {**stack_config(raw), **NOT_RETAINED})
     try:
         result = shell.run(mounted + "pulumi up --yes --skip-preview")
         assert "Invalid kube-config" not in result.stdout + result.stderr

@@ -96,3 +96,35 @@ def test_kubernetes_kubeconfig_path_wins_over_kubeconfig_env(
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "prod"))
     stack_config["kubernetes:kubeconfig"] = str(tmp_path / "staging")
     assert host(program.kube_client()) == STAGING
+
+
+def test_render_yaml_to_directory_skips_the_preflight_without_a_request(
+    stack_config: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No cluster is the target: nothing is read (before: the preflight read the cluster
+    that KUBECONFIG names, here an address nothing listens on)."""
+    import pulumi
+
+    from pmem_components.config import load_config
+    from pmem_components.preflight import PreflightError
+
+    (tmp_path / "prod").write_text(PROD_FILE)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "prod"))
+    stack_config["kubernetes:renderYamlToDirectory"] = str(tmp_path / "out")
+    said: list[str] = []
+    monkeypatch.setattr(pulumi.log, "info", lambda message, *a, **k: said.append(message))
+    try:
+        assert program.preflight(load_config({})) == {}
+    except PreflightError as err:
+        raise AssertionError(f"the preflight sent a request: {err}") from None
+    assert said and said[0].startswith("pmem-csi:preflight: skipped, ")
+
+
+def test_no_cluster_at_all_fails_the_preflight_naming_the_way_out(
+    stack_config: dict[str, str],
+) -> None:
+    from pmem_components.config import load_config
+    from pmem_components.preflight import PreflightError
+
+    with pytest.raises(PreflightError, match="no cluster configured.*pmem-csi:preflight: false"):
+        program.preflight(load_config({}))

@@ -126,5 +126,5 @@ def test_no_cluster_at_all_fails_the_preflight_naming_the_way_out(
     from pmem_components.config import load_config
     from pmem_components.preflight import PreflightError
 
-    with pytest.raises(PreflightError, match="no cluster configured.*pmem-csi:preflight: false"):
+    with pytest.raises(PreflightError, match=r"no cluster configured.*pmem-csi:preflight: false"):
         program.preflight(load_config({}))

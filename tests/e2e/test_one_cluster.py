@@ -249,8 +249,9 @@ def settled(api_client: Any, what: str) -> dict[str, str]:
     return wait_for(steady, 120, f"{what}: objects settled", interval=1.0)
 
 
-def edit_label(api_client: Any, obj: dict[str, Any], key: str, value: str) -> None:
-    """A PUT of the live object with one label changed, as ``kubectl edit`` does it."""
+def edit_label(api_client: Any, obj: dict[str, Any], key: str, value: str | None) -> None:
+    """A PUT of the live object with one label changed (None: removed), as ``kubectl edit``
+    does it."""
     meta = obj["metadata"]
     group_version = obj["apiVersion"]
     kind = obj["kind"]
@@ -258,7 +259,11 @@ def edit_label(api_client: Any, obj: dict[str, Any], key: str, value: str) -> No
 
     res = DynamicClient(api_client).resources.get(api_version=group_version, kind=kind)
     live = res.get(name=meta["name"], namespace=meta.get("namespace")).to_dict()
-    live["metadata"].setdefault("labels", {})[key] = value
+    labels = live["metadata"].setdefault("labels", {})
+    if value is None:
+        labels.pop(key, None)
+    else:
+        labels[key] = value
     live["metadata"].pop("managedFields", None)
     res.replace(body=live, namespace=meta.get("namespace"), field_manager="kubectl-edit")
 
@@ -545,6 +550,7 @@ def test_a_label_someone_added_is_not_written_by_an_up_that_changes_nothing(
     after = live(api_client, svc)
     assert after["metadata"]["resourceVersion"] == version
     assert after["metadata"]["labels"]["example.com/added"] == "by-someone"
+    edit_label(api_client, svc, "example.com/added", None)  # the reporter's test follows
 
 
 def test_rollout_restart_survives_up_and_is_not_drift(

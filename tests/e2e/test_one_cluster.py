@@ -392,13 +392,13 @@ def other(
     shell = Shell(project, env)
     shell.run("pulumi stack init other")
     ps.write_stack_config(project, "other", stack_config(raw, manage_crd=True))
-    shell.run("pulumi up --yes --skip-preview")
+    shell.run("pulumi up --yes --skip-preview --stack other")
     ds = next(o for o in bundle.node_objects(parsed(raw)) if o["kind"] == "DaemonSet")
     edit_label(two_clusters.clients["b"], ds, LABEL, "changed-in-b")
     try:
         yield Other(raw, project, env)
     finally:
-        Shell(project, env).run("pulumi destroy --yes --skip-preview", check=False)
+        Shell(project, env).run("pulumi destroy --yes --skip-preview --stack other", check=False)
         Shell(project, env).run("pulumi stack rm --yes other", check=False)
 
 
@@ -429,9 +429,9 @@ def test_the_cluster_not_chosen_stays_untouched(
     shell.run(f"pulumi stack init {stack}")
     ps.write_stack_config(project, stack, {**stack_config(other.raw), **NOT_RETAINED, **settings})
     try:
-        shell.run("pulumi preview")
+        shell.run(f"pulumi preview --stack {stack}")
         untouched("pulumi preview")
-        shell.run("pulumi up --yes")
+        shell.run(f"pulumi up --yes --stack {stack}")
         untouched("pulumi up")
         objs = bundle.build_deployment_objects(cfg)
         assert Cluster(a).get(objs.deployment_cr) is not None, "the deployment is in cluster a"
@@ -439,7 +439,7 @@ def test_the_cluster_not_chosen_stays_untouched(
         ds = next(o for o in objs.node if o["kind"] == "DaemonSet")
         edit_label(a, sts, LABEL, "changed-in-a")
         edit_label(a, ds, LABEL, "changed-in-a")
-        shell.run("pulumi up --yes --refresh --skip-preview")
+        shell.run(f"pulumi up --yes --refresh --skip-preview --stack {stack}")
         untouched("pulumi up --refresh")
         assert live(a, sts)["metadata"]["labels"][LABEL] == "declared"
         edit_label(a, sts, LABEL, "changed-in-a")
@@ -450,14 +450,14 @@ def test_the_cluster_not_chosen_stays_untouched(
             [COMPONENT_TYPE, NODE_TYPE, "kubernetes:apps/v1:DaemonSet"],
             f"{cfg.namespace}/{cfg.names.node_driver}",
         )
-        shell.run(f"pulumi up --yes --skip-preview --target '{urn}'")
+        shell.run(f"pulumi up --yes --skip-preview --stack {stack} --target '{urn}'")
         untouched("pulumi up --target")
         assert live(a, ds)["metadata"]["labels"][LABEL] == "declared"
         left = live(a, sts)
         assert left["metadata"]["resourceVersion"] == sts_version, "not targeted: not written"
         assert left["metadata"]["labels"][LABEL] == "changed-in-a"
     finally:
-        shell.run("pulumi destroy --yes --skip-preview", check=False)
+        shell.run(f"pulumi destroy --yes --skip-preview --stack {stack}", check=False)
         shell.run(f"pulumi stack rm --yes {stack}", check=False)
         gone(a, cfg.namespace)
     untouched("pulumi destroy")
@@ -625,12 +625,12 @@ def test_render_yaml_to_directory_sends_no_request(
     config = {**stack_config(other.raw), "kubernetes:renderYamlToDirectory": str(out)}
     ps.write_stack_config(project, stack, config)
     try:
-        result = shell.run("pulumi up --yes --skip-preview")
+        result = shell.run(f"pulumi up --yes --skip-preview --stack {stack}")
         assert "pmem-csi:preflight: skipped" in result.stdout + result.stderr
         assert list(out.rglob("*.yaml")), "the manifests are rendered"
         assert not changed(b_before, versions(two_clusters.clients["b"]))
     finally:
-        shell.run("pulumi destroy --yes --skip-preview", check=False)
+        shell.run(f"pulumi destroy --yes --skip-preview --stack {stack}", check=False)
         shell.run(f"pulumi stack rm --yes {stack}", check=False)
 
 
@@ -737,12 +737,12 @@ def test_in_cluster_service_account_credentials_without_a_kubeconfig(
     shell.run(f"pulumi stack init {stack}")
     ps.write_stack_config(project, stack, {**stack_config(raw), **NOT_RETAINED})
     try:
-        result = shell.run(mounted + "pulumi up --yes --skip-preview")
+        result = shell.run(mounted + f"pulumi up --yes --skip-preview --stack {stack}")
         assert "Invalid kube-config" not in result.stdout + result.stderr
         cr = bundle.build_deployment_objects(parsed(raw)).deployment_cr
         assert Cluster(api_client).get(cr) is not None
     finally:
-        shell.run(mounted + "pulumi destroy --yes --skip-preview", check=False)
+        shell.run(mounted + f"pulumi destroy --yes --skip-preview --stack {stack}", check=False)
         shell.run(f"pulumi stack rm --yes {stack}", check=False)
         rbac.delete_cluster_role_binding(account)
         core.delete_namespaced_service_account(account, "default")

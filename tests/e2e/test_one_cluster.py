@@ -390,16 +390,17 @@ def other(
     raw = _deployment(sfx)
     env = _cli_env(project, str(two_clusters.kubeconfigs["b"]), backend)
     shell = Shell(project, env)
-    shell.run("pulumi stack init other")
-    ps.write_stack_config(project, "other", stack_config(raw, manage_crd=True))
-    shell.run("pulumi up --yes --skip-preview --stack other")
+    name = f"other-{sfx}"
+    shell.run(f"pulumi stack init {name}")
+    ps.write_stack_config(project, name, stack_config(raw, manage_crd=True))
+    shell.run(f"pulumi up --yes --skip-preview --stack {name}")
     ds = next(o for o in bundle.node_objects(parsed(raw)) if o["kind"] == "DaemonSet")
     edit_label(two_clusters.clients["b"], ds, LABEL, "changed-in-b")
     try:
         yield Other(raw, project, env)
     finally:
-        Shell(project, env).run("pulumi destroy --yes --skip-preview --stack other", check=False)
-        Shell(project, env).run("pulumi stack rm --yes other", check=False)
+        Shell(project, env).run(f"pulumi destroy --yes --skip-preview --stack {name}", check=False)
+        Shell(project, env).run(f"pulumi stack rm --yes {name}", check=False)
 
 
 def _urn(stack: str, types: list[str], name: str) -> str:

@@ -26,6 +26,7 @@ from pmem_components.config import (
     deployment_problems,
 )
 from pmem_components.manifests import bundle
+from pmem_components.manifests import reporter as reporter_manifests
 from pmem_components.manifests.crd import load_crd
 from pmem_components.patches import PatchError, PatchSet
 
@@ -202,12 +203,23 @@ class PmemCsiDeploymentArgs:
     index: int = 0
     validate: bool = True
     previous: PreviousDeployment | None = None
-    # See pmem_components.takeover_transform: before each object is applied, fields other
-    # field managers own are taken over. Off for library use unless asked for: it calls the
-    # API server from the program, with the client ``kube_client`` makes (the program passes
-    # one connecting as the default provider does, and the stack's ``takeOverFields``).
+    # See pmem_components.takeover_transform: when the engine updates an object, fields other
+    # field managers own are taken over first. Off for library use unless asked for: it
+    # calls the API server from the program -- the cluster of the Kubernetes provider the
+    # component deploys through (the one in ``opts``, else the default provider), and none
+    # when that cannot be known for certain. ``allowed_field_owners``: the administrator's
+    # ownership policy entries (pmem_components.fieldowners), on top of the built-in ones.
     take_over_fields: bool = False
-    kube_client: Callable[[], Any] | None = None
+    allowed_field_owners: Sequence[Any] = ()
+
+
+def default_provider_settings() -> Any:
+    """The default Kubernetes provider's cluster settings (stack config ``kubernetes:*``)."""
+    from pulumi.runtime import config as runtime_config
+
+    from pmem_components import kubetarget
+
+    return kubetarget.ProviderSettings.from_stack_config(runtime_config.get_config)
 
 
 def stack_id() -> str:
@@ -272,11 +284,16 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         transforms = [awaiting.transform(cfg)]
         if cfg.patches:
             transforms.append(PatchSet.for_deployment(args.index, cfg.patches).transform)
+        take_over: takeover_transform.TakeOver | None = None
         if args.take_over_fields:
-            if args.kube_client is None:
-                raise TypeError("take_over_fields needs kube_client (a Kubernetes API client)")
+            # The provider is known once the component is (see below); the transform and the
+            # hook ask for it only when the children register.
+            take_over = takeover_transform.TakeOver(
+                takeover_transform.ClusterSource(None, default_provider_settings),
+                allowed=tuple(args.allowed_field_owners),
+            )
             # Last: it must see the inputs exactly as the provider will apply them.
-            transforms.append(takeover_transform.transform(args.kube_client))
+            transforms.append(take_over.transform)
         prev = args.previous
         own_aliases: list[Any] = []
         if prev is not None and prev.name != cfg.name and name == cfg.name:
@@ -292,6 +309,11 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             opts, pulumi.ResourceOptions(transforms=transforms, aliases=own_aliases or None)
         )
         super().__init__(COMPONENT_TYPE, name, None, opts)
+        hooks: pulumi.ResourceHookBinding | None = None
+        if take_over is not None:
+            take_over.source.provider = self.get_provider("kubernetes:core/v1:Secret")
+            hook = pulumi.ResourceHook(f"pmem-csi-take-over-{name}", take_over.before_update)
+            hooks = pulumi.ResourceHookBinding(before_update=[hook])
         self.namespace = cfg.namespace
         self.object_names = bundle.object_names(cfg)
         prefix = "" if name == cfg.name else f"{name}:"
@@ -332,6 +354,12 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             for obj in objs.all():
                 _annotate(obj, extra)
         _annotate(objs.deployment_cr, {names.STACK_ANNOTATION: stack_id()})
+        objs.reporter[:] = [
+            reporter_manifests.with_allowed_field_owners(o, args.allowed_field_owners)
+            if o["kind"] == "Deployment"
+            else o
+            for o in objs.reporter
+        ]
         for workload in (*objs.controller, *objs.node):
             if workload["kind"] in ("StatefulSet", "DaemonSet"):
                 # Deleted only once its pods are gone: a reinstall (delete before replace)
@@ -363,6 +391,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
                     depends_on=list(deps),
                     aliases=aliases or None,
                     delete_before_replace=replace_first or None,
+                    hooks=hooks,
                 ),
                 name_prefix=prefix,
             )

@@ -35,7 +35,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from pmem_components import names
+from pmem_components import fieldowners, names
 
 CONFIG_NAMESPACE = "pmem-csi"
 
@@ -314,6 +314,9 @@ class StackConfig(_Model):
     # Pulumi's back"). False leaves such fields to their owners (and `up` may then fail with
     # a server-side apply conflict).
     take_over_fields: bool = True
+    # What other field managers may own without it being drift, on top of the built-in
+    # entries (pmem_components/fieldowners.py): `[{manager, paths, reason}]`.
+    allowed_field_owners: tuple[fieldowners.Allowance, ...] = ()
 
 
 # Top-level keys of the config namespace that load_config knows.
@@ -324,6 +327,7 @@ STACK_KEYS = (
     "retainNamespaces",
     "preflight",
     "takeOverFields",
+    "allowedFieldOwners",
 )
 
 
@@ -749,7 +753,12 @@ def load_config(
             problems.extend(dep_problems)
         problems.extend(_check_unique(deployments_raw))
 
-    top = {k: raw[k] for k in STACK_KEYS if k in raw and k != "deployments"}
+    allowed, allowed_problems = fieldowners.parse_allowed(
+        raw.get("allowedFieldOwners"), key_path(("allowedFieldOwners",))
+    )
+    problems.extend(allowed_problems)
+    separate = ("deployments", "allowedFieldOwners")
+    top = {k: raw[k] for k in STACK_KEYS if k in raw and k not in separate}
     stack: StackConfig | None = None
     try:
         stack = StackConfig.model_validate({**top, "deployments": []})
@@ -759,4 +768,6 @@ def load_config(
     if problems:
         raise ConfigError(problems)
     assert stack is not None
-    return stack.model_copy(update={"deployments": parsed})
+    return stack.model_copy(
+        update={"deployments": parsed, "allowed_field_owners": tuple(allowed)}
+    )

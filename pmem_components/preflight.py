@@ -36,7 +36,8 @@ So this module answers, before anything changes:
   patch entry and the fields (:class:`Rejection`).
 
 :func:`plan` is pure (observations in, problems and moves out) and unit tested;
-:func:`observe` does the reads with the Kubernetes client (``get``/``list`` only).
+:func:`observe` does the reads with the Kubernetes client (``get``/``list`` only), which the
+program makes for the default provider's cluster (:mod:`pmem_components.kubetarget`).
 """
 
 from __future__ import annotations
@@ -664,24 +665,6 @@ def patch_rejections(
                 )
             )
     return out
-
-
-def api_client_from(kubeconfig: str | None, context: str | None) -> Any:
-    """A Kubernetes client as the default Kubernetes provider would connect.
-
-    ``kubeconfig`` is the ``kubernetes:kubeconfig`` config value (a path or the file's
-    content), else ``KUBECONFIG`` / ``~/.kube/config``; ``context`` is ``kubernetes:context``.
-    """
-    import os
-
-    import yaml
-    from kubernetes import config as kconfig
-
-    if kubeconfig and kubeconfig.lstrip().startswith(("apiVersion", "{", "clusters", "kind")):
-        return kconfig.new_client_from_config_dict(yaml.safe_load(kubeconfig), context=context)
-    # The client library reads KUBECONFIG when it is imported; read it now instead.
-    path = kubeconfig or os.environ.get("KUBECONFIG") or None
-    return kconfig.new_client_from_config(config_file=path, context=context)
 
 
 def run(stack: StackConfig, stack_id: str, api_client: Any) -> Plan:

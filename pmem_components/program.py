@@ -133,7 +133,7 @@ def deploy(
                 validate=False,
                 previous=PreviousDeployment(prev.name, prev.namespace) if prev else None,
                 take_over_fields=stack.take_over_fields,
-                kube_client=kube_client,
+                allowed_field_owners=stack.allowed_field_owners,
             ),
         )
         outputs[dep.name] = {
@@ -169,35 +169,51 @@ def _patched_namespace(
     return obj
 
 
-def kube_client() -> Any:
-    """A Kubernetes API client connecting as the default Kubernetes provider does
-    (``kubernetes:kubeconfig``, ``kubernetes:context``, else ``KUBECONFIG``)."""
-    from pmem_components import preflight as pf
+def cluster_target() -> Any:
+    """The cluster the default Kubernetes provider uses (:mod:`pmem_components.kubetarget`)."""
+    from pmem_components import kubetarget
+    from pmem_components.components import default_provider_settings
 
-    return pf.api_client_from(
-        runtime_config.get_config("kubernetes:kubeconfig"),
-        runtime_config.get_config("kubernetes:context"),
-    )
+    return kubetarget.resolve(default_provider_settings())
+
+
+def kube_client() -> Any:
+    """A Kubernetes API client for the default provider's cluster (see :func:`cluster_target`).
+
+    Raises :class:`pmem_components.kubetarget.TargetError` when there is none, or in
+    ``renderYamlToDirectory`` mode, where nothing may be sent to any cluster.
+    """
+    from pmem_components import kubetarget
+
+    return kubetarget.api_client(cluster_target())
 
 
 def preflight(stack: StackConfig) -> Any:
     """Read the cluster and refuse unsafe changes (see :mod:`pmem_components.preflight`).
 
     Returns the :class:`~pmem_components.preflight.Plan`: the deployments that move
-    (renamedFrom / allowReinstall) and the namespaces to keep. The client connects as the
-    default Kubernetes provider does (``kubernetes:kubeconfig``, ``kubernetes:context``, else
-    ``KUBECONFIG``).
+    (renamedFrom / allowReinstall) and the namespaces to keep. The reads go to the default
+    Kubernetes provider's cluster (:func:`cluster_target`); with
+    ``kubernetes:renderYamlToDirectory`` nothing is read, because no cluster is the target.
     """
+    from pmem_components import kubetarget
     from pmem_components import preflight as pf
 
     if not stack.preflight:
         return pf.Plan()
     from pmem_components.components import stack_id
 
-    client = pf.api_client_from(
-        runtime_config.get_config("kubernetes:kubeconfig"),
-        runtime_config.get_config("kubernetes:context"),
-    )
+    try:
+        target = cluster_target()
+    except kubetarget.TargetError as err:
+        raise pf.PreflightError(
+            f"pmem-csi:preflight: no cluster to read: {err}. The Kubernetes provider cannot "
+            "connect either; set pmem-csi:preflight: false to skip the checks"
+        ) from None
+    if not target.makes_requests:
+        pulumi.log.info(f"pmem-csi:preflight: skipped, {target.description}")
+        return pf.Plan()
+    client = kubetarget.api_client(target)
     try:
         result = pf.run(stack, stack_id(), client)
     finally:

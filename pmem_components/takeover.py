@@ -27,7 +27,7 @@ from typing import Any
 
 # Who is foreign is fieldowners' rule, shared with the reporter, which names the same
 # managers and fields in the CR's status until `pulumi up` takes them over.
-from pmem_components.fieldowners import is_foreign, is_pulumi_manager
+from pmem_components.fieldowners import Allowance, is_foreign, is_pulumi_manager, split_entry
 
 __all__ = ["TakeOver", "is_foreign", "merge_fields", "plan", "pulumi_entry"]
 
@@ -64,24 +64,40 @@ def pulumi_entry(managed_fields: Sequence[Mapping[str, Any]]) -> Mapping[str, An
     return max(applies, key=lambda e: str(e.get("time") or "")) if applies else None
 
 
-def plan(managed_fields: Sequence[Mapping[str, Any]], resource_version: str) -> TakeOver | None:
+def plan(
+    managed_fields: Sequence[Mapping[str, Any]],
+    resource_version: str,
+    allowed: Sequence[Allowance] = (),
+) -> TakeOver | None:
     """The take-over for an object with these managedFields, or None when there is nothing to
     take (no foreign entry) or nobody to give it to (Pulumi has not applied the object yet:
     then the provider creates or adopts it, see ``adoptExisting``).
 
     The patch first tests ``resourceVersion``: if someone writes the object in between, the
     patch fails instead of dropping their new entry unseen.
+
+    Fields the ownership policy allows their manager (``allowed``: the administrator's
+    entries, on top of :data:`pmem_components.fieldowners.BUILT_IN_ALLOWED`) stay with it: its
+    entry is kept with just those fields.
     """
-    foreign = [e for e in managed_fields if is_foreign(e)]
+    foreign = [e for e in managed_fields if is_foreign(e, allowed)]
     ours = pulumi_entry(managed_fields)
     if not foreign or ours is None:
         return None
     merged = dict(ours)
     fields: Mapping[str, Any] = ours.get("fieldsV1") or {}
-    for entry in foreign:
-        fields = merge_fields(fields, entry.get("fieldsV1") or {})
+    entries: list[dict[str, Any]] = []
+    for e in managed_fields:
+        if e is ours:
+            entries.append(merged)
+        elif any(e is f for f in foreign):
+            rest, kept = split_entry(e, allowed)
+            fields = merge_fields(fields, rest)
+            if kept:
+                entries.append({**e, "fieldsV1": kept})
+        else:
+            entries.append(dict(e))
     merged["fieldsV1"] = fields
-    entries = [merged if e is ours else dict(e) for e in managed_fields if not is_foreign(e)]
     patch = (
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version},
         {"op": "replace", "path": "/metadata/managedFields", "value": entries},

@@ -1,25 +1,34 @@
-"""The resource transform that takes field ownership back before the provider applies.
+"""Field take-over: writes only for what the update changes, only to the provider's cluster.
 
-For every Kubernetes object of a deployment, right before the engine diffs and applies it
-(a transform runs then, with the final, resolved inputs), this reads the live object and, if
-field managers other than Pulumi's and Kubernetes' own own fields of it
-(:func:`pmem_components.takeover.is_foreign`):
+For every Kubernetes object of a deployment, when it is registered (a transform runs then,
+with the final, resolved inputs), this reads the live object from the cluster the object's
+Kubernetes provider uses (:class:`ClusterSource`, :mod:`pmem_components.kubetarget`) and
+looks for fields owned by field managers other than Pulumi's and Kubernetes' own that the
+ownership policy does not allow them (:mod:`pmem_components.fieldowners`). Nothing is
+written then: a transform runs for every resource, also for those that ``--target`` /
+``--exclude`` leave out and in a preview, and the program is not told which those are.
 
-1. rewrites ``metadata.managedFields`` with a JSON Patch: the foreign entries are merged
-   into Pulumi's apply entry (guarded by a ``resourceVersion`` test);
-2. applies the declared object (exactly the inputs the provider is about to apply) with
-   ``force`` under Pulumi's own field manager, so declared values come back and whatever
-   others added is removed -- also when the provider's diff, which compares only the fields
-   the program declares, would see nothing (an added label, an appended list item).
+The writes happen in a ``before_update`` resource hook, which the engine runs only for a
+resource it is about to update (never in a preview, never for a resource left out):
 
-The provider's own update then finds the declared state and no conflict. Each object taken
-over is named in the CLI output with the managers and fields it was taken from. Nothing of
-this runs in a preview (``pulumi preview`` and the preview of ``pulumi up``): there the
-transform only reads and says what ``up`` would take over.
+1. ``metadata.managedFields`` is rewritten with a JSON Patch: the foreign entries' fields
+   are merged into Pulumi's apply entry (guarded by a ``resourceVersion`` test), fields the
+   policy allows stay with their manager;
+2. the declared object is applied with ``force`` under Pulumi's own field manager, so
+   declared values come back and whatever others added is removed.
 
-Why a transform and not a step before registration: only at this point are the inputs
-complete (certificate values, transforms such as the stack config's patches); so the apply
-here sends the same object as the provider.
+The provider's own update then finds the declared state and no conflict. So that a resource
+whose *declared* fields someone changed is updated at all (its inputs did not change), the
+transform sets :data:`TAKEN_OVER_ANNOTATION` to the live object's ``resourceVersion``: a new
+input value, so the engine updates it -- only if it is not left out. A resource where others
+own only fields the stack does not declare (a label they added) is not updated for that; the
+fields go the next time the resource is updated. In a preview the annotation is unknown, so
+the preview shows the update without the provider's dry run against the object as it is
+(see :func:`_marked`); the CLI output names what ``pulumi up`` would take over.
+
+Where the program cannot know for certain which cluster the provider uses (an explicit
+provider whose kubeconfig is not known before the update, say), it sends nothing and says so.
+With ``renderYamlToDirectory`` it sends nothing at all.
 """
 
 from __future__ import annotations
@@ -27,14 +36,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
 from pulumi.runtime import rpc
 
-from pmem_components import fieldowners, kubecall, takeover
+from pmem_components import fieldowners, kubecall, kubetarget, takeover
 
 # Left alone: the CRD (the provider replaces it with a PUT and forces already) and
 # namespaces, which administrators label for others' sake (pod security, network policies).
@@ -47,8 +56,9 @@ SKIPPED_TYPES = frozenset(
 REQUEST_TIMEOUT = 15
 # Reads and patches of one object when someone else writes it in between.
 ATTEMPTS = 5
-# Marks, in a preview only, an object whose fields `pulumi up` will take over (see _marked).
-PREVIEW_ANNOTATION = "pmem-csi.intel.com/fields-taken-over"
+# The resourceVersion at which `pulumi up` last took the object's declared fields back: a new
+# value makes the engine update the object (see the module doc); unknown in a preview.
+TAKEN_OVER_ANNOTATION = "pmem-csi.intel.com/fields-taken-over"
 
 
 class TakeOverError(RuntimeError):
@@ -147,7 +157,12 @@ class Outcome:
     message: str  # the CLI line
 
 
-def correct(api: KubeApi, obj: dict[str, Any], dry_run: bool) -> Outcome | None:
+def correct(
+    api: KubeApi,
+    obj: dict[str, Any],
+    dry_run: bool,
+    allowed: Sequence[fieldowners.Allowance] = (),
+) -> Outcome | None:
     """Take over one object (see the module docstring); returns what was taken, if anything.
 
     In a dry run nothing is written; the message says what ``pulumi up`` would do.
@@ -159,10 +174,11 @@ def correct(api: KubeApi, obj: dict[str, Any], dry_run: bool) -> Outcome | None:
             return None  # not there: the provider creates it
         meta = live.get("metadata") or {}
         managed = meta.get("managedFields") or []
-        plan = takeover.plan(managed, str(meta.get("resourceVersion", "")))
+        plan = takeover.plan(managed, str(meta.get("resourceVersion", "")), allowed)
         if plan is None:
             return None
-        what = fieldowners.describe(fieldowners.foreign_owners(managed)) or ", ".join(plan.foreign)
+        owners = fieldowners.foreign_owners(managed, allowed)
+        what = fieldowners.describe(owners) or ", ".join(plan.foreign)
         if dry_run:
             return Outcome(plan, f"pulumi up would take over fields of {describe(obj)} ({what})")
         try:
@@ -176,6 +192,54 @@ def correct(api: KubeApi, obj: dict[str, Any], dry_run: bool) -> Outcome | None:
         api.apply(path, obj, plan.manager)
         return Outcome(plan, f"took over fields of {describe(obj)} and applied it ({what})")
     return None
+
+
+def owns_declared(fields: Any, declared: Any) -> bool:
+    """Whether a ``fieldsV1`` tree names a field that the declared object sets.
+
+    Walks both together: ``f:x`` a key, ``k:{...}`` the list item whose fields match, ``v:x``
+    a set member, ``i:N`` a list index. Used to tell a changed declared value (the resource
+    must be updated) from fields others only added (left until the next update).
+    """
+    if not isinstance(fields, Mapping):
+        return False
+    for key, sub in fields.items():
+        if key == ".":
+            continue
+        kind, _, rest = key.partition(":")
+        child: Any = _MISSING
+        if kind == "f" and isinstance(declared, Mapping):
+            child = declared.get(rest, _MISSING)
+        elif kind == "k" and isinstance(declared, list):
+            try:
+                want = json.loads(rest)
+            except ValueError:
+                continue
+            for item in declared:
+                if isinstance(item, Mapping) and all(
+                    str(item.get(k)) == str(v) for k, v in dict(want).items()
+                ):
+                    child = item
+                    break
+        elif kind == "v" and isinstance(declared, list):
+            try:
+                if json.loads(rest) in declared:
+                    return True
+            except ValueError:
+                continue
+        elif kind == "i" and isinstance(declared, list) and rest.isdigit() and (
+            int(rest) < len(declared)
+        ):
+            child = declared[int(rest)]
+        if child is _MISSING:
+            continue
+        leaf = not [k for k in (sub or {}) if k != "."]
+        if leaf or not isinstance(child, Mapping | list) or owns_declared(sub, child):
+            return True
+    return False
+
+
+_MISSING = object()
 
 
 _EXECUTORS: list[concurrent.futures.ThreadPoolExecutor] = []
@@ -192,24 +256,125 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     return _EXECUTORS[0]
 
 
-def transform(
-    client_factory: Callable[[], Any],
-    *,
-    log: Callable[[str], None] | None = None,
-) -> pulumi.ResourceTransform:
-    """The transform; ``client_factory`` makes the Kubernetes API client (once, when first
-    needed) the way the provider connects."""
-    clients: list[KubeApi] = []
+class UnknownCluster(Exception):
+    """The program cannot tell for certain which cluster the provider uses."""
 
-    def api() -> KubeApi:
-        if not clients:
-            clients.append(KubeApi(client_factory()))
-        return clients[0]
 
-    def info(message: str) -> None:
-        (log or pulumi.log.info)(message)
+# The explicit provider's arguments that choose its cluster, as the Python SDK names them.
+_PROVIDER_ARGS = {
+    "kubeconfig": "kubeconfig",
+    "context": "context",
+    "cluster": "cluster",
+    "render_yaml_to_directory": "renderYamlToDirectory",
+}
 
-    async def apply(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
+
+class ClusterSource:
+    """The cluster of the Kubernetes provider a component deploys through, resolved once.
+
+    ``provider`` None: the default provider, configured by the stack config ``kubernetes:*``
+    (``default_settings``). An explicit ``kubernetes.Provider``: its arguments, as the engine
+    returns them once the provider is registered. A value not known then (computed by another
+    resource in a preview, or a provider object without those arguments) raises
+    :class:`UnknownCluster`: the program does not guess.
+    """
+
+    def __init__(
+        self,
+        provider: pulumi.ProviderResource | None,
+        default_settings: Callable[[], kubetarget.ProviderSettings],
+    ) -> None:
+        self.provider = provider
+        self.default_settings = default_settings
+        self._target: list[kubetarget.Target] = []
+        self._client: list[KubeApi] = []
+        self._lock = asyncio.Lock()
+
+    @property
+    def name(self) -> str:
+        if self.provider is None:
+            return "the default Kubernetes provider (stack config kubernetes:*)"
+        return f"Kubernetes provider {self.provider._name!r}"
+
+    async def settings(self) -> kubetarget.ProviderSettings:
+        if self.provider is None:
+            return self.default_settings()
+        values: dict[str, Any] = {}
+        for attr, arg in _PROVIDER_ARGS.items():
+            out = self.provider.__dict__.get(attr, _MISSING)
+            if out is _MISSING:
+                raise UnknownCluster(f"{self.name} does not show its argument {arg}")
+            if isinstance(out, pulumi.Output):
+                if not await out.is_known():
+                    raise UnknownCluster(f"{self.name}'s argument {arg} is not known yet")
+                out = await out.future()
+            out = rpc.unwrap_rpc_secret(out)
+            if out is not None and not isinstance(out, str):
+                raise UnknownCluster(f"{self.name}'s argument {arg} is not a string")
+            values[attr] = out or None
+        return kubetarget.ProviderSettings(
+            **values, origin=f"provider {self.provider._name}"
+        )
+
+    async def target(self) -> kubetarget.Target:
+        async with self._lock:
+            if not self._target:
+                self._target.append(kubetarget.resolve(await self.settings()))
+            return self._target[0]
+
+    async def api(self) -> KubeApi:
+        target = await self.target()
+        async with self._lock:
+            if not self._client:
+                self._client.append(KubeApi(kubetarget.api_client(target)))
+            return self._client[0]
+
+
+@dataclass
+class TakeOver:
+    """The transform and the ``before_update`` hook of one component (see the module doc).
+
+    ``allowed``: the administrator's ownership policy entries (stack config
+    ``pmem-csi:allowedFieldOwners``), on top of the built-in ones.
+    """
+
+    source: ClusterSource
+    allowed: Sequence[fieldowners.Allowance] = ()
+    log: Callable[[str], None] | None = None
+    # Objects whose fields others own, seen at registration: (type, name) -> declared object.
+    pending: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    _warned: list[str] = field(default_factory=list)
+
+    def info(self, message: str) -> None:
+        (self.log or pulumi.log.info)(message)
+
+    def _cannot(self, why: str) -> None:
+        """Say once per component why nothing is taken over, and what resolves it."""
+        if self._warned:
+            return
+        self._warned.append(why)
+        pulumi.log.warn(
+            f"fields other field managers own are not taken over: cannot tell for certain "
+            f"which cluster {self.source.name} uses ({why}); nothing is sent to any cluster "
+            "for it. Give the provider kubeconfig, context and cluster as values known "
+            "before the update, or set take_over_fields=False (pmem-csi:takeOverFields: "
+            "false) to leave such fields to their owners"
+        )
+
+    async def _target(self) -> kubetarget.Target | None:
+        try:
+            target = await self.source.target()
+        except UnknownCluster as err:
+            self._cannot(str(err))
+            return None
+        except kubetarget.TargetError as err:
+            self._cannot(str(err))
+            return None
+        return target if target.makes_requests else None
+
+    async def transform(
+        self, args: pulumi.ResourceTransformArgs
+    ) -> pulumi.ResourceTransformResult | None:
         if not args.custom or not args.type_.startswith("kubernetes:"):
             return None
         if args.type_ in SKIPPED_TYPES:
@@ -218,12 +383,15 @@ def transform(
             obj = await _plain(dict(args.props))
         except _Unknown:
             return None  # a preview with inputs not known yet: nothing to compare with
+        if await self._target() is None:
+            return None
         dry_run = pulumi.runtime.is_dry_run()
+        api = await self.source.api()
         try:
             loop = asyncio.get_running_loop()
-            outcome = await loop.run_in_executor(_executor(), correct, api(), obj, dry_run)
+            live = await loop.run_in_executor(_executor(), api.get, object_path(obj))
         except Exception as err:
-            message = f"cannot take over fields of {describe(obj)}: {err}"
+            message = f"cannot read {describe(obj)} to take over its fields: {err}"
             if dry_run:
                 pulumi.log.warn(f"{message} (pulumi up will try again)")
                 return None
@@ -231,28 +399,74 @@ def transform(
                 f"{message}; set pmem-csi:takeOverFields: false to leave fields that other "
                 "field managers own to them"
             ) from None
-        if outcome is None:
+        if live is None:
             return None
-        info(outcome.message)
-        if not dry_run:
-            return None
-        return pulumi.ResourceTransformResult(props=_marked(args.props), opts=args.opts)
+        meta = live.get("metadata") or {}
+        managed = meta.get("managedFields") or []
+        stamp = (meta.get("annotations") or {}).get(TAKEN_OVER_ANNOTATION)
+        plan = takeover.plan(managed, str(meta.get("resourceVersion", "")), self.allowed)
+        if plan is None:
+            # Keep the stamp of an earlier take-over: dropping it would be a change.
+            return _result(args, _stamped(args.props, stamp)) if stamp else None
+        declared = any(
+            fieldowners.is_foreign(e, self.allowed)
+            and owns_declared(fieldowners.split_entry(e, self.allowed)[0], obj)
+            for e in managed
+        )
+        what = fieldowners.describe(fieldowners.foreign_owners(managed, self.allowed))
+        if declared and not dry_run:
+            stamp = str(meta.get("resourceVersion", ""))
+        self.pending[(args.type_, args.name)] = _stamped(obj, stamp) if stamp else obj
+        if dry_run:
+            when = "" if declared else " when it next updates it"
+            self.info(f"pulumi up would take over fields of {describe(obj)}{when} ({what})")
+            if declared:
+                return _result(args, _marked(args.props))
+        return _result(args, _stamped(args.props, stamp)) if stamp else None
 
-    return apply
+    async def before_update(self, args: pulumi.ResourceHookArgs) -> None:
+        """The writes, for a resource the engine is about to update."""
+        obj = self.pending.get((args.type, args.name))
+        if obj is None or await self._target() is None:
+            return
+        api = await self.source.api()
+        loop = asyncio.get_running_loop()
+        try:
+            outcome = await loop.run_in_executor(
+                _executor(), correct, api, obj, False, self.allowed
+            )
+        except Exception as err:
+            raise TakeOverError(
+                f"cannot take over fields of {describe(obj)}: {err}; set "
+                "pmem-csi:takeOverFields: false to leave fields that other field managers "
+                "own to them"
+            ) from None
+        if outcome is not None:
+            self.info(outcome.message)
+
+
+def _result(
+    args: pulumi.ResourceTransformArgs, props: dict[str, Any]
+) -> pulumi.ResourceTransformResult:
+    return pulumi.ResourceTransformResult(props=props, opts=args.opts)
+
+
+def _stamped(props: dict[str, Any], stamp: Any) -> dict[str, Any]:
+    """``props`` with :data:`TAKEN_OVER_ANNOTATION` set to ``stamp``."""
+    out = dict(props)
+    meta = dict(out.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), TAKEN_OVER_ANNOTATION: stamp}
+    out["metadata"] = meta
+    return out
 
 
 def _marked(props: dict[str, Any]) -> dict[str, Any]:
-    """The preview's inputs of an object that ``up`` will take over: with an annotation whose
-    value is unknown until the update (:data:`PREVIEW_ANNOTATION`).
+    """The preview's inputs of an object that ``up`` will take over: with
+    :data:`TAKEN_OVER_ANNOTATION` unknown until the update.
 
     Why: the provider previews an update with a dry-run apply against the object as it is,
     foreign fields included (a Service port someone added makes the declared ports invalid,
     for example), not as the take-over will leave it. An unknown input makes it show the
-    update without that dry run, as for any input computed during the update. The real
-    update never sets the annotation.
+    update without that dry run, as for any input computed during the update.
     """
-    out = dict(props)
-    meta = dict(out.get("metadata") or {})
-    meta["annotations"] = {**(meta.get("annotations") or {}), PREVIEW_ANNOTATION: rpc.UNKNOWN}
-    out["metadata"] = meta
-    return out
+    return _stamped(props, rpc.UNKNOWN)

@@ -58,7 +58,6 @@ NOT_SCORED = {
         "_observed",
         "_Reader.*",
         "observe",
-        "api_client_from",
         "run",
     ),
 }

@@ -22,8 +22,12 @@ Nothing here grants writes on spec, deletes, or access to other Secrets.
 
 from __future__ import annotations
 
+import copy
+import json
+from collections.abc import Sequence
 from typing import Any
 
+from pmem_components import fieldowners
 from pmem_components import names as n
 
 RBAC_API = "rbac.authorization.k8s.io"
@@ -262,3 +266,22 @@ def build_reporter_deployment(
             },
         },
     }
+
+
+def with_allowed_field_owners(
+    deployment: dict[str, Any], allowed: Sequence[fieldowners.Allowance]
+) -> dict[str, Any]:
+    """The reporter's Deployment with the administrator's field ownership policy entries in
+    its container's environment (:data:`pmem_components.fieldowners.ALLOWED_ENV`), so the
+    reporter and the program's take-over judge drift by one list. Unchanged without entries.
+    """
+    if not allowed:
+        return deployment
+    value = json.dumps(
+        [{"manager": a.manager, "paths": list(a.paths), "reason": a.reason} for a in allowed]
+    )
+    out = copy.deepcopy(deployment)
+    for container in out["spec"]["template"]["spec"]["containers"]:
+        env = [e for e in container.get("env") or [] if e.get("name") != fieldowners.ALLOWED_ENV]
+        container["env"] = [*env, {"name": fieldowners.ALLOWED_ENV, "value": value}]
+    return out

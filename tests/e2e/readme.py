@@ -10,6 +10,25 @@ from pathlib import Path
 
 from tools import toolchain
 
+# What an administrator's clone holds of the project, for tests that run the CLI in a copy.
+PROJECT_FILES = ("Pulumi.yaml", "__main__.py", "requirements.txt")
+PROJECT_DIRS = ("pmem_components", "crd")
+
+
+def project_copy(root: Path) -> Path:
+    """A copy of the project in ``root`` as an administrator's clone has it: the files the
+    program needs and a ``.venv`` link to this checkout's, the virtualenv ``Pulumi.yaml`` names
+    (the CLI's language host runs the program with it)."""
+    src = toolchain.PROJECT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        shutil.copyfile(src / name, root / name)
+    ignore = shutil.ignore_patterns("__pycache__")
+    for name in PROJECT_DIRS:
+        shutil.copytree(src / name, root / name, ignore=ignore)
+    (root / ".venv").symlink_to(src / ".venv")
+    return root
+
 
 def sh_blocks(heading: str) -> list[list[str]]:
     """The non-empty command lines of each ``sh`` block under ``heading``, in order.
@@ -23,23 +42,6 @@ def sh_blocks(heading: str) -> list[list[str]]:
     section = text[start : end if end != -1 else None]
     blocks = re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
     return [[line for line in block.splitlines() if line.strip()] for block in blocks]
-
-
-def clone_checkout(root: Path) -> Path:
-    """``root`` made a copy of the project as an administrator's clone has it.
-
-    The files the program needs (``Pulumi.yaml``, ``__main__.py``, ``requirements.txt``,
-    ``pmem_components/``, ``crd/``) and a ``.venv`` link to this checkout's: the virtualenv
-    that ``Pulumi.yaml`` names.
-    """
-    src = toolchain.PROJECT_DIR
-    for name in ("Pulumi.yaml", "__main__.py", "requirements.txt"):
-        shutil.copyfile(src / name, root / name)
-    ignore = shutil.ignore_patterns("__pycache__")
-    for name in ("pmem_components", "crd"):
-        shutil.copytree(src / name, root / name, ignore=ignore)
-    (root / ".venv").symlink_to(src / ".venv")
-    return root
 
 
 @dataclass

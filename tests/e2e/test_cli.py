@@ -33,7 +33,7 @@ import pytest
 import yaml
 
 from pmem_components import names
-from tests.e2e.readme import Shell, clone_checkout, sh_blocks
+from tests.e2e.readme import Shell, project_copy, sh_blocks
 from tests.e2e.waiting import wait_for
 from tests.unit import certutil
 from tools import localenv, toolchain
@@ -55,7 +55,7 @@ def certs() -> certutil.CertSet:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory: pytest.TempPathFactory, certs: certutil.CertSet) -> Path:
     """A copy of the project as an administrator's clone has it, plus the five PEM files."""
-    root = clone_checkout(tmp_path_factory.mktemp("checkout"))
+    root = project_copy(tmp_path_factory.mktemp("checkout"))
     files = {
         "ca.crt": certs.ca_cert,
         "registry.crt": certs.registry_cert,

@@ -49,7 +49,7 @@ import pytest
 from pmem_components import names
 from pmem_components.config import DeploymentConfig
 from pmem_components.manifests import bundle
-from tests.e2e.readme import Shell, clone_checkout, sh_blocks
+from tests.e2e.readme import Shell, project_copy, sh_blocks
 from tests.e2e.waiting import wait_for
 from tools import localenv, toolchain
 
@@ -163,7 +163,7 @@ def admin(
     pulumi_ready: dict[str, str], local_cluster: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Admin:
     """A copy of the project as an administrator's clone has it, with a backend of its own."""
-    root = clone_checkout(tmp_path_factory.mktemp("checkout"))
+    root = project_copy(tmp_path_factory.mktemp("checkout"))
     backend = tmp_path_factory.mktemp("backend")
     env = {**os.environ, **localenv.pulumi_env()}
     env["PULUMI_BACKEND_URL"] = backend.as_uri()

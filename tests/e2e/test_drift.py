@@ -44,6 +44,7 @@ from pulumi import automation as auto
 
 from pmem_components.config import DeploymentConfig
 from pmem_components.manifests import bundle
+from pmem_components.takeover_transform import TAKEN_OVER_ANNOTATION
 from reporter.kubeapi import RawApi
 from tests.e2e.reporter_helpers import ensure_crd
 from tests.e2e.test_program import (
@@ -192,6 +193,9 @@ def foreign_managers(live: dict[str, Any]) -> list[str]:
 CONTROLLER_ANNOTATIONS = {
     "deprecated.daemonset.template.generation",
     "deployment.kubernetes.io/revision",
+    # Not a controller's: the take-over's stamp, the new input that makes the engine update
+    # an object whose declared fields someone else owned (pmem_components.takeover_transform).
+    TAKEN_OVER_ANNOTATION,
 }
 
 

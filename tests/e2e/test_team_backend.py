@@ -1,6 +1,6 @@
 """A team's shared state backend: the README's "Choosing a state backend", run on PostgreSQL.
 
-Two administrators, each with a checkout of their own (``clone_checkout``) and a Pulumi home of
+Two administrators, each with a checkout of their own (``project_copy``) and a Pulumi home of
 their own (their own ``pulumi login``; the provider plugin shared), run the README's blocks
 line by line against a local PostgreSQL server (``postgres_server``, tools/postgres.py), the
 README's example URL replaced by the local server's:
@@ -40,7 +40,7 @@ import pytest
 from pmem_components import names
 from pmem_components.config import DeploymentConfig
 from pmem_components.manifests import bundle
-from tests.e2e.readme import Shell, clone_checkout, sh_blocks
+from tests.e2e.readme import Shell, project_copy, sh_blocks
 from tests.e2e.test_bad_input_and_leaks import PRIVATE_MARKER, needles
 from tests.e2e.waiting import wait_for
 from tools import localenv, postgres, toolchain
@@ -81,7 +81,7 @@ def _administrator(
     name: str, tmp_path_factory: pytest.TempPathFactory, local_cluster: Path
 ) -> Shell:
     """One administrator: a checkout, a Pulumi home and a login of their own."""
-    root = clone_checkout(tmp_path_factory.mktemp(f"checkout-{name}"))
+    root = project_copy(tmp_path_factory.mktemp(f"checkout-{name}"))
     home = tmp_path_factory.mktemp(f"pulumi-home-{name}")
     # The locally built provider, registered once for the session (no download here).
     (home / "plugins").symlink_to(localenv.pulumi_home() / "plugins")

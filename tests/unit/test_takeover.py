@@ -208,3 +208,26 @@ def test_correct_leaves_missing_and_clean_objects_alone() -> None:
     clean = FakeApi({**LIVE, "metadata": {**LIVE["metadata"], "managedFields": [OURS, KCM]}})
     assert correct(clean, DECLARED, dry_run=False) is None
     assert [c[0] for c in missing.calls + clean.calls] == ["get", "get"]
+
+
+ROLLOUT_FIELDS = {
+    "f:spec": {
+        "f:template": {
+            "f:metadata": {"f:annotations": {"f:kubectl.kubernetes.io/restartedAt": {}}}
+        }
+    }
+}
+
+
+def test_plan_leaves_a_rollout_restart_to_its_manager() -> None:
+    assert takeover.plan([OURS, entry("kubectl-rollout", ROLLOUT_FIELDS)], "3") is None
+
+
+def test_plan_takes_the_rest_and_keeps_the_allowed_part_of_an_entry() -> None:
+    fields = {"f:spec": {**ROLLOUT_FIELDS["f:spec"], "f:replicas": {}}}
+    plan = takeover.plan([OURS, entry("kubectl-rollout", fields)], "3")
+    assert plan is not None
+    entries = plan.patch[1]["value"]
+    assert [e["manager"] for e in entries] == [PULUMI, "kubectl-rollout"]
+    assert entries[1]["fieldsV1"] == ROLLOUT_FIELDS
+    assert entries[0]["fieldsV1"]["f:spec"] == {"f:replicas": {}}

@@ -3,13 +3,15 @@ which resource types it touches and what a preview gets back.
 
 Why here: mutation testing found that the unit suite let through a transform that takes over
 Namespaces and the CRD (``SKIPPED_TYPES`` emptied) and one that marks the update instead of
-the preview (the ``dry_run`` test inverted). These tests drive the transform function itself
-with a fake API behind it, so they pin both decisions without a cluster.
+the preview (the ``dry_run`` test inverted). These tests drive the take-over's transform and
+update hook with a fake API behind it, so they pin both decisions without a cluster.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+from types import SimpleNamespace
 from typing import Any
 
 import pulumi
@@ -68,29 +70,58 @@ class FakeApi:
         self.calls.append(("apply", path))
 
 
+class FakeSource:
+    """A cluster source whose cluster is known and whose API is the fake."""
+
+    name = "the fake provider"
+
+    def __init__(self, api: FakeApi) -> None:
+        self._api = api
+
+    async def target(self) -> Any:
+        return SimpleNamespace(makes_requests=True, description="the fake cluster")
+
+    async def api(self) -> FakeApi:
+        return self._api
+
+
 @pytest.fixture
-def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    fake = FakeApi()
-    # The transform wraps the client the factory makes; hand it the fake instead.
-    monkeypatch.setattr(takeover_transform, "KubeApi", lambda client: fake)
-    return fake
+def api() -> FakeApi:
+    return FakeApi()
+
+
+def declared(type_: str, *, team_label: bool = False) -> dict[str, Any]:
+    """The declared object of ``type_``; ``team_label``: it declares the label others own."""
+    obj = copy.deepcopy(DECLARED[type_])
+    if team_label:
+        obj["metadata"]["labels"] = {"team": "storage"}
+    return obj
 
 
 def run_transform(
-    monkeypatch: pytest.MonkeyPatch, type_: str, *, dry_run: bool
-) -> tuple[pulumi.ResourceTransformResult | None, list[str]]:
-    """The transform's result for one object of ``type_``, and what it logged."""
+    monkeypatch: pytest.MonkeyPatch,
+    api: FakeApi,
+    type_: str,
+    *,
+    dry_run: bool,
+    team_label: bool = False,
+) -> tuple[pulumi.ResourceTransformResult | None, list[str], takeover_transform.TakeOver]:
+    """The transform's result for one object of ``type_``, what it logged, and the take-over."""
     monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: dry_run)
     logged: list[str] = []
-    apply = takeover_transform.transform(lambda: object(), log=logged.append)
+    take = takeover_transform.TakeOver(source=FakeSource(api), log=logged.append)  # type: ignore[arg-type]
     args = pulumi.ResourceTransformArgs(
         custom=True,
         type_=type_,
         name="x",
-        props=dict(DECLARED[type_]),
+        props=declared(type_, team_label=team_label),
         opts=pulumi.ResourceOptions(),
     )
-    return asyncio.run(apply(args)), logged
+    return asyncio.run(take.transform(args)), logged, take
+
+
+def run_before_update(take: takeover_transform.TakeOver, type_: str) -> None:
+    asyncio.run(take.before_update(SimpleNamespace(type=type_, name="x")))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("dry_run", [False, True], ids=["up", "preview"])
@@ -98,31 +129,47 @@ def run_transform(
 def test_namespaces_and_the_crd_are_never_taken_over(
     monkeypatch: pytest.MonkeyPatch, api: FakeApi, type_: str, dry_run: bool
 ) -> None:
-    result, logged = run_transform(monkeypatch, type_, dry_run=dry_run)
+    result, logged, take = run_transform(monkeypatch, api, type_, dry_run=dry_run)
+    run_before_update(take, type_)
     assert result is None
     assert logged == []
+    assert take.pending == {}
     assert api.calls == []  # not even read
 
 
-def test_a_deployment_object_with_foreign_fields_is_taken_over_on_up(
+def test_a_deployment_object_with_foreign_fields_is_taken_over_in_the_update_hook(
     monkeypatch: pytest.MonkeyPatch, api: FakeApi
 ) -> None:
     """The counterpart of the test above: the same live state on a DaemonSet is taken."""
-    result, logged = run_transform(monkeypatch, DAEMONSET_TYPE, dry_run=False)
+    result, logged, take = run_transform(monkeypatch, api, DAEMONSET_TYPE, dry_run=False)
     path = "/apis/apps/v1/namespaces/pmem-csi/daemonsets/d"
-    assert api.calls == [("get", path), ("json_patch", path), ("apply", path)]
+    assert api.calls == [("get", path)]  # the transform only reads
+    # Others own only a field the stack does not declare: no new input, so no update for it.
+    assert result is None
+    run_before_update(take, DAEMONSET_TYPE)
+    # The hook reads again (its JSON Patch is guarded by that resourceVersion), then writes.
+    assert api.calls == [("get", path), ("get", path), ("json_patch", path), ("apply", path)]
     assert logged == [
         "took over fields of DaemonSet pmem-csi/d and applied it"
         " (kubectl-label (metadata.labels.team))"
     ]
-    # The real update sends the declared inputs unchanged: no preview annotation.
-    assert result is None
+
+
+def test_a_declared_field_others_own_stamps_the_update_with_the_live_resource_version(
+    monkeypatch: pytest.MonkeyPatch, api: FakeApi
+) -> None:
+    result, _, _ = run_transform(monkeypatch, api, DAEMONSET_TYPE, dry_run=False, team_label=True)
+    assert result is not None
+    annotations = result.props["metadata"]["annotations"]
+    assert annotations == {takeover_transform.TAKEN_OVER_ANNOTATION: "7"}
 
 
 def test_only_the_preview_marks_an_object_that_up_will_take_over(
     monkeypatch: pytest.MonkeyPatch, api: FakeApi
 ) -> None:
-    result, logged = run_transform(monkeypatch, DAEMONSET_TYPE, dry_run=True)
+    result, logged, _ = run_transform(
+        monkeypatch, api, DAEMONSET_TYPE, dry_run=True, team_label=True
+    )
     assert [c[0] for c in api.calls] == ["get"]  # a preview writes nothing
     assert logged == [
         "pulumi up would take over fields of DaemonSet pmem-csi/d"
@@ -130,7 +177,7 @@ def test_only_the_preview_marks_an_object_that_up_will_take_over(
     ]
     assert result is not None
     annotations = result.props["metadata"]["annotations"]
-    assert annotations == {takeover_transform.PREVIEW_ANNOTATION: rpc.UNKNOWN}
+    assert annotations == {takeover_transform.TAKEN_OVER_ANNOTATION: rpc.UNKNOWN}
     # The rest of the declared object is passed on as it was.
     assert result.props["metadata"]["name"] == "d"
     assert result.props["kind"] == "DaemonSet"

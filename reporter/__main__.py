@@ -1,10 +1,6 @@
 """``python -m reporter`` / ``pmem-csi-reporter``: wire caches, election, writer and probes.
 
-The main thread only waits for dirty CRs (or the resync timer, or a deferred message-only
-write falling due) and reconciles them one at a time: a single writer means no two patches
-for one CR race inside one process, and the work per change (dict lookups and a status
-computation over the cached, trimmed objects; no API read) is far below what one thread can
-do for many CRs.
+The main loop itself (one thread, one CR at a time) is ``reporter.schedule``.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ from reporter.kubeapi import KubeconfigError, RawApi, load_api_client
 from reporter.leader import LeaderElector
 from reporter.metrics import Metrics
 from reporter.observe import Observer
+from reporter.schedule import STOP_CHECK, ReconcileLoop, merge_dirty  # noqa: F401 (re-export)
 from reporter.write import KubeStatusApi, StatusWriter
 
 log = logging.getLogger("reporter")
@@ -33,13 +30,6 @@ log = logging.getLogger("reporter")
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 FALLBACK_NAMESPACE = "pmem-csi"
 DEFAULT_LEASE = "pmem-csi-reporter"
-# Coalesce a burst of watch events (a rollout touches many pods) into one reconcile.
-DEBOUNCE_SECONDS = 0.05
-# A CR whose message-only write is pending is recomputed at most this often while events keep
-# coming (a rollout over thousands of nodes): each computation walks all of its pods.
-RECOMPUTE_SECONDS = 0.5
-# The main loop looks at the stop flag (set by SIGTERM) at least this often.
-STOP_CHECK = 1.0
 
 
 def default_namespace() -> str:
@@ -122,13 +112,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def merge_dirty(into: dict[str, float | None], more: dict[str, float | None]) -> None:
-    """Union of two dirty sets, keeping each CR's earliest known change time."""
-    for name, changed_at in more.items():
-        known = [t for t in (into.get(name), changed_at) if t is not None]
-        into[name] = min(known) if known else None
-
-
 class Reporter:
     """The assembled service; ``run`` blocks until ``stop`` is set."""
 
@@ -175,9 +158,9 @@ class Reporter:
             registry=self.metrics.registry,
         )
         self._leader_thread: threading.Thread | None = None
-        # The main loop's last sign of life: a writer stuck in a call (which request
-        # timeouts should prevent) must turn /healthz red, not hide behind a live Lease thread.
-        self._beat = time.monotonic()
+        self.loop = ReconcileLoop(
+            self.observer, self.writer, self.elector.is_leader, self.stop, args.resync_seconds
+        )
         self.stall_seconds = max(args.resync_seconds, 1.0) + 120.0
         log.info(
             "reporter %s: deployments=%s lease=%s/%s",
@@ -198,7 +181,9 @@ class Reporter:
             and self.observer.healthy
             and self._leader_thread is not None
             and self._leader_thread.is_alive()
-            and time.monotonic() - self._beat < self.stall_seconds
+            # A writer stuck in a call (which request timeouts should prevent) must turn
+            # /healthz red, not hide behind a live Lease thread.
+            and time.monotonic() - self.loop.beat < self.stall_seconds
         )
 
     def run(self) -> None:
@@ -209,52 +194,7 @@ class Reporter:
         )
         self.observer.start()
         self._leader_thread = self.elector.start(self.stop)
-        resync = max(self.args.resync_seconds, 1.0)
-        next_resync = time.monotonic() + resync
-        # CR -> (due, earliest change time): message-only writes the writer put off.
-        pending: dict[str, tuple[float, float | None]] = {}
-        last_run: dict[str, float] = {}
-        while not self.stop.is_set():
-            wake = min([next_resync, *(due for due, _ in pending.values())])
-            dirty = self.observer.take_dirty(min(STOP_CHECK, max(0.0, wake - time.monotonic())))
-            self._beat = time.monotonic()
-            if self.stop.is_set():
-                break
-            now = time.monotonic()
-            for name, (due, changed_at) in list(pending.items()):
-                if name in dirty:
-                    # Fold new changes into the pending entry; look again soon, not at once.
-                    later = dirty.pop(name)
-                    known = [t for t in (changed_at, later) if t is not None]
-                    changed_at = min(known) if known else None
-                    due = min(due, last_run.get(name, 0.0) + RECOMPUTE_SECONDS)
-                    pending[name] = (due, changed_at)
-                if due <= now:
-                    del pending[name]
-                    merge_dirty(dirty, {name: changed_at})
-            if time.monotonic() >= next_resync:
-                next_resync = time.monotonic() + resync
-                for cr in self.observer.crs():
-                    name = (cr.get("metadata") or {}).get("name")
-                    if name:
-                        dirty.setdefault(name, None)
-            if not dirty or not self.elector.is_leader():
-                continue  # non-leaders keep caches warm; leading again marks everything dirty
-            time.sleep(DEBOUNCE_SECONDS)
-            merge_dirty(dirty, self.observer.take_dirty(0))
-            for name, changed_at in sorted(dirty.items()):
-                if self.stop.is_set():
-                    break
-                last_run[name] = time.monotonic()
-                try:
-                    self.writer.reconcile(name, changed_at)
-                except Exception:
-                    log.exception("%s: reconcile failed", name)
-                    self.observer.mark_dirty(name, changed_at)
-                self._beat = time.monotonic()
-                due = self.writer.deferred.pop(name, None)
-                if due is not None:
-                    pending[name] = (due, changed_at)
+        self.loop.run()
 
     def shutdown(self) -> None:
         self.stop.set()

@@ -22,7 +22,7 @@ from reporter.kubeapi import KubeconfigError, RawApi, load_api_client
 from reporter.leader import LeaderElector
 from reporter.metrics import Metrics
 from reporter.observe import Observer
-from reporter.schedule import STOP_CHECK, ReconcileLoop, merge_dirty  # noqa: F401 (re-export)
+from reporter.schedule import ReconcileLoop
 from reporter.write import KubeStatusApi, StatusWriter
 
 log = logging.getLogger("reporter")
@@ -209,7 +209,7 @@ def install_signal_handlers(stop: threading.Event) -> None:
 
     The handler runs on the main thread between any two bytecodes, possibly while that thread
     holds a cache lock, so a handler that takes locks can deadlock (one did: SIGTERM left the
-    process running forever). The main loop wakes at least every ``STOP_CHECK`` seconds.
+    process running forever). The main loop wakes at least every ``reporter.schedule.STOP_CHECK`` seconds.
     """
 
     def on_signal(_signum: int, _frame: object) -> None:

@@ -44,6 +44,7 @@ class Writer(Protocol):
     """What the loop needs from ``reporter.write.StatusWriter``."""
 
     deferred: dict[str, float]
+    awaiting_leader: set[str]
 
     def reconcile(self, name: str, changed_at: float | None = None) -> bool: ...
 
@@ -79,6 +80,10 @@ class ReconcileLoop:
         # CR -> (due, earliest change time): writes the writer put off.
         self.pending: dict[str, tuple[float, float | None]] = {}
         self.last_run: dict[str, float] = {}
+        # CRs that changed while this replica was not leading: reconciled once it leads, even
+        # when leadership comes back without a flip (a slow renewal only made is_leader()
+        # False for a moment, so on_started_leading never fires).
+        self.held: dict[str, float | None] = {}
         # The main loop's last sign of life (``Reporter.healthy``).
         self.beat = clock()
 
@@ -106,8 +111,14 @@ class ReconcileLoop:
                 name = (cr.get("metadata") or {}).get("name")
                 if name:
                     dirty.setdefault(name, None)
-        if not dirty or not self.is_leader():
-            return  # non-leaders keep caches warm; leading again marks everything dirty
+        if not self.is_leader():
+            merge_dirty(self.held, dirty)  # non-leaders keep caches warm, and their changes
+            return
+        if self.held:
+            merge_dirty(dirty, self.held)
+            self.held = {}
+        if not dirty:
+            return
         self.sleep(DEBOUNCE_SECONDS)
         merge_dirty(dirty, self.observer.take_dirty(0))
         for name, changed_at in sorted(dirty.items()):
@@ -118,11 +129,15 @@ class ReconcileLoop:
                 self.writer.reconcile(name, changed_at)
             except Exception:
                 log.exception("%s: reconcile failed", name)
-                self.observer.mark_dirty(name, changed_at)
+                # Back again soon, not in a hot loop.
+                self.writer.deferred.setdefault(name, self.clock() + STOP_CHECK)
             self.beat = self.clock()
             due = self.writer.deferred.pop(name, None)
             if due is not None:
                 self.pending[name] = (due, changed_at)
+            if name in self.writer.awaiting_leader:
+                self.writer.awaiting_leader.discard(name)
+                merge_dirty(self.held, {name: changed_at})
 
     def run(self) -> None:
         while not self.stop.is_set():

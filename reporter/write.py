@@ -28,6 +28,14 @@ therefore split in two:
   write out of Failed is urgent too. Rollouts that never failed still go through the budget.
 The writer reports when a deferred CR is due (``deferred``) and the main loop comes back then,
 so the final state always lands.
+
+No lost update: a write that still fails after its quick retries (``backoff``: about 3-6 s of
+500/429, e.g. an etcd leader change, or any other error) is not dropped until the next resync:
+the CR goes into ``deferred`` with a growing delay (``retry_backoff``, 1 s doubling to 30 s)
+and is tried again until the write lands or the CR is gone (404, or no longer cached). A CR
+that could not be written because this replica was not leading (at the start, or lost in
+the middle of retries) goes into ``awaiting_leader``; the main loop keeps it until
+``is_leader()`` is True again, whether or not the elector saw a flip.
 """
 
 from __future__ import annotations
@@ -208,6 +216,14 @@ def build_event(
     }
 
 
+class NotLeading(GiveUp):
+    """Retrying stopped because this replica does not hold the Lease (now)."""
+
+
+class CrGone(GiveUp):
+    """Retrying stopped because the CR was deleted."""
+
+
 @dataclass
 class StatusWriter:
     """Reconciles one CR at a time: compute, compare, patch if different, record an Event.
@@ -229,8 +245,17 @@ class StatusWriter:
     message_interval: float = 10.0
     burst: int = 3
     progress_deadline: timedelta = status.DEFAULT_PROGRESS_DEADLINE
-    # CR name -> monotonic time when its deferred message-only change may be written.
+    # CR name -> monotonic time when its deferred write (rate limit, or retry after a failed
+    # write) is due.
     deferred: dict[str, float] = field(default_factory=dict)
+    # Between rounds of ``backoff`` retries of a write that keeps failing.
+    retry_backoff: Backoff = field(
+        default_factory=lambda: Backoff(base=1.0, cap=30.0, max_attempts=0)
+    )
+    # CRs not written because this replica was not leading: written once it leads again.
+    awaiting_leader: set[str] = field(default_factory=set)
+    # CR name -> failed write rounds in a row.
+    _failures: dict[str, int] = field(default_factory=dict, init=False)
     # CR name -> (tokens, monotonic time they were counted)
     _tokens: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
     # CRs whose last written phase change left Failed and has not reached Running yet.
@@ -259,27 +284,27 @@ class StatusWriter:
         """Bring one CR's status up to date; True when a patch was written."""
         cr = self.cache.cr(name)
         if cr is None:
-            self._tokens.pop(name, None)
-            self.deferred.pop(name, None)
-            self._recovering.discard(name)
+            self._forget(name)
             return False  # deleted (or not created yet): nothing to report on
         if not self.cache.cr_settled(cr):
             # Its caches mark the CR dirty again once they have listed.
             self.cache.ensure_for(cr)
             return False
         if not self.is_leader():
+            self.awaiting_leader.add(name)
             return False
+        self.awaiting_leader.discard(name)
         self.metrics.reconciles.inc()
         state: dict[str, Any] = {"cr": cr, "written": None}
 
         def attempt(n: int) -> None:
             if not self.is_leader():
-                raise GiveUp("leadership lost")
+                raise NotLeading("leadership lost")
             current = state["cr"]
             if n > 0 and state.get("conflict"):
                 fresh = self.api.get_cr(name)
                 if fresh is None:
-                    raise GiveUp("CR deleted")
+                    raise CrGone("CR deleted")
                 current = state["cr"] = fresh
                 state["conflict"] = False
             old = dict(current.get("status") or {})
@@ -309,7 +334,7 @@ class StatusWriter:
                 if exc.status == CONFLICT:
                     state["conflict"] = True
                 elif exc.status == 404:
-                    raise GiveUp("CR deleted") from exc
+                    raise CrGone("CR deleted") from exc
                 raise
             state["written"] = (current, old, new, result)
 
@@ -320,13 +345,29 @@ class StatusWriter:
                 self.sleep,
                 retryable=lambda e: is_transient(e) or getattr(e, "status", None) == CONFLICT,
             )
-        except GiveUp as why:
+        except NotLeading as why:
+            log.info("%s: status not written: %s; written once leading again", name, why)
+            self.awaiting_leader.add(name)
+            return False
+        except GiveUp as why:  # CrGone
             log.info("%s: status not written: %s", name, why)
+            self._forget(name)
             return False
         except Exception as exc:
             self.metrics.status_write_errors.inc()
-            log.error("%s: writing status failed: %s", name, describe_error(exc))
+            failures = self._failures.get(name, 0)
+            self._failures[name] = failures + 1
+            delay = self.retry_backoff.wait_for(min(failures, 8), exc)
+            self.deferred[name] = self.monotonic() + delay
+            log.error(
+                "%s: writing status failed (%d time(s) in a row): %s; trying again in %.1f s",
+                name,
+                failures + 1,
+                describe_error(exc),
+                delay,
+            )
             return False
+        self._failures.pop(name, None)
         if state["written"] is None:
             return False
         current, old, new, result = state["written"]
@@ -341,6 +382,14 @@ class StatusWriter:
         self._event(result if isinstance(result, dict) else current, old, new)
         return True
 
+    def _forget(self, name: str) -> None:
+        """Drop every per-CR record of a CR that is gone."""
+        self._tokens.pop(name, None)
+        self.deferred.pop(name, None)
+        self._recovering.discard(name)
+        self._failures.pop(name, None)
+        self.awaiting_leader.discard(name)
+
     def _event(self, cr: Obj, old: Obj, new: Obj) -> None:
         spec = status.phase_event(old, new)
         if spec is None:
@@ -350,7 +399,7 @@ class StatusWriter:
 
         def attempt(_: int) -> None:
             if not self.is_leader():
-                raise GiveUp("leadership lost")
+                raise NotLeading("leadership lost")
             self.api.create_event(self.event_namespace, event)
 
         try:

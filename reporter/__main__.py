@@ -209,7 +209,8 @@ def install_signal_handlers(stop: threading.Event) -> None:
 
     The handler runs on the main thread between any two bytecodes, possibly while that thread
     holds a cache lock, so a handler that takes locks can deadlock (one did: SIGTERM left the
-    process running forever). The main loop wakes at least every ``reporter.schedule.STOP_CHECK`` seconds.
+    process running forever). The main loop wakes at least every
+    ``reporter.schedule.STOP_CHECK`` seconds.
     """
 
     def on_signal(_signum: int, _frame: object) -> None:

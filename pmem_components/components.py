@@ -325,11 +325,25 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             for obj in objs.all():
                 _annotate(obj, extra)
         _annotate(objs.deployment_cr, {names.STACK_ANNOTATION: stack_id()})
+        # The CR spec as the API server will store it (after the stack's patches), whose
+        # digest the workloads carry: the reporter says Running at generation N only once
+        # both carry generation N's (names.SPEC_DIGEST_ANNOTATION).
+        final_cr = objs.deployment_cr
+        if cfg.patches:
+            patched = PatchSet.for_deployment(args.index, cfg.patches).apply("", final_cr)
+            final_cr = patched if patched is not None else final_cr
+        digest = names.spec_digest(final_cr.get("spec") or {})
         for workload in (*objs.controller, *objs.node):
             if workload["kind"] in ("StatefulSet", "DaemonSet"):
                 # Deleted only once its pods are gone: a reinstall (delete before replace)
                 # then never overlaps two drivers on a node.
-                _annotate(workload, {DELETION_POLICY_ANNOTATION: "foreground"})
+                _annotate(
+                    workload,
+                    {
+                        DELETION_POLICY_ANNOTATION: "foreground",
+                        names.SPEC_DIGEST_ANNOTATION: digest,
+                    },
+                )
 
         def register(
             obj: dict[str, Any],

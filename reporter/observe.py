@@ -73,6 +73,8 @@ NOT_FOUND = 404
 # server being unreachable or unwell is retried rather than believed, so the status does not
 # claim "could not be read" when nobody's permissions changed.
 AUTH_WARMUP_SECONDS = 15.0
+# How long the labels of an object found by name (``Observer.lookup_labels``) are believed.
+LOOKUP_TTL = 60.0
 
 
 def resource_for(kind: str) -> Resource:
@@ -99,7 +101,9 @@ CLUSTER_KINDS: tuple[Resource, ...] = tuple(
 # objects) says the informer listed, or failed with 401/403, for the first time since a
 # (re)start: CRs depending on it can be computed now. "UNSERVED" (no objects) says the API
 # server answered 404 for the whole collection (the kind is gone: its CRD was deleted), after
-# every cached object was reported DELETED; "SERVED" says a list works again.
+# every cached object was reported DELETED; "SERVED" says a list works again. "UNREADABLE"
+# (no objects) says a synced informer got 401/403: its cache was dropped, its CRs must be
+# recomputed with the kind unreadable.
 ChangeCallback = Callable[["Informer", str, Obj | None, Obj | None], None]
 
 
@@ -272,6 +276,10 @@ class Informer:
             ns, name = obj_key(obj)
             fresh.setdefault(ns, {})[name] = obj
         with self._lock:
+            if self._stop.is_set():
+                # Stopped while the list was on its way (its CR was deleted): ``stop`` has
+                # emptied the cache and must find it empty afterwards too.
+                return
             old = self._cache
             self._cache = fresh
             self.resource_version = rv
@@ -419,6 +427,8 @@ class Informer:
         """List if there is no resourceVersion to resume from, then watch once."""
         if self.resource_version is None:
             self.relist()
+        if self._stop.is_set():
+            return  # no new watch for a stopped informer
         self.watch_once()
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -457,10 +467,17 @@ class Informer:
                     log.info("%r: %s just after the API server was away; retrying", self, status)
                 elif status in (401, 403):
                     # Permissions may be granted later (RBAC created after us); the cache
-                    # must no longer claim to be complete, and the status says why.
+                    # must no longer claim to be complete, and the status says why. What it
+                    # holds is no longer known to be true: dropped (no DELETED events: the
+                    # objects are unknown, not gone), and the CRs using it are recomputed now.
                     self.resource_version = None
                     self._synced.clear()
+                    first = self.error is None
                     self.error = describe_error(exc)
+                    with self._lock:
+                        self._cache = {}
+                    if self._settled_once and first:
+                        self._notify("UNREADABLE", None, None)
                     self._settle()
                 # Still waiting for a CRD: keep its gentler cap (10 s, not 30 s).
                 backoff = self.unserved_backoff if self.unserved else self.backoff
@@ -532,6 +549,8 @@ class Observer:
         self._groups: dict[str, _Group] = {}
         self._started = False
         self._crd_missing = False  # last state logged and exported by _served_changed
+        # (kind, namespace, name) -> (expires, labels or None): see lookup_labels.
+        self._lookups: dict[tuple[str, str, str], tuple[float, dict[str, str] | None]] = {}
         # kind -> {namespace or ALL_NAMESPACES or "" (cluster-scoped) -> informers}
         self._index: dict[str, dict[str, list[Informer]]] = {}
         if self.deployments:
@@ -665,6 +684,45 @@ class Observer:
                 return obj
         return None
 
+    def lookup_labels(self, kind: str, name: str, namespace: str) -> dict[str, str] | None:
+        """The ``part-of``/``instance`` labels of an expected object absent from the caches,
+        read by name (None: it does not exist, or it could not be read).
+
+        The label-selected watches drop an object whose labels were removed or changed, as
+        if it was deleted; one GET tells the two apart. Remembered until the object shows up
+        in a watch again, or for ``LOOKUP_TTL`` seconds, so a relabelled object costs one
+        request per minute, not one per reconcile.
+        """
+        informers = self._informers_for(kind, namespace)
+        if not any(inf.field_selector is None and inf.label_selector for inf in informers):
+            return None  # watched by name, not by label: absent from its cache means missing
+        api = model.API_RESOURCES[kind]
+        key = (kind, namespace if api.namespaced else "", name)
+        now = self.clock()
+        with self._lock:
+            known = self._lookups.get(key)
+        if known is not None and now < known[0]:
+            return known[1]
+        try:
+            found = self.api.get_metadata(
+                resource_for(kind), name, namespace if api.namespaced else None
+            )
+        except Exception as exc:
+            log.debug("looking up %s/%s failed: %s", kind, name, describe_error(exc))
+            found = None
+        labels = None
+        if found is not None:
+            all_labels = (found.get("metadata") or {}).get("labels") or {}
+            labels = {k: all_labels[k] for k in (LABEL_PART_OF, LABEL_INSTANCE) if k in all_labels}
+        with self._lock:
+            self._lookups[key] = (now + LOOKUP_TTL, labels)
+        return labels
+
+    def _forget_lookup(self, inf: Informer, obj: Obj) -> None:
+        ns, name = obj_key(obj)
+        with self._lock:
+            self._lookups.pop((inf.res.kind, ns if inf.res.namespaced else "", name), None)
+
     def pods(self, namespace: str) -> list[Obj]:
         return [p for inf in self._informers_for(POD.kind, namespace) for p in inf.items(namespace)]
 
@@ -675,8 +733,17 @@ class Observer:
         if not self.named:
             return
         name, namespace = _name(cr), cr_namespace(cr)
-        self._ensure_group(f"ns/{namespace}", lambda: self._namespace_informers(namespace))
-        self._ensure_group(f"cr/{name}/{namespace}", lambda: self._cr_informers(name, namespace))
+        with self._lock:
+            # A reconcile holds a copy read a moment ago; if the CR was deleted (or moved)
+            # since, its informers were pruned and must not come back: nothing would prune
+            # them again. Checked under the lock _prune_groups takes.
+            current = self.cr(name)
+            if current is None or cr_namespace(current) != namespace:
+                return
+            self._ensure_group(f"ns/{namespace}", lambda: self._namespace_informers(namespace))
+            self._ensure_group(
+                f"cr/{name}/{namespace}", lambda: self._cr_informers(name, namespace)
+            )
 
     def _namespace_informers(self, namespace: str) -> list[tuple[Informer, str]]:
         return [
@@ -702,27 +769,27 @@ class Observer:
         return out
 
     def _ensure_group(self, key: str, build: Callable[[], list[tuple[Informer, str]]]) -> None:
-        with self._lock:
+        with self._lock:  # re-entrant: held by ensure_for, so pruning cannot interleave
             if key in self._groups:
                 return
             made = build()
             self._groups[key] = _Group([inf for inf, _ in made])
             for inf, where in made:
                 self._register(inf, where)
-        log.info("watching %s", key)
-        if self._started:
-            for inf, _ in made:
-                inf.start(self.stop)
-            self.metrics.watches.set(len(self.all_informers()))
+            log.info("watching %s", key)
+            if self._started:
+                for inf, _ in made:
+                    inf.start(self.stop)
+                self.metrics.watches.set(len(self.all_informers()))
 
     def _prune_groups(self) -> None:
         """Stop the informers no current CR needs: deleted CRs, namespaces left behind."""
         if not self.named:
             return
-        wanted: set[str] = set()
-        for cr in self.crs():
-            wanted |= {f"ns/{cr_namespace(cr)}", f"cr/{_name(cr)}/{cr_namespace(cr)}"}
         with self._lock:
+            wanted: set[str] = set()
+            for cr in self.crs():
+                wanted |= {f"ns/{cr_namespace(cr)}", f"cr/{_name(cr)}/{cr_namespace(cr)}"}
             dead = {k: g for k, g in self._groups.items() if k not in wanted}
             for key, group in dead.items():
                 del self._groups[key]
@@ -799,7 +866,7 @@ class Observer:
         if etype in ("UNSERVED", "SERVED"):
             self._served_changed(inf, etype)
             return
-        if etype == "SETTLED":
+        if etype in ("SETTLED", "UNREADABLE"):
             for name in self._settled_names(inf):
                 self.mark_dirty(name, now)
             return
@@ -807,6 +874,7 @@ class Observer:
         for o in (obj, before):
             if o is not None:
                 names |= self.affected(inf, o)
+                self._forget_lookup(inf, o)
         if inf in self.cr_informers:
             if obj is not None:
                 self.ensure_for(obj)

@@ -33,9 +33,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
 from pmem_components.fieldowners import describe, foreign_owners
+from pmem_components.names import (
+    CRD_KIND,
+    LABEL_INSTANCE,
+    LABEL_PART_OF,
+    PART_OF,
+    SPEC_DIGEST_ANNOTATION,
+    spec_digest,
+)
 from reporter.certcheck import Validator, default_verifier
 from reporter.model import (
     DAEMON_SET,
+    POD,
     SECRET,
     STATEFUL_SET,
     ExpectedObject,
@@ -223,8 +232,15 @@ def _certs_verified(
             )
         )
     except Exception as exc:  # a verifier bug must not stop status reporting
+        # Nothing is known about the certificates: Unknown, not False (no Failed phase, no
+        # Warning Event). Only the exception's type and first line: never key material.
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return _condition(
-            CERTS_VERIFIED, FALSE, "VerificationFailed", f"Certificate check failed: {exc}", gen
+            CERTS_VERIFIED,
+            UNKNOWN,
+            "VerificationFailed",
+            f"Certificate check could not run: {detail[:200]}",
+            gen,
         )
     # Each side verifies its peer with the ca.crt of its own Secret, so they must agree. Checked
     # last so that a certificate from another CA reports the verifier's own reason first.
@@ -264,8 +280,12 @@ _MAX_LISTED_MODIFIED = 3
 
 
 def _modified(observed: Observed, expected: Sequence[ExpectedObject]) -> list[str]:
-    """``Kind/name by manager (paths)`` for each object someone else changed."""
+    """``Kind/name by manager (paths)`` for each object someone else changed, the CR first:
+    an edit of its spec declares something Pulumi did not, and nothing rolls it out."""
     changed = []
+    cr_owners = foreign_owners((observed.cr.get("metadata") or {}).get("managedFields"))
+    if cr_owners:
+        changed.append(f"{CRD_KIND}/{observed.name} by {describe(cr_owners)}")
     for e in expected:
         obj = observed.get(e.kind, e.name)
         owners = foreign_owners(((obj or {}).get("metadata") or {}).get("managedFields"))
@@ -274,16 +294,40 @@ def _modified(observed: Observed, expected: Sequence[ExpectedObject]) -> list[st
     return changed
 
 
+def _labels_text(labels: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none"
+
+
+def _relabelled(observed: Observed, e: ExpectedObject) -> str | None:
+    """``Kind/name (labels now: ...; expected: ...)`` when the object exists without our labels."""
+    labels = observed.relabelled.get((e.kind, e.name))
+    if labels is None:
+        return None
+    want = {LABEL_PART_OF: PART_OF, LABEL_INSTANCE: observed.names.hyphened}
+    wrong = {k: v for k, v in want.items() if labels.get(k) != v}
+    return (
+        f"{e.kind}/{e.name} (expected {_labels_text(wrong)}; "
+        f"has {_labels_text({k: labels[k] for k in want if k in labels})})"
+    )
+
+
 def _driver_deployed(observed: Observed) -> Obj:
     gen = observed.generation
     expected = expected_objects(observed.names)
     readable = [e for e in expected if e.kind not in observed.unreadable]
-    missing = [f"{e.kind}/{e.name}" for e in readable if observed.get(e.kind, e.name) is None]
+    absent = [e for e in readable if observed.get(e.kind, e.name) is None]
+    relabelled = [text for e in absent if (text := _relabelled(observed, e))]
+    missing = [f"{e.kind}/{e.name}" for e in absent if _relabelled(observed, e) is None]
     modified = _modified(observed, readable)
-    if missing or modified:
+    if missing or relabelled or modified:
         parts = []
         if missing:
             parts.append(f"Missing {', '.join(missing)}")
+        if relabelled:
+            parts.append(
+                "Relabelled (no longer selected as part of this deployment): "
+                + "; ".join(relabelled)
+            )
         if modified:
             listed = "; ".join(modified[:_MAX_LISTED_MODIFIED])
             more = len(modified) - _MAX_LISTED_MODIFIED
@@ -292,7 +336,13 @@ def _driver_deployed(observed: Observed) -> Obj:
                 + (f"; and {more} more" if more > 0 else "")
             )
         message = "; ".join(parts) + ("; run `pulumi up --refresh` to restore the declared state")
-        reason = "ObjectsMissing" if missing else "ObjectsModified"
+        reason = (
+            "ObjectsMissing"
+            if missing
+            else "ObjectsRelabelled"
+            if relabelled
+            else "ObjectsModified"
+        )
         return _condition(DRIVER_DEPLOYED, FALSE, reason, message, gen)
     unknown = sorted({e.kind for e in expected} & set(observed.unreadable))
     if unknown:
@@ -433,6 +483,22 @@ def _describe_pods(pods: Sequence[Obj], nodes: Sequence[Obj] | None) -> list[str
 # --------------------------------------------------------------------------- components
 
 
+def _spec_lag(obj: Obj, observed: Observed) -> str | None:
+    """A workload that does not carry the CR's current spec says nothing about generation N.
+
+    Checked by the digest the program writes (``names.SPEC_DIGEST_ANNOTATION``); a workload
+    without one (written by an older program) is not checked.
+    """
+    digest = ((obj.get("metadata") or {}).get("annotations") or {}).get(SPEC_DIGEST_ANNOTATION)
+    if digest is None or digest == spec_digest(observed.cr.get("spec") or {}):
+        return None
+    return (
+        f"Rollout in progress: {obj.get('kind') or 'object'} "
+        f"{(obj.get('metadata') or {}).get('name')} does not carry generation "
+        f"{observed.generation} of the spec yet"
+    )
+
+
 def _generation_lag(obj: Obj) -> str | None:
     """kstatus: a controller that has not seen the latest spec says nothing about it."""
     generation = _int(obj, "metadata", "generation")
@@ -444,6 +510,20 @@ def _generation_lag(obj: Obj) -> str | None:
             f"{generation} yet (observed {observed})"
         )
     return None
+
+
+def _absent(observed: Observed, kind: str, name: str) -> str:
+    if (kind, name) in observed.relabelled:
+        return "is relabelled (no longer selected as part of this deployment)"
+    return "is missing"
+
+
+def _pod_findings(observed: Observed, pods: Sequence[Obj]) -> tuple[str | None, list[str]]:
+    """The first failing pod and the description of unready pods -- unless pods cannot be
+    read (401/403): then the cache may be stale, and nothing is said about any pod."""
+    if POD in observed.unreadable:
+        return None, [f"Pods could not be read: {observed.unreadable[POD]}"]
+    return _failing_pods(pods), _describe_pods(pods, observed.nodes)
 
 
 class ComponentState(NamedTuple):
@@ -463,12 +543,13 @@ def _node_component(observed: Observed) -> ComponentState:
     ds = observed.get(DAEMON_SET, name)
     if ds is None:
         return ComponentState(
-            NOT_READY, f"Node driver DaemonSet {observed.namespace}/{name} is missing"
+            NOT_READY,
+            f"Node driver DaemonSet {observed.namespace}/{name} "
+            f"{_absent(observed, DAEMON_SET, name)}",
         )
     ds = {"kind": DAEMON_SET, **ds}
-    lag = _generation_lag(ds)
-    failure = _failing_pods(observed.node_pods)
-    pods = _describe_pods(observed.node_pods, observed.nodes)
+    lag = _spec_lag(ds, observed) or _generation_lag(ds)
+    failure, pods = _pod_findings(observed, observed.node_pods)
     if lag:
         return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     desired = _int(ds, "status", "desiredNumberScheduled")
@@ -500,12 +581,13 @@ def _controller_component(observed: Observed) -> ComponentState:
     ss = observed.get(STATEFUL_SET, name)
     if ss is None:
         return ComponentState(
-            NOT_READY, f"Controller driver StatefulSet {observed.namespace}/{name} is missing"
+            NOT_READY,
+            f"Controller driver StatefulSet {observed.namespace}/{name} "
+            f"{_absent(observed, STATEFUL_SET, name)}",
         )
     ss = {"kind": STATEFUL_SET, **ss}
-    lag = _generation_lag(ss)
-    failure = _failing_pods(observed.controller_pods)
-    pods = _describe_pods(observed.controller_pods, observed.nodes)
+    lag = _spec_lag(ss, observed) or _generation_lag(ss)
+    failure, pods = _pod_findings(observed, observed.controller_pods)
     if lag:
         return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     spec_replicas = _int(ss, "spec", "replicas", default=1)

@@ -86,6 +86,8 @@ class Cache(Protocol):
 
     def remember_cr(self, cr: Obj) -> None: ...
 
+    def lookup_labels(self, kind: str, name: str, namespace: str) -> dict[str, str] | None: ...
+
 
 class StatusApi(Protocol):
     """The three writes and one read the writer makes (fakes implement this in tests)."""
@@ -152,8 +154,15 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
     observed = model.Observed(cr=cr)
     names, namespace = observed.names, observed.namespace
     objects: dict[str, dict[str, Obj | None]] = {}
+    unreadable = cache.unreadable_for(cr)
+    relabelled: dict[tuple[str, str], dict[str, str]] = {}
     for exp in model.expected_objects(names):
-        objects.setdefault(exp.kind, {})[exp.name] = cache.find(exp.kind, exp.name, namespace)
+        found = cache.find(exp.kind, exp.name, namespace)
+        objects.setdefault(exp.kind, {})[exp.name] = found
+        if found is None and exp.kind not in unreadable:
+            labels = cache.lookup_labels(exp.kind, exp.name, namespace)
+            if labels is not None:
+                relabelled[(exp.kind, exp.name)] = labels
     controller_pods: list[Obj] = []
     node_pods: list[Obj] = []
     for pod in cache.pods(namespace):
@@ -167,7 +176,8 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
         controller_pods=controller_pods,
         node_pods=node_pods,
         nodes=None,
-        unreadable=cache.unreadable_for(cr),
+        unreadable=unreadable,
+        relabelled=relabelled,
     )
 
 

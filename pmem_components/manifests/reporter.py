@@ -9,7 +9,8 @@ checks every call is granted and every grant is used):
   cluster-scoped objects it checks (its provisioner ClusterRole and ClusterRoleBinding, its
   CSIDriver) -- nothing else cluster-wide.
 - Role in the driver's namespace (where the reporter itself runs): list/watch on the
-  namespaced kinds it watches (by label; never a plain get); list/watch on the two
+  namespaced kinds it watches (by label), and get (metadata only) on those but pods, for an
+  expected object absent from its cache (relabelled or missing?); list/watch on the two
   certificate Secrets by name only (watched with a name field selector, so no polling and no
   other Secret); the Lease: ``create`` (cannot be limited by name) and get/update on its own
   Lease by name.
@@ -76,9 +77,12 @@ EVENT_RULE = _rule("", ["events"], ["create"])
 def role_rules(names: n.DeploymentNames, with_events: bool = False) -> list[dict]:
     """Rules in the driver's namespace; ``with_events`` when that is the Events' namespace."""
     rules = [
-        _rule("", ["pods", "services", "serviceaccounts"], WATCH),
-        _rule("apps", ["daemonsets", "statefulsets"], WATCH),
-        _rule(RBAC_API, ["roles", "rolebindings"], WATCH),
+        _rule("", ["pods"], WATCH),
+        # get: an object absent from the label-selected caches is looked up by name (its
+        # metadata only), to tell "relabelled" from "missing".
+        _rule("", ["services", "serviceaccounts"], [*WATCH, "get"]),
+        _rule("apps", ["daemonsets", "statefulsets"], [*WATCH, "get"]),
+        _rule(RBAC_API, ["roles", "rolebindings"], [*WATCH, "get"]),
         _rule("", ["secrets"], WATCH, [names.registry_secret, names.node_secret]),
         _rule("coordination.k8s.io", ["leases"], ["create"]),
         _rule("coordination.k8s.io", ["leases"], ["get", "update"], [names.reporter]),

@@ -80,7 +80,7 @@ class FakeObserver:
     def remember_cr(self, cr):
         self.crs_by_name[cr["metadata"]["name"]] = cr
 
-    def lookup(self, kind, name, namespace):
+    def lookup_labels(self, kind, name, namespace):
         return None
 
 

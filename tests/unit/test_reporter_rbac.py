@@ -99,8 +99,9 @@ def test_role_secrets_by_name_events_and_lease():
         (["create"], None),
         (["get", "update"], ["pmem-csi-intel-com-reporter"]),
     ]
+    assert verbs_for(rules, "", "pods") == [(["list", "watch"], None)]
+    # get (metadata only) tells a relabelled object from a missing one.
     for group, res in [
-        ("", "pods"),
         ("", "services"),
         ("", "serviceaccounts"),
         ("apps", "daemonsets"),
@@ -108,7 +109,7 @@ def test_role_secrets_by_name_events_and_lease():
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
     ]:
-        assert verbs_for(rules, group, res) == [(["list", "watch"], None)]
+        assert verbs_for(rules, group, res) == [(["get", "list", "watch"], None)]
     binding = objects()["RoleBinding"]
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "pmem-csi-intel-com-reporter", "namespace": "drv"}

@@ -12,11 +12,22 @@ Running/Failed phase would flap and fire Warning Events all day):
 - ``Running`` (kstatus Current): every condition True and both driver components Ready.
 - ``Progressing`` (kstatus InProgress): not there yet, but nothing is known to be broken --
   pods starting, a rollout under way, a node not ready, an object that could not be read.
-- ``Failed``: a real failure -- a missing object, missing or invalid certificates, a pod in a
-  crash loop, failing to pull its image, unschedulable or failed -- or no progress for longer
+- ``Failed``: a real failure -- a missing, relabelled or changed object, missing or invalid
+  certificates, or a component that does not serve at all (no ready pod, and its pods crash
+  looping, failing to pull their image, unschedulable or failed) -- or no progress for longer
   than the progress deadline (``DEFAULT_PROGRESS_DEADLINE``, the default of a Deployment's
   ``progressDeadlineSeconds``). Progress is measured from the last change of any unready
   component's reason or unready condition, so a rollout that keeps moving never times out.
+
+In proportion at scale (at thousands of nodes one node is always broken): once the
+DaemonSet's rollout is finished, up to ``node_tolerance(desired)`` unavailable node pods (1 %
+of the selected nodes, rounded down: none below 100 nodes, 50 at 5,000) leave the Node
+component ``Ready`` -- the driver serves, like a Deployment whose unavailable pods stay within
+``maxUnavailable`` -- with those pods named in its reason (``degraded_node_pods``; the writer
+records a Warning Event for each newly broken one). More than that is ``Progressing`` and
+runs into the progress deadline if it does not change, as a stuck Deployment does
+(``ProgressDeadlineExceeded``). One broken pod of a small cluster is therefore
+``Progressing`` at once and ``Failed`` only after the deadline.
 
 Timestamps are carried over from the current status wherever the meaning did not change,
 because a timestamp that moves on every resync would make every resync a write.
@@ -93,6 +104,16 @@ FAILING_WAITING_REASONS = frozenset(
 )
 
 RUNNING_REASON = "All driver components are deployed successfully"
+
+# Share of a finished DaemonSet rollout's pods that may be unavailable while the Node
+# component still counts as Ready (module docstring).
+NODE_TOLERANCE_FRACTION = 0.01
+
+
+def node_tolerance(desired: int) -> int:
+    """How many of ``desired`` node pods may be unavailable after a finished rollout."""
+    return int(max(desired, 0) * NODE_TOLERANCE_FRACTION)
+
 
 SECRET_KEYS = ("ca.crt", "tls.crt", "tls.key")
 
@@ -526,6 +547,45 @@ def _pod_findings(observed: Observed, pods: Sequence[Obj]) -> tuple[str | None, 
     return _failing_pods(pods), _describe_pods(pods, observed.nodes)
 
 
+class BrokenPod(NamedTuple):
+    """A node pod that is not ready after its DaemonSet finished rolling out."""
+
+    pod: str
+    node: str | None
+    problem: str
+
+
+def degraded_node_pods(observed: Observed) -> list[BrokenPod]:
+    """The node pods that keep a finished rollout from being whole, sorted by pod name.
+
+    Empty during a rollout (pods restarting on their way are progress, not broken nodes),
+    without a DaemonSet, and when pods cannot be read (a stale cache names nobody).
+    """
+    ds = observed.get(DAEMON_SET, observed.names.node_driver)
+    if ds is None or POD in observed.unreadable or DAEMON_SET in observed.unreadable:
+        return []
+    ds = {"kind": DAEMON_SET, **ds}
+    desired = _int(ds, "status", "desiredNumberScheduled")
+    if (
+        _spec_lag(ds, observed)
+        or _generation_lag(ds)
+        or _int(ds, "status", "updatedNumberScheduled") < desired
+    ):
+        return []
+    out = []
+    for pod in sorted(observed.node_pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        if _pod_ready(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        out.append(
+            BrokenPod(
+                str((pod.get("metadata") or {}).get("name", "?")),
+                (pod.get("spec") or {}).get("nodeName"),
+                pod_problem(pod),
+            )
+        )
+    return out
+
+
 class ComponentState(NamedTuple):
     """A driver component's Ready/NotReady with its reason, and why it is broken (if it is)."""
 
@@ -550,13 +610,16 @@ def _node_component(observed: Observed) -> ComponentState:
     ds = {"kind": DAEMON_SET, **ds}
     lag = _spec_lag(ds, observed) or _generation_lag(ds)
     failure, pods = _pod_findings(observed, observed.node_pods)
-    if lag:
-        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     desired = _int(ds, "status", "desiredNumberScheduled")
     current = _int(ds, "status", "currentNumberScheduled")
     updated = _int(ds, "status", "updatedNumberScheduled")
     available = _int(ds, "status", "numberAvailable")
     ready = _int(ds, "status", "numberReady")
+    serving = min(ready, available)
+    if serving > 0:
+        failure = None  # some nodes serve: broken pods are progress (or tolerated), see above
+    if lag:
+        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     if desired == 0:
         # kstatus: a DaemonSet that selects no node has nothing left to do (Current).
         return ComponentState(READY, "No node is selected for the node driver (0 pods needed)")
@@ -566,7 +629,21 @@ def _node_component(observed: Observed) -> ComponentState:
     if current < desired:
         parts.append(f"{current} of {desired} nodes run a node driver pod")
     if ready < desired or available < desired:
-        parts.append(f"{min(ready, available)} out of {desired} driver pods are ready")
+        parts.append(f"{serving} out of {desired} driver pods are ready")
+    unavailable = desired - serving
+    tolerated = node_tolerance(desired)
+    if parts and updated >= desired and unavailable <= tolerated:
+        # A finished rollout with a few broken nodes: the driver serves (module docstring).
+        return ComponentState(
+            READY,
+            "; ".join(
+                [
+                    f"{serving} of {desired} node driver pod(s) ready, {unavailable} not "
+                    f"(up to {tolerated} tolerated)",
+                    *pods,
+                ]
+            ),
+        )
     if parts:
         return ComponentState(NOT_READY, "; ".join(parts + pods), failure)
     return ComponentState(READY, f"All {desired} node driver pod(s) running successfully")
@@ -588,11 +665,13 @@ def _controller_component(observed: Observed) -> ComponentState:
     ss = {"kind": STATEFUL_SET, **ss}
     lag = _spec_lag(ss, observed) or _generation_lag(ss)
     failure, pods = _pod_findings(observed, observed.controller_pods)
-    if lag:
-        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     spec_replicas = _int(ss, "spec", "replicas", default=1)
     replicas = _int(ss, "status", "replicas")
     ready = _int(ss, "status", "readyReplicas")
+    if ready > 0:
+        failure = None  # a ready controller serves; a broken second pod is progress
+    if lag:
+        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     current = _int(ss, "status", "currentReplicas")
     updated = _int(ss, "status", "updatedReplicas")
     current_rev = (ss.get("status") or {}).get("currentRevision")
@@ -732,7 +811,12 @@ def _phase(
     if all(c["status"] == TRUE for c in conditions) and all(
         c["status"] == READY for c in components
     ):
-        return PHASE_RUNNING, RUNNING_REASON
+        tolerated = [
+            f"{c['component']} driver: {c['reason'].split('; ', 1)[0]}"
+            for c in components
+            if "tolerated)" in c["reason"]
+        ]
+        return PHASE_RUNNING, "; ".join([RUNNING_REASON, *tolerated])
     summary = _summary(conditions, components)
     if any(c["status"] == FALSE for c in conditions) or failures:
         return PHASE_FAILED, "; ".join([*failures, summary]) if failures else summary

@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 
 EVENTS = Resource("Event", "v1", "events", True)
 COMPONENT = "pmem-csi-reporter"
+# Warning Events per reconcile about newly broken node pods; the rest are summed up in one.
+MAX_NODE_EVENTS = 10
 _MISSING = object()
 
 
@@ -270,6 +272,9 @@ class StatusWriter:
     _tokens: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
     # CRs whose last written phase change left Failed and has not reached Running yet.
     _recovering: set[str] = field(default_factory=set, init=False)
+    # CR name -> (pod, node) of the broken node pods already announced by an Event. Kept in
+    # memory only: a restarted or new leader announces the currently broken ones once more.
+    _broken: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict, init=False)
 
     def _urgent(self, name: str, old: Obj, new: Obj) -> bool:
         if significant_key(old) != significant_key(new):
@@ -318,10 +323,9 @@ class StatusWriter:
                 current = state["cr"] = fresh
                 state["conflict"] = False
             old = dict(current.get("status") or {})
+            observed = state["observed"] = build_observed(self.cache, current)
             new = status.compute_status(
-                build_observed(self.cache, current),
-                self.now(),
-                progress_deadline=self.progress_deadline,
+                observed, self.now(), progress_deadline=self.progress_deadline
             )
             if status.status_equal_ignoring_time(old, new):
                 self.deferred.pop(name, None)
@@ -378,6 +382,7 @@ class StatusWriter:
             )
             return False
         self._failures.pop(name, None)
+        self._node_events(name, state["cr"], state["observed"])
         if state["written"] is None:
             return False
         current, old, new, result = state["written"]
@@ -392,6 +397,35 @@ class StatusWriter:
         self._event(result if isinstance(result, dict) else current, old, new)
         return True
 
+    def _node_events(self, name: str, cr: Obj, observed: model.Observed) -> None:
+        """A Warning Event for each node pod that broke since the last look (issue 16: a few
+        broken nodes are named without failing the CR), at most ``MAX_NODE_EVENTS`` plus one
+        summary per reconcile."""
+        broken = status.degraded_node_pods(observed)
+        now_broken = {(b.pod, b.node) for b in broken}
+        known = self._broken.get(name, set())
+        new = [b for b in broken if (b.pod, b.node) not in known]
+        self._broken[name] = now_broken
+        if not new:
+            return
+        for b in new[:MAX_NODE_EVENTS]:
+            where = f"on node {b.node}" if b.node else "(not scheduled)"
+            self._record(
+                cr,
+                "Warning",
+                "NodeDriverNotReady",
+                f"Node driver pod {b.pod} {where}: {b.problem}; the driver serves on the "
+                "other nodes",
+            )
+        if len(new) > MAX_NODE_EVENTS:
+            self._record(
+                cr,
+                "Warning",
+                "NodeDriversNotReady",
+                f"and {len(new) - MAX_NODE_EVENTS} more node driver pod(s) are not ready; "
+                "see the Node component of the status",
+            )
+
     def _forget(self, name: str) -> None:
         """Drop every per-CR record of a CR that is gone."""
         self._tokens.pop(name, None)
@@ -399,12 +433,16 @@ class StatusWriter:
         self._recovering.discard(name)
         self._failures.pop(name, None)
         self.awaiting_leader.discard(name)
+        self._broken.pop(name, None)
 
     def _event(self, cr: Obj, old: Obj, new: Obj) -> None:
         spec = status.phase_event(old, new)
         if spec is None:
             return
         etype, reason, message = spec
+        self._record(cr, etype, reason, message)
+
+    def _record(self, cr: Obj, etype: str, reason: str, message: str) -> None:
         event = build_event(cr, self.event_namespace, etype, reason, message, self.now())
 
         def attempt(_: int) -> None:

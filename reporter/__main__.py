@@ -53,6 +53,50 @@ def log_level(value: str) -> int:
     return level
 
 
+# The leader renews this often (LeaderElector.retry_period) and stops writing once its last
+# successful renewal is older than RENEW_DEADLINE_SHARE x the lease duration.
+RENEW_PERIOD = 2.0
+RENEW_DEADLINE_SHARE = 0.7
+# client-go's rule: renew deadline > JitterFactor (1.2) x retry period.
+JITTER_FACTOR = 1.2
+
+
+def min_lease_duration() -> int:
+    """The shortest lease whose renew deadline exceeds JITTER_FACTOR renew periods."""
+    shortest = int(JITTER_FACTOR * RENEW_PERIOD / RENEW_DEADLINE_SHARE)
+    while RENEW_DEADLINE_SHARE * shortest <= JITTER_FACTOR * RENEW_PERIOD:
+        shortest += 1
+    return shortest
+
+
+def lease_duration(value: str) -> int:
+    """``--lease-duration``: whole seconds, long enough for the renew period.
+
+    Whole, because the Lease's ``leaseDurationSeconds`` is an integer: 4.9 was written as 4,
+    so another replica took over while this one still believed it led. Long enough, because
+    with a renew deadline shorter than about one renew period every renewal's latency became
+    a gap in leadership (and changes seen in it were held back).
+    """
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a whole number of seconds (the Lease's leaseDurationSeconds is "
+            "an integer; a fraction would be cut off, letting another replica lead while this "
+            "one still writes)"
+        ) from None
+    shortest = min_lease_duration()
+    if seconds < shortest:
+        raise argparse.ArgumentTypeError(
+            f"{seconds} is too short: must be at least {shortest} s. The leader renews every "
+            f"{RENEW_PERIOD:g} s and stops writing once its last renewal is older than "
+            f"{RENEW_DEADLINE_SHARE:g} x the lease duration; below {shortest} s that deadline "
+            f"is under {JITTER_FACTOR:g} renew periods, so an ordinary renewal would interrupt "
+            "leadership"
+        )
+    return seconds
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="pmem-csi-reporter",
@@ -105,7 +149,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=600.0,
         help="how long a deployment may be Progressing without progress before it is Failed",
     )
-    p.add_argument("--lease-duration", type=float, default=10.0, help="Lease duration (seconds)")
+    p.add_argument(
+        "--lease-duration",
+        type=lease_duration,
+        default=10,
+        help=f"Lease duration in whole seconds, at least {min_lease_duration()} (default 10)",
+    )
     p.add_argument(
         "--log-level", type=log_level, default=logging.INFO, help="level name or 0-5 verbosity"
     )
@@ -129,7 +178,7 @@ class Reporter:
         self.raw = RawApi(load_api_client(args.kubeconfig))
         self.metrics = Metrics()
         self.observer = Observer(self.raw, self.metrics, deployments=args.deployment or None)
-        renew_deadline = args.lease_duration * 0.7
+        renew_deadline = args.lease_duration * RENEW_DEADLINE_SHARE
         self.elector = LeaderElector(
             # GET + PUT of one renewal must fit well inside the renew deadline.
             self.raw.with_timeout(max(1.0, renew_deadline / 3)),
@@ -138,6 +187,7 @@ class Reporter:
             identity,
             lease_duration=args.lease_duration,
             renew_deadline=renew_deadline,
+            retry_period=RENEW_PERIOD,
             on_started_leading=self._started_leading,
             on_stopped_leading=lambda: self.metrics.is_leader.set(0),
         )

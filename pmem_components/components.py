@@ -403,9 +403,9 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         )
         cr_deps = [args.crd] if args.crd is not None else []
         self.deployment_cr = register(objs.deployment_cr, self, top, cr_deps)
-        self.reporter = [
-            register(o, self, top, [*base, self.deployment_cr]) for o in objs.reporter
-        ]
+        # The reporter is the stack's, not this deployment's: registered by
+        # ``pmem_components.program.register_reporter`` for every deployment at once.
+        self.reporter: list[pulumi.CustomResource] = []
         self.ca_cert = pulumi.Output.from_input(certs.ca_cert)
         self.register_outputs(
             {

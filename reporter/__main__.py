@@ -115,6 +115,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="Deployment CR to report on; repeatable (default: every CR)",
     )
     p.add_argument(
+        "--shared-watches",
+        action="store_true",
+        help="with --deployment: one cluster-wide watch per kind for all of them (Secrets: one "
+        "per driver namespace) instead of watches per deployment; what the Pulumi program "
+        "deploys (one reporter per stack)",
+    )
+    p.add_argument(
         "--namespace",
         default=None,
         help="namespace of the Lease (default: the pod's namespace, else "
@@ -177,7 +184,12 @@ class Reporter:
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
         self.raw = RawApi(load_api_client(args.kubeconfig))
         self.metrics = Metrics()
-        self.observer = Observer(self.raw, self.metrics, deployments=args.deployment or None)
+        self.observer = Observer(
+            self.raw,
+            self.metrics,
+            deployments=args.deployment or None,
+            shared_watches=args.shared_watches,
+        )
         renew_deadline = args.lease_duration * RENEW_DEADLINE_SHARE
         self.elector = LeaderElector(
             # GET + PUT of one renewal must fit well inside the renew deadline.

@@ -25,6 +25,12 @@ Shape:
   * every CR (no ``--deployment``): one cluster-wide informer per kind, by label. Threads and
     watches then stay constant however many deployments exist (it needs cluster-wide read
     RBAC, which is the price of watching every deployment with one process).
+  * shared (``--deployment`` ... ``--shared-watches``, what the Pulumi program deploys: one
+    reporter for all deployments of a stack): one cluster-wide informer for the CRs and one per
+    kind by label (``instance in (<the named deployments>)``), except Secrets: one informer
+    per driver namespace, by label, so the reporter reads Secrets only in the driver
+    namespaces (RBAC cannot limit a cluster-wide Secret watch to labels). Watches: 10 plus
+    one per driver namespace, whatever the number of deployments.
 """
 
 from __future__ import annotations
@@ -535,10 +541,13 @@ class Observer:
         deployments: Iterable[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         informer_factory: Callable[..., Informer] = Informer,
+        shared_watches: bool = False,
     ) -> None:
         self.api = api
         self.metrics = metrics
         self.deployments = sorted(set(deployments or ())) or None
+        # The stack layout (module docstring); without deployments it is the every-CR one.
+        self.shared_watches = bool(shared_watches and self.deployments)
         self.clock = clock
         self._new_informer = informer_factory
         self.selector = label_selector_for(self.deployments)
@@ -553,7 +562,15 @@ class Observer:
         self._lookups: dict[tuple[str, str, str], tuple[float, dict[str, str] | None]] = {}
         # kind -> {namespace or ALL_NAMESPACES or "" (cluster-scoped) -> informers}
         self._index: dict[str, dict[str, list[Informer]]] = {}
-        if self.deployments:
+        if self.shared_watches:
+            self.cr_informers = [self._informer(CR)]
+            self.shared = [
+                self._informer(res, label_selector=self.selector)
+                for res in (*CLUSTER_KINDS, *NAMESPACED_KINDS)
+            ]
+            for inf in self.shared:
+                self._register(inf, "" if not inf.res.namespaced else ALL_NAMESPACES)
+        elif self.deployments:
             # By name, so RBAC may restrict the CR to resourceNames.
             self.cr_informers = [
                 self._informer(CR, field_selector=f"metadata.name={name}")
@@ -573,6 +590,7 @@ class Observer:
 
     @property
     def named(self) -> bool:
+        """Per-CR or per-namespace informers are started and stopped with their CRs."""
         return self.deployments is not None
 
     def _informer(self, res: Resource, **kwargs: object) -> Informer:
@@ -630,13 +648,17 @@ class Observer:
 
     # --- lookups (for reporter.write) -----------------------------------------------------
 
+    def _serves(self, cr: Obj) -> bool:
+        return not self.shared_watches or _name(cr) in (self.deployments or ())
+
     def crs(self) -> list[Obj]:
-        return [cr for inf in self.cr_informers for cr in inf.items()]
+        """The CRs this reporter reports on (the shared layout's CR watch sees all of them)."""
+        return [cr for inf in self.cr_informers for cr in inf.items() if self._serves(cr)]
 
     def cr(self, name: str) -> Obj | None:
         for inf in self.cr_informers:
             obj = inf.get(name)
-            if obj is not None:
+            if obj is not None and self._serves(obj):
                 return obj
         return None
 
@@ -693,6 +715,10 @@ class Observer:
         in a watch again, or for ``LOOKUP_TTL`` seconds, so a relabelled object costs one
         request per minute, not one per reconcile.
         """
+        if kind == model.SECRET:
+            # Never read by name (least privilege: list/watch only, in driver namespaces); a
+            # relabelled Secret is reported missing.
+            return None
         informers = self._informers_for(kind, namespace)
         if not any(inf.field_selector is None and inf.label_selector for inf in informers):
             return None  # watched by name, not by label: absent from its cache means missing
@@ -740,6 +766,11 @@ class Observer:
             current = self.cr(name)
             if current is None or cr_namespace(current) != namespace:
                 return
+            if self.shared_watches:
+                self._ensure_group(
+                    f"ns/{namespace}", lambda: self._namespace_secret_informer(namespace)
+                )
+                return
             self._ensure_group(f"ns/{namespace}", lambda: self._namespace_informers(namespace))
             self._ensure_group(
                 f"cr/{name}/{namespace}", lambda: self._cr_informers(name, namespace)
@@ -749,6 +780,11 @@ class Observer:
         return [
             (self._informer(res, namespace=namespace, label_selector=self.selector), namespace)
             for res in NAMESPACED_KINDS
+        ]
+
+    def _namespace_secret_informer(self, namespace: str) -> list[tuple[Informer, str]]:
+        return [
+            (self._informer(SECRET, namespace=namespace, label_selector=self.selector), namespace)
         ]
 
     def _cr_informers(self, name: str, namespace: str) -> list[tuple[Informer, str]]:
@@ -790,6 +826,8 @@ class Observer:
             wanted: set[str] = set()
             for cr in self.crs():
                 wanted |= {f"ns/{cr_namespace(cr)}", f"cr/{_name(cr)}/{cr_namespace(cr)}"}
+            if self.shared_watches:
+                wanted = {k for k in wanted if k.startswith("ns/")}
             dead = {k: g for k, g in self._groups.items() if k not in wanted}
             for key, group in dead.items():
                 del self._groups[key]
@@ -813,7 +851,7 @@ class Observer:
     def affected(self, inf: Informer, obj: Obj) -> set[str]:
         """Names of the CRs whose status may depend on this object."""
         if inf.res.kind == CR.kind and inf.res.api_version == CR.api_version:
-            return {_name(obj)}
+            return {_name(obj)} if self._serves(obj) else set()
         if inf.owner is not None:
             return {inf.owner}
         instance = ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_INSTANCE)
@@ -822,7 +860,7 @@ class Observer:
     def _settled_names(self, inf: Informer) -> set[str]:
         """CRs that may become computable because this informer listed or failed."""
         if inf in self.cr_informers:
-            return {_name(cr) for cr in inf.items()}
+            return {_name(cr) for cr in inf.items() if self._serves(cr)}
         if inf.owner is not None:
             return {inf.owner}
         return {_name(cr) for cr in self.crs() if inf.namespace in (None, cr_namespace(cr))}
@@ -876,7 +914,7 @@ class Observer:
                 names |= self.affected(inf, o)
                 self._forget_lookup(inf, o)
         if inf in self.cr_informers:
-            if obj is not None:
+            if obj is not None and self._serves(obj):
                 self.ensure_for(obj)
             if obj is None or (before is not None and cr_namespace(before) != cr_namespace(obj)):
                 self._prune_groups()

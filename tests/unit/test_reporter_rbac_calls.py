@@ -135,7 +135,8 @@ class RecordingClient:
 def drive_the_reporter() -> list[Request]:
     client = RecordingClient()
     raw = RawApi(client)  # type: ignore[arg-type]
-    observer = Observer(raw, Metrics(), deployments=[NAME])
+    # The layout the program deploys: one reporter for the stack, shared watches.
+    observer = Observer(raw, Metrics(), deployments=[NAME], shared_watches=True)
     observer.cr_informers[0].relist()
     for _ in range(2):  # the CR's informers exist after its ADDED event
         for inf in observer.all_informers():
@@ -162,7 +163,7 @@ def drive_the_reporter() -> list[Request]:
 
 def rules_by_namespace() -> dict[str | None, list[dict]]:
     out: dict[str | None, list[dict]] = {}
-    for obj in build_reporter_objects(NAMES, NS, "img"):
+    for obj in build_reporter_objects([(NAMES, NS)], NS, "img"):
         if obj["kind"] in ("ClusterRole", "Role"):
             out.setdefault(obj["metadata"].get("namespace"), []).extend(obj["rules"])
     return out
@@ -196,11 +197,11 @@ def test_every_call_is_granted_and_every_grant_is_used() -> None:
                     ), f"granted but never used: {verb} {res} in {namespace or 'cluster'}"
 
 
-def test_secrets_are_watched_by_name_never_read_per_reconcile() -> None:
+def test_secrets_are_watched_in_the_driver_namespace_never_read_per_reconcile() -> None:
     requests = drive_the_reporter()
     secret_calls = [r for r in requests if r.resource == "secrets"]
     assert {r.verb for r in secret_calls} == {"list", "watch"}
-    assert {r.name for r in secret_calls} == {NAMES.registry_secret, NAMES.node_secret}
-    # Two informers, each listed and watched twice by the driver loop above; the reconciles
-    # (four of them) added nothing.
-    assert len(secret_calls) == 2 * 2 * 2
+    assert {r.namespace for r in secret_calls} == {NS}
+    # One informer, listed and watched twice by the driver loop above; the reconciles (four
+    # of them) added nothing: a Secret is never read by name, not even its metadata.
+    assert len(secret_calls) == 2 * 2

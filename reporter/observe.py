@@ -27,10 +27,11 @@ Shape:
     RBAC, which is the price of watching every deployment with one process).
   * shared (``--deployment`` ... ``--shared-watches``, what the Pulumi program deploys: one
     reporter for all deployments of a stack): one cluster-wide informer for the CRs and one per
-    kind by label (``instance in (<the named deployments>)``), except Secrets: one informer
-    per driver namespace, by label, so the reporter reads Secrets only in the driver
-    namespaces (RBAC cannot limit a cluster-wide Secret watch to labels). Watches: 10 plus
-    one per driver namespace, whatever the number of deployments.
+    kind by label (``instance in (<the named deployments>)``), except Secrets: each CR's two
+    are watched by name, as in the named layout, because RBAC can limit Secret access to
+    names but not to labels -- a watch of Secrets by label, cluster-wide or per namespace,
+    would need read access to every Secret there. Watches: 11, plus 2 per deployment (idle
+    by-name watches; nothing else grows with the number of deployments).
 """
 
 from __future__ import annotations
@@ -768,7 +769,7 @@ class Observer:
                 return
             if self.shared_watches:
                 self._ensure_group(
-                    f"ns/{namespace}", lambda: self._namespace_secret_informer(namespace)
+                    f"cr/{name}/{namespace}", lambda: self._secret_informers(name, namespace)
                 )
                 return
             self._ensure_group(f"ns/{namespace}", lambda: self._namespace_informers(namespace))
@@ -782,9 +783,11 @@ class Observer:
             for res in NAMESPACED_KINDS
         ]
 
-    def _namespace_secret_informer(self, namespace: str) -> list[tuple[Informer, str]]:
+    def _secret_informers(self, name: str, namespace: str) -> list[tuple[Informer, str]]:
         return [
-            (self._informer(SECRET, namespace=namespace, label_selector=self.selector), namespace)
+            (inf, where)
+            for inf, where in self._cr_informers(name, namespace)
+            if inf.res.kind == model.SECRET
         ]
 
     def _cr_informers(self, name: str, namespace: str) -> list[tuple[Informer, str]]:
@@ -827,7 +830,7 @@ class Observer:
             for cr in self.crs():
                 wanted |= {f"ns/{cr_namespace(cr)}", f"cr/{_name(cr)}/{cr_namespace(cr)}"}
             if self.shared_watches:
-                wanted = {k for k in wanted if k.startswith("ns/")}
+                wanted = {k for k in wanted if k.startswith("cr/")}
             dead = {k: g for k, g in self._groups.items() if k not in wanted}
             for key, group in dead.items():
                 del self._groups[key]

@@ -11,8 +11,9 @@ Lease and its Events Role (updated in place, see ``pmem_components.program``) an
 others' reporters go away, after the stack's reporter has rolled out.
 
 It runs with ``--shared-watches`` (``reporter.observe``): one cluster-wide watch per kind by
-label (``instance in (<served deployments>)``) and one Secret watch per driver namespace, so
-pods, watches and Lease requests do not grow with the number of deployments.
+label (``instance in (<served deployments>)``), so pods, Lease requests and watches do not
+grow with the number of deployments -- except the certificate Secrets, watched by name (two
+idle watches per deployment), because RBAC can limit Secrets to names but not to labels.
 
 Each rule exists because ``reporter/`` makes exactly that call (the unit test
 ``tests/unit/test_reporter_rbac_calls.py`` drives the reporter against a recording API and
@@ -24,13 +25,14 @@ checks every call is granted and every grant is used):
   bindings, cluster roles, cluster role bindings, CSI drivers), and get on them but pods (the
   metadata of an expected object absent from the label-selected cache: relabelled, or
   missing?). No Secret access cluster-wide.
-- Role in each driver namespace: list/watch on Secrets (by label: the certificate Secrets).
+- Role in each driver namespace: list/watch on its deployments' two certificate Secrets by
+  name (watched with a name field selector, which resourceNames authorize; no other Secret).
 - Role in the reporter's namespace: the Lease: ``create`` (cannot be limited by name) and
   get/update on its own Lease by name.
 - Role in ``default`` (``names.CLUSTER_EVENT_NAMESPACE``): create on Events (never patched).
   Events about the cluster-scoped CR are only accepted there (see ``reporter.write``). When a
   namespace above is ``default`` itself, its rules share one Role.
-Nothing here grants writes on spec, deletes, or access to Secrets outside driver namespaces.
+Nothing here grants writes on spec, deletes, or access to other Secrets.
 
 Resources, from the figures in BENCHMARKS.md: about 80 MiB RSS and up to ~70m CPU during a
 5,000-node rollout (one deployment); the request covers that so the reporter is neither the
@@ -105,7 +107,6 @@ def cluster_role_rules(served: list[Served]) -> list[dict]:
 
 
 EVENT_RULE = _rule("", ["events"], ["create"])
-SECRET_RULE = _rule("", ["secrets"], WATCH)
 
 
 def lease_rules(owner: n.DeploymentNames) -> list[dict]:
@@ -118,10 +119,11 @@ def lease_rules(owner: n.DeploymentNames) -> list[dict]:
 def namespace_rules(served: list[Served], namespace: str) -> dict[str, list[dict]]:
     """namespace -> the rules of the reporter's Role there (see the module docstring)."""
     out: dict[str, list[dict]] = {}
-    for _, driver_ns in served:
-        out.setdefault(driver_ns, [])
-        if dict(SECRET_RULE) not in out[driver_ns]:
-            out[driver_ns].append(dict(SECRET_RULE))
+    secrets: dict[str, list[str]] = {}
+    for names, driver_ns in served:
+        secrets.setdefault(driver_ns, []).extend([names.registry_secret, names.node_secret])
+    for driver_ns, secret_names in secrets.items():
+        out[driver_ns] = [_rule("", ["secrets"], WATCH, secret_names)]
     out.setdefault(namespace, []).extend(lease_rules(served[0][0]))
     out.setdefault(n.CLUSTER_EVENT_NAMESPACE, []).append(dict(EVENT_RULE))
     return out

@@ -86,13 +86,18 @@ def test_cluster_role_grants_the_served_crs_and_label_watches_but_no_secrets():
     assert all("create" not in r["verbs"] and "delete" not in r["verbs"] for r in rules)
 
 
-def test_secrets_only_in_driver_namespaces_lease_where_the_reporter_runs():
+def test_secrets_by_name_in_driver_namespaces_lease_where_the_reporter_runs():
     served = [(NAMES, "drv"), (OTHER, "drv2")]
     roles = {o["metadata"]["namespace"]: o for o in all_objects(served) if o["kind"] == "Role"}
     assert set(roles) == {"drv", "drv2", "default"}
-    assert verbs_for(roles["drv2"]["rules"], "", "secrets") == [(["list", "watch"], None)]
+    # By name only: no other Secret of those namespaces.
+    assert verbs_for(roles["drv2"]["rules"], "", "secrets") == [
+        (["list", "watch"], [OTHER.registry_secret, OTHER.node_secret])
+    ]
     assert verbs_for(roles["drv2"]["rules"], "coordination.k8s.io", "leases") == []
-    assert verbs_for(roles["drv"]["rules"], "", "secrets") == [(["list", "watch"], None)]
+    assert verbs_for(roles["drv"]["rules"], "", "secrets") == [
+        (["list", "watch"], [NAMES.registry_secret, NAMES.node_secret])
+    ]
     assert verbs_for(roles["drv"]["rules"], "coordination.k8s.io", "leases") == [
         (["create"], None),
         (["get", "update"], ["pmem-csi-intel-com-reporter"]),
@@ -154,4 +159,6 @@ def test_driver_in_default_namespace_gets_events_rule_in_its_role():
     assert [o["kind"] for o in objs].count("Role") == 1
     (role,) = [o for o in objs if o["kind"] == "Role"]
     assert verbs_for(role["rules"], "", "events") == [(["create"], None)]
-    assert verbs_for(role["rules"], "", "secrets") == [(["list", "watch"], None)]
+    assert verbs_for(role["rules"], "", "secrets") == [
+        (["list", "watch"], [NAMES.registry_secret, NAMES.node_secret])
+    ]

@@ -50,13 +50,11 @@ def watches(n_deployments: int, namespaces: int = 1) -> int:
 
 
 @pytest.mark.parametrize("n", [1, 10, 100])
-def test_shared_watches_do_not_grow_with_deployments(n: int) -> None:
-    # The CRs, 3 cluster-scoped kinds, 7 namespaced kinds, and one Secret watch per namespace.
-    assert watches(n) == 1 + 3 + 7 + 1
-
-
-def test_shared_watches_grow_only_with_driver_namespaces() -> None:
-    assert watches(100, namespaces=4) == 1 + 3 + 7 + 4
+def test_only_the_secret_watches_grow_with_deployments(n: int) -> None:
+    # The CRs, 3 cluster-scoped kinds, 7 namespaced kinds: whatever the number of deployments
+    # and namespaces; plus each deployment's two Secrets by name (least privilege).
+    assert watches(n) == 1 + 3 + 7 + 2 * n
+    assert watches(n, namespaces=n) == 1 + 3 + 7 + 2 * n
 
 
 def test_a_cr_the_reporter_does_not_serve_is_ignored_and_its_namespace_not_watched() -> None:
@@ -75,7 +73,7 @@ def test_a_cr_the_reporter_does_not_serve_is_ignored_and_its_namespace_not_watch
     assert observer.take_dirty(0) == {}
 
 
-def test_the_secret_watch_of_a_namespace_stops_with_its_last_cr() -> None:
+def test_the_secret_watches_of_a_cr_stop_with_it() -> None:
     observer = Observer(
         FakeApi([], []),
         Metrics(),
@@ -87,11 +85,13 @@ def test_the_secret_watch_of_a_namespace_stops_with_its_last_cr() -> None:
     crs = observer.cr_informers[0]
     crs._handle({"type": "ADDED", "object": cr("a", "1", ns="one")})
     crs._handle({"type": "ADDED", "object": cr("b", "2", ns="one")})
-    (secrets,) = [i for i in observer.all_informers() if i.res.kind == "Secret"]
+    secrets = [i for i in observer.all_informers() if i.res.kind == "Secret"]
+    assert len(secrets) == 4
+    a_secrets = [i for i in secrets if i.owner == "a"]
     crs._handle({"type": "DELETED", "object": cr("a", "3", ns="one")})
-    assert not secrets._stop.is_set()  # b still lives there
+    assert all(i._stop.is_set() for i in a_secrets)
+    assert not any(i._stop.is_set() for i in secrets if i.owner == "b")
     crs._handle({"type": "DELETED", "object": cr("b", "4", ns="one")})
-    assert secrets._stop.is_set()
     assert [i for i in observer.all_informers() if i.res.kind == "Secret"] == []
 
 

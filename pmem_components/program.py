@@ -90,11 +90,12 @@ def reporter_problems(stack: StackConfig) -> list[str]:
 
 def register_reporter(
     stack: StackConfig,
-    crs: Sequence[pulumi.Resource],
+    components: Sequence[Any],
     namespaces: Mapping[str, pulumi.Resource],
 ) -> list[pulumi.CustomResource]:
     """The stack's one reporter (``manifests.reporter``), serving every deployment with the
-    reporter enabled, registered after their CRs.
+    reporter enabled, registered after their CRs (``components``: the stack's
+    PmemCsiDeployment components, in the order of ``stack.deployments``).
 
     It has the names and namespace the first such deployment's own reporter had; its objects
     were that deployment's children, so each gets an alias to its old URN: one ``pulumi up``
@@ -111,6 +112,11 @@ def register_reporter(
     if not served:
         return []
     first = served[0]
+    crs = [
+        c.deployment_cr
+        for c, d in zip(components, stack.deployments, strict=True)
+        if d.reporter.enabled
+    ]
     assert first.reporter.image is not None  # enabled implies an image (config.Reporter)
     objects = build_reporter_objects(
         [(d.names, d.namespace) for d in served],
@@ -198,9 +204,8 @@ def deploy(
             "objectNames": component.object_names,
             "caCert": component.ca_cert,
         }
-    served = [c for c, d in zip(components, stack.deployments, strict=True) if d.reporter.enabled]
-    register_reporter(stack, [c.deployment_cr for c in served], namespaces)
-    if served:
+    register_reporter(stack, components, namespaces)
+    if any(d.reporter.enabled for d in stack.deployments):
         reporter_name = next(d for d in stack.deployments if d.reporter.enabled).names.reporter
         for dep in stack.deployments:
             if dep.reporter.enabled:  # the stack's reporter, not one of its own

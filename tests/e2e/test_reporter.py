@@ -173,7 +173,8 @@ def test_node_pod_not_ready_makes_node_not_ready_naming_pod_and_node(
     comp = wait_for(node_not_ready, STATUS_TIMEOUT, f"Node NotReady naming {pod_name}")
     assert f"{pod_name} on {node_name}: CrashLoopBackOff" in comp["reason"], comp
     assert "2 out of 3 driver pods are ready" in comp["reason"], comp
-    assert driver.status()["phase"] == "Failed"
+    # Two of three nodes serve: progress, Failed only after the progress deadline (issue 16).
+    assert driver.status()["phase"] == "Progressing"
     # kwok does not flip the pod back (see _break_pod): two resyncs later nothing changed.
     seen = reporter.metric(RECONCILES)
     wait_for(lambda: reporter.metric(RECONCILES) >= seen + 2, 30, "two more reconciles")

@@ -115,7 +115,16 @@ class ReconcileLoop:
             merge_dirty(self.held, dirty)  # non-leaders keep caches warm, and their changes
             return
         if self.held:
-            merge_dirty(dirty, self.held)
+            # A change held longer than a resync was most likely written by the replica that
+            # led meanwhile: reconciled, but not counted as this change's latency.
+            now = self.clock()
+            merge_dirty(
+                dirty,
+                {
+                    name: t if t is not None and now - t <= self.resync else None
+                    for name, t in self.held.items()
+                },
+            )
             self.held = {}
         if not dirty:
             return

@@ -203,3 +203,14 @@ def test_leadership_lost_in_the_middle_of_retries_is_written_once_it_is_back():
     leading[0] = True
     run_until(loop, clock, lambda: api.written, seconds=30)
     assert len(api.written) == 1
+
+
+def test_a_change_held_longer_than_a_resync_is_written_but_not_counted_as_latency():
+    clock, observer, api, writer, loop, leading = build(leader=[False])
+    observer.mark_dirty(NAME, clock())
+    loop.step()
+    clock.sleep(3601)  # a follower for over an hour: the leader wrote that change meanwhile
+    leading[0] = True
+    run_until(loop, clock, lambda: api.written, seconds=30)
+    assert len(api.written) == 1
+    assert writer.metrics.change_to_write._sum.get() == 0.0

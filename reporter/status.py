@@ -468,6 +468,18 @@ def pod_failure(pod: Obj) -> str | None:
     return None
 
 
+def failing_pods(observed: Observed) -> frozenset[str]:
+    """Names of the driver's pods that are broken rather than on their way (``pod_failure``);
+    empty when pods cannot be read. The writer sends a change of this set at once."""
+    if POD in observed.unreadable:
+        return frozenset()
+    return frozenset(
+        str((p.get("metadata") or {}).get("name", "?"))
+        for p in (*observed.controller_pods, *observed.node_pods)
+        if pod_failure(p)
+    )
+
+
 def _failing_pods(pods: Sequence[Obj]) -> str | None:
     """'<pod> on <node>: <problem>' of the first broken pod (by name), and how many more."""
     failing = sorted(

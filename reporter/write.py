@@ -22,10 +22,15 @@ therefore split in two:
   taken from a per-CR token bucket of ``burst`` writes refilled one per ``message_interval``.
   An isolated change (a node joins: Progressing, then Running) is written at once; a storm
   is cut to one write per interval, the newest status winning.
+- a pod starting or ceasing to fail (crash loop, image pull, unschedulable, phase Failed:
+  ``status.failing_pods``) is urgent too, though it need not change the phase any more (one
+  broken pod of many is progress, or tolerated): it is what an administrator waits to see.
+  Pods starting on their way (a rollout) are not failing, so rollouts stay in the budget.
 - one exception: the way back to Running after a failure. Healing goes Failed -> Progressing
   (urgent) -> Running (not urgent, as the DaemonSet's counters catch up a moment later); a
   user watching a recovery must not wait for a token there, so the first Running after a
-  write out of Failed is urgent too. Rollouts that never failed still go through the budget.
+  write out of Failed, or after a write in which failing pods healed, is urgent too.
+  Rollouts that never failed still go through the budget.
 The writer reports when a deferred CR is due (``deferred``) and the main loop comes back then,
 so the final state always lands.
 
@@ -272,12 +277,16 @@ class StatusWriter:
     _tokens: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
     # CRs whose last written phase change left Failed and has not reached Running yet.
     _recovering: set[str] = field(default_factory=set, init=False)
+    # CR name -> the failing pods (status.failing_pods) as of its last write.
+    _failing: dict[str, frozenset[str]] = field(default_factory=dict, init=False)
     # CR name -> (pod, node) of the broken node pods already announced by an Event. Kept in
     # memory only: a restarted or new leader announces the currently broken ones once more.
     _broken: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict, init=False)
 
-    def _urgent(self, name: str, old: Obj, new: Obj) -> bool:
+    def _urgent(self, name: str, old: Obj, new: Obj, failing: frozenset[str]) -> bool:
         if significant_key(old) != significant_key(new):
+            return True
+        if failing != self._failing.get(name, frozenset()):
             return True
         return name in self._recovering and new.get("phase") == status.PHASE_RUNNING
 
@@ -331,7 +340,8 @@ class StatusWriter:
                 self.deferred.pop(name, None)
                 return
             available = self._available(name)
-            if not self._urgent(name, old, new) and available < 1.0 - 1e-6:
+            failing = state["failing"] = status.failing_pods(observed)
+            if not self._urgent(name, old, new, failing) and available < 1.0 - 1e-6:
                 wait = (1.0 - available) * self.message_interval
                 self.deferred[name] = self.monotonic() + wait
                 return
@@ -388,6 +398,12 @@ class StatusWriter:
         current, old, new, result = state["written"]
         self._take(name)
         self._track_recovery(name, old, new)
+        failing = state["failing"]
+        if self._failing.get(name, frozenset()) - failing:
+            self._recovering.add(name)  # pods healed: their Running is awaited too
+            if new.get("phase") == status.PHASE_RUNNING:
+                self._recovering.discard(name)
+        self._failing[name] = failing
         self.metrics.status_writes.inc()
         if changed_at is not None:
             self.metrics.change_to_write.observe(max(0.0, self.monotonic() - changed_at))
@@ -431,6 +447,7 @@ class StatusWriter:
         self._tokens.pop(name, None)
         self.deferred.pop(name, None)
         self._recovering.discard(name)
+        self._failing.pop(name, None)
         self._failures.pop(name, None)
         self.awaiting_leader.discard(name)
         self._broken.pop(name, None)

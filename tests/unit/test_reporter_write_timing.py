@@ -1,7 +1,8 @@
 """What is written at once and what waits: exactly the list in the README's reporter section.
 
 README ("## The status the reporter writes"): written at once -- phase Failed entered or left,
-a condition's status or reason, observedGeneration, and the first Running after a failure;
+a condition's status or reason, observedGeneration, a pod starting or ceasing to fail, and the
+first Running after a failure or after failing pods healed;
 through the per-CR budget (3 at once, then one per ``--message-interval``) -- Running <->
 Progressing, a component's Ready <-> NotReady, and message text. Each case runs with the
 budget used up, so "at once" and "waits" are told apart.
@@ -78,3 +79,40 @@ def test_the_first_running_after_a_failure_is_written_at_once(monkeypatch) -> No
     writer._tokens[NAME] = (0.0, clock[0])
     assert writer.reconcile(NAME)  # -> Running: the recovery, not a rollout
     assert [p["status"]["phase"] for p in api.patches] == ["Failed", "Progressing", "Running"]
+
+
+def test_a_pod_starting_or_ceasing_to_fail_is_written_at_once(monkeypatch) -> None:
+    """One crash loop of many changes no phase any more (progress, or tolerated), yet it is
+    what an administrator waits for: at once, and so is the Running after it healed."""
+    from reporter import status as status_mod
+
+    _cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    failing = [frozenset()]
+    monkeypatch.setattr(status_mod, "failing_pods", lambda observed: failing[0])
+    steps = iter(
+        [
+            (st("Running"), frozenset()),
+            (st("Progressing", k=comp("NotReady", "pod-1: CrashLoopBackOff")), {"pod-1"}),
+            (st("Progressing", k=comp("NotReady", "pod-1: NotReady")), frozenset()),
+            (st("Running"), frozenset()),
+        ]
+    )
+    current = [None]
+
+    def compute(*_a, **_k):
+        return dict(current[0])
+
+    monkeypatch.setattr("reporter.write.status.compute_status", compute)
+    for new, now_failing in steps:
+        current[0], failing[0] = new, frozenset(now_failing)
+        writer._tokens[NAME] = (0.0, clock[0])  # the budget is used up every time
+        assert writer.reconcile(NAME), new
+    # Four writes (the third changes the Node reason only, so its patch holds no phase).
+    assert [p["status"].get("phase") for p in api.patches] == [
+        "Running",
+        "Progressing",
+        None,
+        "Running",
+    ]

@@ -212,7 +212,9 @@ class Shared:
 
 
 @pytest.fixture(scope="module")
-def shared(pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any) -> Iterator[Shared]:
+def shared(
+    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any
+) -> Iterator[Shared]:
     core = client.CoreV1Api(api_client)
     custom = client.CustomObjectsApi(api_client)
     sfx = suffix()
@@ -309,7 +311,9 @@ def test_removing_the_first_deployment_keeps_the_namespace_and_the_other_deploym
     assert snapshot(kube, core, b) == before
     assert core.read_namespace(shared.namespace).metadata.uid == ns_uid
     assert core.read_namespaced_resource_quota("admin-quota", shared.namespace)
-    gone = [o for o in bundle.build_deployment_objects(a).all() if o["kind"] != "Namespace"]
+    gone = [
+        o for o in bundle.build_deployment_objects(a).all() if o["kind"] != "Namespace"
+    ]
     assert [o["metadata"]["name"] for o in gone if kube.get(o) is not None] == []
 
 
@@ -374,7 +378,9 @@ def test_allowed_reinstall_never_runs_two_node_drivers(
     assert kube.get(bundle.build_deployment_objects(new).node[0]) is not None
     # The same certificates moved along (the generated set is kept), the CSIDriver too.
     assert secret_data(core, new.names.registry_secret, new.namespace)["ca.crt"] == ca_before
-    assert kube.get(bundle.build_deployment_objects(new).csi_driver)["metadata"]["uid"] == (csi_uid)
+    assert kube.get(bundle.build_deployment_objects(new).csi_driver)["metadata"]["uid"] == (
+        csi_uid
+    )
     # The old namespace stays (kept on delete), with the administrator's quota.
     assert core.read_namespaced_resource_quota("admin-quota", shared.namespace)
     shared.b = {k: v for k, v in moved.items() if k != "allowReinstall"}
@@ -599,7 +605,9 @@ def test_two_instances_through_two_providers_in_one_program(
 # migration from the operator
 
 
-def _as_the_operator_creates(cfg: DeploymentConfig, owner: dict[str, Any]) -> list[dict[str, Any]]:
+def _as_the_operator_creates(
+    cfg: DeploymentConfig, owner: dict[str, Any]
+) -> list[dict[str, Any]]:
     """The deployment's objects with the operator's names, without this project's
     managed-by label and owned by the operator's CR (ownerReferences, as it set them)."""
     reference = {
@@ -661,10 +669,8 @@ def test_migration_from_the_operator(
         # The runbook's step: remove the old CR, orphaning (not deleting) its objects.
         kubectl("delete", f"deployments.{names.CRD_GROUP}", cfg.name, "--cascade=orphan")
         wait_for(
-            lambda: (
-                get_cr(custom, cfg.name) is None
-                and not kube.get(node_ds)["metadata"].get("ownerReferences")
-            ),
+            lambda: get_cr(custom, cfg.name) is None
+            and not kube.get(node_ds)["metadata"].get("ownerReferences"),
             60,
             "old CR gone and ownerReferences removed by the garbage collector",
         )

@@ -173,7 +173,8 @@ def test_crd_with_status_subresource_and_printer_columns(
         def established() -> bool:
             crd = ext.read_custom_resource_definition("widgets.smoke.example.com")
             return any(
-                c.type == "Established" and c.status == "True" for c in crd.status.conditions or []
+                c.type == "Established" and c.status == "True"
+                for c in crd.status.conditions or []
             )
 
         wait_for(established, 30, "CRD Established")

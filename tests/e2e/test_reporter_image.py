@@ -143,13 +143,9 @@ def test_two_builds_from_the_same_inputs_give_the_same_digest(
     (an interpreter line, a RECORD hash) changes the digest only there.
     """
     checkout = tmp_path / "clone"
-    tracked = (
-        subprocess.run(
-            ["git", "ls-files", "-z"], cwd=image_tool.PROJECT_DIR, check=True, capture_output=True
-        )
-        .stdout.decode()
-        .split("\0")
-    )
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=image_tool.PROJECT_DIR, check=True, capture_output=True
+    ).stdout.decode().split("\0")
     for rel in filter(None, tracked):
         src = image_tool.PROJECT_DIR / rel
         if src.is_file():

@@ -165,8 +165,8 @@ def test_manage_crd_accepts_config_strings() -> None:
         ({"nodeRegistrarImage": ""}, "deployments[0].nodeRegistrarImage: must not be empty"),
         ({"name": "Bad_Name"}, "deployments[0].name: must be a DNS subdomain"),
         ({"name": "a" * 42}, "deployments[0].name: is 42 characters; at most 41 fit"),
-        ({"namespace": "kube-system"}, 'deployments[0].namespace: "kube-system" belongs to'),
-        ({"namespace": "default"}, 'deployments[0].namespace: "default" belongs to'),
+        ({"namespace": "kube-system"}, "deployments[0].namespace: \"kube-system\" belongs to"),
+        ({"namespace": "default"}, "deployments[0].namespace: \"default\" belongs to"),
         ({"name": "9pmem.example"}, "deployments[0].name: must start with a letter"),
         (
             {"certificates": {"renewBeforeDays": 365}},

@@ -121,11 +121,8 @@ def test_install_next_to_the_cli_is_idempotent_and_outside_the_cache_key(tmp_pat
     toolchain.install_language_host(tmp_path)
     host = tmp_path / "pulumi-language-python"
     assert host.read_bytes() == (toolchain.TOOLS_DIR / "langhost.sh").read_bytes()
-    for name in (
-        "pulumi-language-python",
-        "pulumi-language-python-host",
-        "pulumi-language-python-exec",
-    ):
+    for name in ("pulumi-language-python", "pulumi-language-python-host",
+                 "pulumi-language-python-exec"):
         assert os.access(tmp_path / name, os.X_OK), name
     mtime = host.stat().st_mtime_ns
     toolchain.install_language_host(tmp_path)

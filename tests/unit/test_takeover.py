@@ -176,7 +176,8 @@ def test_correct_patches_managed_fields_then_applies_as_pulumi() -> None:
     outcome = correct(api, DECLARED, dry_run=False)
     assert outcome is not None
     assert outcome.message == (
-        "took over fields of DaemonSet ns/d and applied it (kubectl-edit (metadata.labels.extra))"
+        "took over fields of DaemonSet ns/d and applied it"
+        " (kubectl-edit (metadata.labels.extra))"
     )
     path = "/apis/apps/v1/namespaces/ns/daemonsets/d"
     assert api.calls == [("get", path), ("json_patch", PULUMI), ("apply", PULUMI)]

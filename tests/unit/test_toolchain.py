@@ -42,7 +42,9 @@ def test_pulumi_cli_matches_python_sdk() -> None:
 
 
 def test_kubernetes_provider_matches_python_package() -> None:
-    sdk = re.search(r"sdk/v4 => \S+ (v\S+)", (TOOLS / "pulumi-kubernetes" / "go.mod").read_text())
+    sdk = re.search(
+        r"sdk/v4 => \S+ (v\S+)", (TOOLS / "pulumi-kubernetes" / "go.mod").read_text()
+    )
     assert sdk and sdk.group(1) == toolchain.PULUMI_KUBERNETES_VERSION
     assert _python_pin("pulumi-kubernetes") == toolchain.PULUMI_KUBERNETES_VERSION.lstrip("v")
 

@@ -131,8 +131,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--lease-name",
         default=None,
-        help="Lease name (default: <deployment>-reporter for one --deployment, else "
-        f"{DEFAULT_LEASE})",
+        help="Lease name (default: <first --deployment>-reporter, the name the program's "
+        f"RBAC grants; without --deployment {DEFAULT_LEASE})",
     )
     p.add_argument("--identity", default=None, help="leader election identity (default: host_pid)")
     p.add_argument(
@@ -177,7 +177,8 @@ class Reporter:
         namespace = args.namespace or default_namespace()
         if args.lease_name:
             lease = args.lease_name
-        elif len(set(args.deployment)) == 1:
+        elif args.deployment:
+            # The stack's reporter is named after its first deployment (manifests.reporter).
             lease = DeploymentNames(args.deployment[0]).reporter
         else:
             lease = DEFAULT_LEASE

@@ -2,9 +2,13 @@
 
 Why: the reporter's limits show at scale -- memory grows with cached pods, a rollout over
 thousands of nodes is a storm of pod events, and every deployment may add watches and threads.
-This measures, on the local cluster (kwok nodes; ``python -m tools.cluster start``):
+It measures the layout the Pulumi program deploys: one reporter per stack with the arguments
+of the Deployment that ``pmem_components.manifests.reporter`` builds for the stack's
+deployments (``--deployment`` per CR, ``--shared-watches``), run as its 2 replicas (two
+processes, one leading). Figures are per process and summed ("pods"). On the local cluster
+(kwok nodes; ``python -m tools.cluster start``):
 
-``--nodes N`` (one deployment, the production layout ``--deployment NAME``):
+``--nodes N`` (one deployment):
   1. N fake nodes labelled for this run; a driver whose node DaemonSet first selects no node
      (phase Running, 0 pods), the reporter started and Running;
   2. steady window (no pods): writes, reporter CPU/RSS/threads/sockets, API server requests;
@@ -13,14 +17,14 @@ This measures, on the local cluster (kwok nodes; ``python -m tools.cluster start
      "All N node driver pod(s)", writes per 1,000 pods, every phase seen, peak RSS;
   4. steady window with N pods (same figures);
   5. change-to-status latency, client side (a watch on the CR, from just before the change
-     request to the CR event showing it): one node pod made crash-looping (-> Failed) and
-     made Ready again (-> Running), ``--reps`` times each.
+     request to the CR event showing it): one node pod made crash-looping (the status names
+     the pod: Progressing below 100 nodes, Running with the pod tolerated above) and made
+     Ready again (Running, the pod no longer named), ``--reps`` times each.
 
-``--deployments D`` (``--nodes-per`` nodes shared by all, the every-CR layout: one reporter
-without ``--deployment``):
-  D drivers in D namespaces, each DaemonSet on the same nodes; steady-state figures (threads,
-  watches, sockets, RSS, CPU, API requests) and the crash-loop/restore latency on ``--reps``
-  drivers in turn.
+``--deployments D`` (``--nodes-per`` nodes shared by all): D drivers in D namespaces, each
+  DaemonSet on the same nodes, one stack reporter serving all; steady-state figures (pods,
+  threads, watches, sockets, RSS, CPU, Lease and status requests per minute) and the
+  crash-loop/restore latency on ``--reps`` drivers in turn.
 
 API requests at steady state come from the API server's ``apiserver_request_total``: the
 delta over the window for the resources the reporter reads or writes, and the same delta over
@@ -30,6 +34,7 @@ controllers) can be told apart. Run (one scenario per invocation, so each is bou
     .venv/bin/python -m tools.cluster start
     .venv/bin/python -m benchmarks.bench_reporter_scale --nodes 1000 --json /tmp/n1000.json
     .venv/bin/python -m benchmarks.bench_reporter_scale --deployments 100 --json /tmp/d100.json
+    .venv/bin/python -m benchmarks.bench_reporter_scale --nodes 5000 --json /tmp/n5000.json
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from benchmarks.bench_reporter import CrWatcher, percentile, proc_stats
 from benchmarks.bench_status import machine
 from pmem_components import certs as certs_mod
 from pmem_components.config import DeploymentConfig
+from pmem_components.manifests.reporter import build_reporter_deployment
 from reporter.kubeapi import RawApi, Resource
 from tests.e2e.reporter_helpers import (
     AS_PULUMI,
@@ -160,6 +166,23 @@ class Reporter:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self._log.close()
+
+
+# Replicas of the reporter Deployment the program builds (config.Reporter's default).
+REPLICAS = 2
+
+
+def deployed_args(drivers: list[Driver]) -> list[str]:
+    """The container arguments of the stack reporter serving ``drivers``, as the program
+    builds them, without ``--log-level``/``--metrics-port`` (``Reporter`` sets its own)."""
+    dep = build_reporter_deployment(
+        [(d.names, d.namespace) for d in drivers], drivers[0].namespace, "img", REPLICAS, {}, 3, ""
+    )
+    args = list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+    for flag in ("--log-level", "--metrics-port"):
+        i = args.index(flag)
+        del args[i : i + 2]
+    return args
 
 
 # --------------------------------------------------------------------------- API server
@@ -269,6 +292,14 @@ class Scale:
         self.reporters.append(rep)
         return rep
 
+    def deployed_reporters(self, drivers: list[Driver], tag: str) -> list[Reporter]:
+        """The program's reporter layout for ``drivers``: its args, ``REPLICAS`` processes."""
+        args = deployed_args(drivers)
+        return [
+            self.reporter([*args, "--identity", f"{tag}-{i}"], f"{tag}-{i}")
+            for i in range(REPLICAS)
+        ]
+
     def node_pods(self, drv: Driver) -> list[Obj]:
         items, _ = self.raw.list(POD, drv.namespace)
         return [
@@ -304,34 +335,61 @@ class Scale:
             # Pods bound to deleted nodes are removed by the pod GC; do not wait for it.
 
 
-def steady(scale: Scale, rep: Reporter, seconds: float, pause_compare: bool) -> dict[str, Any]:
-    """Writes, CPU, RSS, threads, sockets, watches and API requests over a window."""
-    m0, s0, a0, t0 = (
-        rep.metrics(),
-        proc_stats(rep.pid),
-        apiserver_requests(scale.raw),
-        time.monotonic(),
-    )
+def steady(
+    scale: Scale, reps: list[Reporter], seconds: float, pause_compare: bool
+) -> dict[str, Any]:
+    """Writes, CPU, RSS, threads, sockets, watches and API requests over a window, per
+    reporter process (pod) and summed."""
+    m0 = [r.metrics() for r in reps]
+    s0 = [proc_stats(r.pid) for r in reps]
+    a0, t0 = apiserver_requests(scale.raw), time.monotonic()
     time.sleep(seconds)
     elapsed = time.monotonic() - t0
-    m1, s1, a1 = rep.metrics(), proc_stats(rep.pid), apiserver_requests(scale.raw)
-    cpu = s1["cpu_seconds"] - s0["cpu_seconds"]
+    m1 = [r.metrics() for r in reps]
+    s1 = [proc_stats(r.pid) for r in reps]
+    a1 = apiserver_requests(scale.raw)
+
+    def delta(key: str) -> float:
+        return sum(b.get(key, 0) - a.get(key, 0) for a, b in zip(m0, m1, strict=True))
+
+    pods = [
+        {
+            "leader": m.get("pmem_csi_reporter_is_leader", 0) == 1,
+            "cpu_percent_of_one_core": round(
+                100 * (b["cpu_seconds"] - a["cpu_seconds"]) / elapsed, 2
+            ),
+            "rss_mib": round(b["VmRSS"], 1),
+            "rss_mib_peak": round(b["VmHWM"], 1),
+            "threads": b["threads"],
+            "watches": m.get("pmem_csi_reporter_watches", 0),
+            "sockets": r.sockets(),
+        }
+        for r, m, a, b in zip(reps, m1, s0, s1, strict=True)
+    ]
+    requests = per_minute(a0, a1, elapsed)
     out: dict[str, Any] = {
         "seconds": round(elapsed, 1),
-        "status_writes": m1.get("pmem_csi_reporter_status_writes_total", 0)
-        - m0.get("pmem_csi_reporter_status_writes_total", 0),
-        "reconciles": m1.get("pmem_csi_reporter_reconciles_total", 0)
-        - m0.get("pmem_csi_reporter_reconciles_total", 0),
-        "cpu_percent_of_one_core": round(100 * cpu / elapsed, 2),
-        "rss_mib": round(s1["VmRSS"], 1),
-        "rss_mib_peak": round(s1["VmHWM"], 1),
-        "threads": s1["threads"],
-        "watches": m1.get("pmem_csi_reporter_watches", 0),
-        "sockets": rep.sockets(),
-        "apiserver_requests_per_minute": per_minute(a0, a1, elapsed),
+        "reporter_pods": len(reps),
+        "status_writes": delta("pmem_csi_reporter_status_writes_total"),
+        "reconciles": delta("pmem_csi_reporter_reconciles_total"),
+        "cpu_percent_of_one_core": round(sum(p["cpu_percent_of_one_core"] for p in pods), 2),
+        "rss_mib": round(sum(p["rss_mib"] for p in pods), 1),
+        "rss_mib_max_pod": max(p["rss_mib"] for p in pods),
+        "threads": sum(p["threads"] for p in pods),
+        "watches": sum(p["watches"] for p in pods),
+        "sockets": sum(p["sockets"] for p in pods),
+        "lease_requests_per_minute": round(
+            sum(v for k, v in requests.items() if k.endswith(" leases")), 1
+        ),
+        "status_requests_per_minute": round(
+            sum(v for k, v in requests.items() if k.endswith(" deployments/status")), 1
+        ),
+        "pods": pods,
+        "apiserver_requests_per_minute": requests,
     }
     if pause_compare:
-        os.kill(rep.pid, signal.SIGSTOP)
+        for r in reps:
+            os.kill(r.pid, signal.SIGSTOP)
         try:
             b0, t0 = apiserver_requests(scale.raw), time.monotonic()
             time.sleep(seconds)
@@ -340,7 +398,8 @@ def steady(scale: Scale, rep: Reporter, seconds: float, pause_compare: bool) -> 
                 b0, b1, time.monotonic() - t0
             )
         finally:
-            os.kill(rep.pid, signal.SIGCONT)
+            for r in reps:
+                os.kill(r.pid, signal.SIGCONT)
     return out
 
 
@@ -361,7 +420,8 @@ def heal_pod(scale: Scale, pod: Obj) -> None:
 def latency(
     scale: Scale, watcher: CrWatcher, drivers: list[Driver], reps: int, gap: float = 0.0
 ) -> dict[str, Any]:
-    """Crash-loop one node pod (-> Failed) and heal it (-> Running), reps times.
+    """Crash-loop one node pod (the Node component names it) and heal it (Running, named no
+    more), reps times.
 
     ``gap`` seconds between repetitions: 0 measures back-to-back changes (which use up the
     writer's per-CR budget for non-urgent writes), 30 measures isolated changes.
@@ -376,13 +436,26 @@ def latency(
         pod = pods[drv.name][i % len(pods[drv.name])]
         mark = watcher.mark()
         t0 = time.monotonic()
+        name = pod["metadata"]["name"]
         break_pod(scale, pod)
-        ev = watcher.wait(drv.name, mark, lambda s: s.get("phase") == "Failed", timeout=120)
+        ev = watcher.wait(
+            drv.name,
+            mark,
+            lambda s, name=name: name in component(s, "Node").get("reason", ""),
+            timeout=120,
+        )
         to_failed.append(ev.at - t0)
         mark = watcher.mark()
         t0 = time.monotonic()
         heal_pod(scale, pod)
-        ev = watcher.wait(drv.name, mark, lambda s: s.get("phase") == "Running", timeout=120)
+        ev = watcher.wait(
+            drv.name,
+            mark,
+            lambda s, name=name: (
+                s.get("phase") == "Running" and name not in component(s, "Node").get("reason", "")
+            ),
+            timeout=120,
+        )
         to_running.append(ev.at - t0)
         time.sleep(gap)
     both = to_failed + to_running
@@ -391,7 +464,7 @@ def latency(
         "p50": round(percentile(both, 50), 3),
         "p99": round(percentile(both, 99), 3),
         "max": round(max(both), 3),
-        "to_failed": [round(x, 3) for x in to_failed],
+        "to_broken": [round(x, 3) for x in to_failed],
         "to_running": [round(x, 3) for x in to_running],
     }
 
@@ -404,14 +477,15 @@ def nodes_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
     watcher = CrWatcher(scale.watch_raw, {drv.name})
     watcher.start()
     try:
-        rep = scale.reporter(["--deployment", drv.name, "--namespace", drv.namespace], f"nodes-{n}")
+        reps = scale.deployed_reporters([drv], f"nodes-{n}")
         watcher.wait(drv.name, 0, lambda s: s.get("phase") == "Running", timeout=120)
         time.sleep(args.message_interval + 2)
         log("Running with 0 pods; steady window without pods")
-        out["steady_no_pods"] = steady(scale, rep, args.steady_seconds, pause_compare=False)
+        out["steady_no_pods"] = steady(scale, reps, args.steady_seconds, pause_compare=False)
         log(f"steady: {out['steady_no_pods']}")
         # The burst: N pods created and becoming Ready.
-        w0, mark, s0 = rep.writes(), watcher.mark(), proc_stats(rep.pid)
+        w0, mark = sum(r.writes() for r in reps), watcher.mark()
+        s0 = [proc_stats(r.pid) for r in reps]
         t0 = time.monotonic()
         scale.apps.patch_namespaced_daemon_set(
             drv.names.node_driver,
@@ -426,9 +500,9 @@ def nodes_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
             lambda s: s.get("phase") == "Running" and component(s, "Node").get("reason") == want,
             timeout=args.burst_timeout,
         )
-        s1 = proc_stats(rep.pid)
+        s1 = [proc_stats(r.pid) for r in reps]
         time.sleep(args.message_interval + 2)  # a deferred message-only write would land now
-        writes = rep.writes() - w0
+        writes = sum(r.writes() for r in reps) - w0
         phases = [e.status.get("phase") for e in watcher.events[mark:] if e.name == drv.name]
         node_reasons = [
             component(e.status, "Node").get("reason", "")[:160]
@@ -443,15 +517,17 @@ def nodes_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, Any]:
             "cr_events": len(phases),
             "phases_seen": phases,
             "node_reasons_seen": node_reasons,
-            "cpu_seconds": round(s1["cpu_seconds"] - s0["cpu_seconds"], 1),
-            "rss_mib_peak": round(s1["VmHWM"], 1),
+            "cpu_seconds": round(
+                sum(b["cpu_seconds"] - a["cpu_seconds"] for a, b in zip(s0, s1, strict=True)), 1
+            ),
+            "rss_mib_peak_max_pod": round(max(b["VmHWM"] for b in s1), 1),
         }
         log(f"burst: {out['burst']}")
-        out["steady_with_pods"] = steady(scale, rep, args.steady_seconds, pause_compare=True)
+        out["steady_with_pods"] = steady(scale, reps, args.steady_seconds, pause_compare=True)
         log(f"steady with pods: {out['steady_with_pods']}")
         out["latency"] = latency(scale, watcher, [drv], args.reps, args.rep_gap)
         log(f"latency: {out['latency']}")
-        out["final"] = proc_stats(rep.pid)
+        out["final"] = [proc_stats(r.pid) for r in reps]
     finally:
         watcher.stop()
     return out
@@ -468,7 +544,7 @@ def deployments_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, An
     watcher = CrWatcher(scale.watch_raw, {x.name for x in drivers})
     watcher.start()
     try:
-        rep = scale.reporter(["--namespace", drivers[0].namespace], f"deployments-{d}")
+        reps = scale.deployed_reporters(drivers, f"deployments-{d}")
         want = f"All {args.nodes_per} node driver pod(s) running successfully"
         for x in drivers:
             watcher.wait(
@@ -481,13 +557,13 @@ def deployments_scenario(scale: Scale, args: argparse.Namespace) -> dict[str, An
             )
         out["seconds_to_all_running"] = round(time.monotonic() - t0, 1)
         time.sleep(args.message_interval + 2)  # let deferred message-only writes land first
-        out["writes_to_all_running"] = rep.writes()
+        out["writes_to_all_running"] = sum(r.writes() for r in reps)
         log(f"all {d} Running")
-        out["steady"] = steady(scale, rep, args.steady_seconds, pause_compare=True)
+        out["steady"] = steady(scale, reps, args.steady_seconds, pause_compare=True)
         log(f"steady: {out['steady']}")
         out["latency"] = latency(scale, watcher, drivers, args.reps, args.rep_gap)
         log(f"latency: {out['latency']}")
-        out["final"] = proc_stats(rep.pid)
+        out["final"] = [proc_stats(r.pid) for r in reps]
     finally:
         watcher.stop()
     return out

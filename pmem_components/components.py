@@ -26,7 +26,6 @@ from pmem_components.config import (
     deployment_problems,
 )
 from pmem_components.manifests import bundle
-from pmem_components.manifests import reporter as reporter_manifests
 from pmem_components.manifests.crd import load_crd
 from pmem_components.patches import PatchError, PatchSet
 
@@ -354,17 +353,25 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             for obj in objs.all():
                 _annotate(obj, extra)
         _annotate(objs.deployment_cr, {names.STACK_ANNOTATION: stack_id()})
-        objs.reporter[:] = [
-            reporter_manifests.with_allowed_field_owners(o, args.allowed_field_owners)
-            if o["kind"] == "Deployment"
-            else o
-            for o in objs.reporter
-        ]
+        # The CR spec as the API server will store it (after the stack's patches), whose
+        # digest the workloads carry: the reporter says Running at generation N only once
+        # both carry generation N's (names.SPEC_DIGEST_ANNOTATION).
+        final_cr = objs.deployment_cr
+        if cfg.patches:
+            patched = PatchSet.for_deployment(args.index, cfg.patches).apply("", final_cr)
+            final_cr = patched if patched is not None else final_cr
+        digest = names.spec_digest(final_cr.get("spec") or {})
         for workload in (*objs.controller, *objs.node):
             if workload["kind"] in ("StatefulSet", "DaemonSet"):
                 # Deleted only once its pods are gone: a reinstall (delete before replace)
                 # then never overlaps two drivers on a node.
-                _annotate(workload, {DELETION_POLICY_ANNOTATION: "foreground"})
+                _annotate(
+                    workload,
+                    {
+                        DELETION_POLICY_ANNOTATION: "foreground",
+                        names.SPEC_DIGEST_ANNOTATION: digest,
+                    },
+                )
 
         def register(
             obj: dict[str, Any],
@@ -435,9 +442,9 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         )
         cr_deps = [args.crd] if args.crd is not None else []
         self.deployment_cr = register(objs.deployment_cr, self, top, cr_deps)
-        self.reporter = [
-            register(o, self, top, [*base, self.deployment_cr]) for o in objs.reporter
-        ]
+        # The reporter is the stack's, not this deployment's: registered by
+        # ``pmem_components.program.register_reporter`` for every deployment at once.
+        self.reporter: list[pulumi.CustomResource] = []
         self.ca_cert = pulumi.Output.from_input(certs.ca_cert)
         self.register_outputs(
             {

@@ -8,6 +8,8 @@ nothing but the standard library so the reporter can use it without pulumi.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 DEFAULT_DRIVER_NAME = "pmem-csi.intel.com"
@@ -174,3 +176,33 @@ def max_name_length(name: str) -> tuple[int, DerivedValue | None]:
         if allowed < best[0]:
             best = (allowed, d)
     return best
+
+
+# On the driver's DaemonSet and StatefulSet: the digest of the Deployment CR spec they were
+# built from (``spec_digest``). The reporter reports ``Running`` at the CR's generation N only
+# once both workloads carry generation N's digest and have rolled out: otherwise the CR's new
+# generation, seen before the workloads' update (separate watches, in any order), would be
+# reported Running on the old pods.
+SPEC_DIGEST_ANNOTATION = "pmem-csi.intel.com/deployment-spec-digest"
+
+
+def spec_digest(spec: object) -> str:
+    """sha256 of the CR spec in canonical JSON, null values left out.
+
+    Nulls are dropped because the API server prunes them from a custom resource (non-nullable
+    fields), so the stored spec the reporter sees has none; integral floats count as integers
+    (Pulumi's wire format has only floats, the API server stores ``5`` for an integer field);
+    key order does not matter.
+    """
+
+    def clean(value: object) -> object:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    text = json.dumps(clean(spec), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()

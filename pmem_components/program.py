@@ -13,7 +13,7 @@ set with ``pulumi config set --secret --path``). They are only ever used wrapped
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pulumi
@@ -59,9 +59,98 @@ def read_config() -> StackConfig:
     from pmem_components.components import check_patches
 
     problems = [p for i, d in enumerate(stack.deployments) for p in check_patches(d, i)]
+    problems += reporter_problems(stack)
     if problems:
         raise ConfigError(problems)
     return stack
+
+
+def reporter_problems(stack: StackConfig) -> list[str]:
+    """One reporter serves every deployment of the stack: their reporter settings must agree.
+
+    The first deployment with the reporter enabled gives the image, replicas and log level;
+    another deployment asking for different ones would silently get the first's.
+    """
+    served = [(i, d) for i, d in enumerate(stack.deployments) if d.reporter.enabled]
+    if not served:
+        return []
+    first_index, first = served[0]
+    problems = []
+    for i, dep in served[1:]:
+        for key, attr in (("image", "image"), ("replicas", "replicas"), ("logLevel", "log_level")):
+            if getattr(dep.reporter, attr) != getattr(first.reporter, attr):
+                problems.append(
+                    f"pmem-csi:deployments[{i}].reporter.{key}: is "
+                    f"{getattr(dep.reporter, attr)!r}, but pmem-csi:deployments[{first_index}]"
+                    f".reporter.{key} is {getattr(first.reporter, attr)!r}: one reporter serves "
+                    "every deployment of the stack, so they must be the same"
+                )
+    return problems
+
+
+def register_reporter(
+    stack: StackConfig,
+    components: Sequence[Any],
+    namespaces: Mapping[str, pulumi.Resource],
+) -> list[pulumi.CustomResource]:
+    """The stack's one reporter (``manifests.reporter``), serving every deployment with the
+    reporter enabled, registered after their CRs (``components``: the stack's
+    PmemCsiDeployment components, in the order of ``stack.deployments``).
+
+    It has the names and namespace the first such deployment's own reporter had; its objects
+    were that deployment's children, so each gets an alias to its old URN: one ``pulumi up``
+    updates them in place (the Deployment rolls to the new arguments, its Lease stays). The
+    other deployments' old reporters are deleted at the end of that update, after the
+    stack's reporter Deployment is updated and, with the provider's await, rolled out:
+    there is always a reporter writing each CR's status.
+    """
+    from pmem_components import registry
+    from pmem_components.components import COMPONENT_TYPE
+    from pmem_components.manifests.reporter import (
+        build_reporter_objects,
+        with_allowed_field_owners,
+    )
+    from pmem_components.patches import PatchSet
+
+    served = [d for d in stack.deployments if d.reporter.enabled]
+    if not served:
+        return []
+    first = served[0]
+    crs = [
+        c.deployment_cr
+        for c, d in zip(components, stack.deployments, strict=True)
+        if d.reporter.enabled
+    ]
+    assert first.reporter.image is not None  # enabled implies an image (config.Reporter)
+    objects = build_reporter_objects(
+        [(d.names, d.namespace) for d in served],
+        first.namespace,
+        first.reporter.image,
+        replicas=first.reporter.replicas,
+        labels=dict(first.labels),
+        log_level=first.reporter.log_level,
+        image_pull_policy=first.image_pull_policy,
+    )
+    deps = [*crs, *(namespaces[d.namespace] for d in served if d.namespace in namespaces)]
+    # The first served deployment's patches reach the stack's reporter (they were validated
+    # against that deployment's own reporter objects, bundle.reporter_objects).
+    first_index = next(i for i, d in enumerate(stack.deployments) if d.reporter.enabled)
+    patches = PatchSet.for_deployment(first_index, first.patches) if first.patches else None
+    out = []
+    for obj in objects:
+        if patches is not None:
+            patched = patches.apply(registry.type_token(obj), obj)
+            obj = patched if patched is not None else obj
+        if obj["kind"] == "Deployment":
+            obj = with_allowed_field_owners(obj, stack.allowed_field_owners)
+        old_urn = (
+            f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
+            f"{COMPONENT_TYPE}${registry.type_token(obj)}::{registry.resource_name(obj)}"
+        )
+        out.append(
+            registry.register(obj, pulumi.ResourceOptions(depends_on=deps, aliases=[old_urn]))
+        )
+    return out
 
 
 def deploy(
@@ -121,6 +210,7 @@ def deploy(
             ),
         )
     outputs: dict[str, Any] = {}
+    components: list[Any] = []
     for i, dep in enumerate(stack.deployments):
         prev = (previous or {}).get(i)
         component = PmemCsiDeployment(
@@ -136,11 +226,21 @@ def deploy(
                 allowed_field_owners=stack.allowed_field_owners,
             ),
         )
+        components.append(component)
         outputs[dep.name] = {
             "namespace": component.namespace,
             "objectNames": component.object_names,
             "caCert": component.ca_cert,
         }
+    register_reporter(stack, components, namespaces)
+    if any(d.reporter.enabled for d in stack.deployments):
+        reporter_name = next(d for d in stack.deployments if d.reporter.enabled).names.reporter
+        for dep in stack.deployments:
+            if dep.reporter.enabled:  # the stack's reporter, not one of its own
+                outputs[dep.name]["objectNames"] = {
+                    **outputs[dep.name]["objectNames"],
+                    "reporter": reporter_name,
+                }
     return outputs
 
 

@@ -1,10 +1,6 @@
 """``python -m reporter`` / ``pmem-csi-reporter``: wire caches, election, writer and probes.
 
-The main thread only waits for dirty CRs (or the resync timer, or a deferred message-only
-write falling due) and reconciles them one at a time: a single writer means no two patches
-for one CR race inside one process, and the work per change (dict lookups and a status
-computation over the cached, trimmed objects; no API read) is far below what one thread can
-do for many CRs.
+The main loop itself (one thread, one CR at a time) is ``reporter.schedule``.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ from reporter.kubeapi import KubeconfigError, RawApi, load_api_client
 from reporter.leader import LeaderElector
 from reporter.metrics import Metrics
 from reporter.observe import Observer
+from reporter.schedule import ReconcileLoop
 from reporter.write import KubeStatusApi, StatusWriter
 
 log = logging.getLogger("reporter")
@@ -33,13 +30,6 @@ log = logging.getLogger("reporter")
 NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 FALLBACK_NAMESPACE = "pmem-csi"
 DEFAULT_LEASE = "pmem-csi-reporter"
-# Coalesce a burst of watch events (a rollout touches many pods) into one reconcile.
-DEBOUNCE_SECONDS = 0.05
-# A CR whose message-only write is pending is recomputed at most this often while events keep
-# coming (a rollout over thousands of nodes): each computation walks all of its pods.
-RECOMPUTE_SECONDS = 0.5
-# The main loop looks at the stop flag (set by SIGTERM) at least this often.
-STOP_CHECK = 1.0
 
 
 def default_namespace() -> str:
@@ -63,6 +53,50 @@ def log_level(value: str) -> int:
     return level
 
 
+# The leader renews this often (LeaderElector.retry_period) and stops writing once its last
+# successful renewal is older than RENEW_DEADLINE_SHARE x the lease duration.
+RENEW_PERIOD = 2.0
+RENEW_DEADLINE_SHARE = 0.7
+# client-go's rule: renew deadline > JitterFactor (1.2) x retry period.
+JITTER_FACTOR = 1.2
+
+
+def min_lease_duration() -> int:
+    """The shortest lease whose renew deadline exceeds JITTER_FACTOR renew periods."""
+    shortest = int(JITTER_FACTOR * RENEW_PERIOD / RENEW_DEADLINE_SHARE)
+    while RENEW_DEADLINE_SHARE * shortest <= JITTER_FACTOR * RENEW_PERIOD:
+        shortest += 1
+    return shortest
+
+
+def lease_duration(value: str) -> int:
+    """``--lease-duration``: whole seconds, long enough for the renew period.
+
+    Whole, because the Lease's ``leaseDurationSeconds`` is an integer: 4.9 was written as 4,
+    so another replica took over while this one still believed it led. Long enough, because
+    with a renew deadline shorter than about one renew period every renewal's latency became
+    a gap in leadership (and changes seen in it were held back).
+    """
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a whole number of seconds (the Lease's leaseDurationSeconds is "
+            "an integer; a fraction would be cut off, letting another replica lead while this "
+            "one still writes)"
+        ) from None
+    shortest = min_lease_duration()
+    if seconds < shortest:
+        raise argparse.ArgumentTypeError(
+            f"{seconds} is too short: must be at least {shortest} s. The leader renews every "
+            f"{RENEW_PERIOD:g} s and stops writing once its last renewal is older than "
+            f"{RENEW_DEADLINE_SHARE:g} x the lease duration; below {shortest} s that deadline "
+            f"is under {JITTER_FACTOR:g} renew periods, so an ordinary renewal would interrupt "
+            "leadership"
+        )
+    return seconds
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="pmem-csi-reporter",
@@ -81,6 +115,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="Deployment CR to report on; repeatable (default: every CR)",
     )
     p.add_argument(
+        "--shared-watches",
+        action="store_true",
+        help="with --deployment: one cluster-wide watch per kind for all of them (Secrets: one "
+        "per driver namespace) instead of watches per deployment; what the Pulumi program "
+        "deploys (one reporter per stack)",
+    )
+    p.add_argument(
         "--namespace",
         default=None,
         help="namespace of the Lease (default: the pod's namespace, else "
@@ -90,8 +131,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--lease-name",
         default=None,
-        help="Lease name (default: <deployment>-reporter for one --deployment, else "
-        f"{DEFAULT_LEASE})",
+        help="Lease name (default: <first --deployment>-reporter, the name the program's "
+        f"RBAC grants; without --deployment {DEFAULT_LEASE})",
     )
     p.add_argument("--identity", default=None, help="leader election identity (default: host_pid)")
     p.add_argument(
@@ -115,18 +156,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=600.0,
         help="how long a deployment may be Progressing without progress before it is Failed",
     )
-    p.add_argument("--lease-duration", type=float, default=10.0, help="Lease duration (seconds)")
+    p.add_argument(
+        "--lease-duration",
+        type=lease_duration,
+        default=10,
+        help=f"Lease duration in whole seconds, at least {min_lease_duration()} (default 10)",
+    )
     p.add_argument(
         "--log-level", type=log_level, default=logging.INFO, help="level name or 0-5 verbosity"
     )
     return p.parse_args(argv)
-
-
-def merge_dirty(into: dict[str, float | None], more: dict[str, float | None]) -> None:
-    """Union of two dirty sets, keeping each CR's earliest known change time."""
-    for name, changed_at in more.items():
-        known = [t for t in (into.get(name), changed_at) if t is not None]
-        into[name] = min(known) if known else None
 
 
 class Reporter:
@@ -138,15 +177,21 @@ class Reporter:
         namespace = args.namespace or default_namespace()
         if args.lease_name:
             lease = args.lease_name
-        elif len(set(args.deployment)) == 1:
+        elif args.deployment:
+            # The stack's reporter is named after its first deployment (manifests.reporter).
             lease = DeploymentNames(args.deployment[0]).reporter
         else:
             lease = DEFAULT_LEASE
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
         self.raw = RawApi(load_api_client(args.kubeconfig))
         self.metrics = Metrics()
-        self.observer = Observer(self.raw, self.metrics, deployments=args.deployment or None)
-        renew_deadline = args.lease_duration * 0.7
+        self.observer = Observer(
+            self.raw,
+            self.metrics,
+            deployments=args.deployment or None,
+            shared_watches=args.shared_watches,
+        )
+        renew_deadline = args.lease_duration * RENEW_DEADLINE_SHARE
         self.elector = LeaderElector(
             # GET + PUT of one renewal must fit well inside the renew deadline.
             self.raw.with_timeout(max(1.0, renew_deadline / 3)),
@@ -155,6 +200,7 @@ class Reporter:
             identity,
             lease_duration=args.lease_duration,
             renew_deadline=renew_deadline,
+            retry_period=RENEW_PERIOD,
             on_started_leading=self._started_leading,
             on_stopped_leading=lambda: self.metrics.is_leader.set(0),
         )
@@ -175,9 +221,9 @@ class Reporter:
             registry=self.metrics.registry,
         )
         self._leader_thread: threading.Thread | None = None
-        # The main loop's last sign of life: a writer stuck in a call (which request
-        # timeouts should prevent) must turn /healthz red, not hide behind a live Lease thread.
-        self._beat = time.monotonic()
+        self.loop = ReconcileLoop(
+            self.observer, self.writer, self.elector.is_leader, self.stop, args.resync_seconds
+        )
         self.stall_seconds = max(args.resync_seconds, 1.0) + 120.0
         log.info(
             "reporter %s: deployments=%s lease=%s/%s",
@@ -198,7 +244,9 @@ class Reporter:
             and self.observer.healthy
             and self._leader_thread is not None
             and self._leader_thread.is_alive()
-            and time.monotonic() - self._beat < self.stall_seconds
+            # A writer stuck in a call (which request timeouts should prevent) must turn
+            # /healthz red, not hide behind a live Lease thread.
+            and time.monotonic() - self.loop.beat < self.stall_seconds
         )
 
     def run(self) -> None:
@@ -209,52 +257,7 @@ class Reporter:
         )
         self.observer.start()
         self._leader_thread = self.elector.start(self.stop)
-        resync = max(self.args.resync_seconds, 1.0)
-        next_resync = time.monotonic() + resync
-        # CR -> (due, earliest change time): message-only writes the writer put off.
-        pending: dict[str, tuple[float, float | None]] = {}
-        last_run: dict[str, float] = {}
-        while not self.stop.is_set():
-            wake = min([next_resync, *(due for due, _ in pending.values())])
-            dirty = self.observer.take_dirty(min(STOP_CHECK, max(0.0, wake - time.monotonic())))
-            self._beat = time.monotonic()
-            if self.stop.is_set():
-                break
-            now = time.monotonic()
-            for name, (due, changed_at) in list(pending.items()):
-                if name in dirty:
-                    # Fold new changes into the pending entry; look again soon, not at once.
-                    later = dirty.pop(name)
-                    known = [t for t in (changed_at, later) if t is not None]
-                    changed_at = min(known) if known else None
-                    due = min(due, last_run.get(name, 0.0) + RECOMPUTE_SECONDS)
-                    pending[name] = (due, changed_at)
-                if due <= now:
-                    del pending[name]
-                    merge_dirty(dirty, {name: changed_at})
-            if time.monotonic() >= next_resync:
-                next_resync = time.monotonic() + resync
-                for cr in self.observer.crs():
-                    name = (cr.get("metadata") or {}).get("name")
-                    if name:
-                        dirty.setdefault(name, None)
-            if not dirty or not self.elector.is_leader():
-                continue  # non-leaders keep caches warm; leading again marks everything dirty
-            time.sleep(DEBOUNCE_SECONDS)
-            merge_dirty(dirty, self.observer.take_dirty(0))
-            for name, changed_at in sorted(dirty.items()):
-                if self.stop.is_set():
-                    break
-                last_run[name] = time.monotonic()
-                try:
-                    self.writer.reconcile(name, changed_at)
-                except Exception:
-                    log.exception("%s: reconcile failed", name)
-                    self.observer.mark_dirty(name, changed_at)
-                self._beat = time.monotonic()
-                due = self.writer.deferred.pop(name, None)
-                if due is not None:
-                    pending[name] = (due, changed_at)
+        self.loop.run()
 
     def shutdown(self) -> None:
         self.stop.set()
@@ -269,7 +272,8 @@ def install_signal_handlers(stop: threading.Event) -> None:
 
     The handler runs on the main thread between any two bytecodes, possibly while that thread
     holds a cache lock, so a handler that takes locks can deadlock (one did: SIGTERM left the
-    process running forever). The main loop wakes at least every ``STOP_CHECK`` seconds.
+    process running forever). The main loop wakes at least every
+    ``reporter.schedule.STOP_CHECK`` seconds.
     """
 
     def on_signal(_signum: int, _frame: object) -> None:

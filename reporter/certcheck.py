@@ -11,6 +11,10 @@ so caching changes no result, only the cost.
 A verifier that *fails* (raises, e.g. because the environment cannot run the handshake) is
 remembered too, for ``FAILURE_RETRY``: repeating a failing key load on every reconcile burns
 the container's small CPU share and cannot give another answer until something changes.
+What is remembered is the failure's text only, raised as a fresh ``VerifierError`` on every
+hit: the original exception's traceback holds the verifier's frames (the private key PEM, the
+whole observed snapshot above them), and raising one object again and again appends the
+callers' frames to its traceback each time.
 """
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ FAILURE_RETRY = dt.timedelta(minutes=5)
 Validator = Callable[..., list[certs.CertProblem]]
 
 
+class VerifierError(Exception):
+    """The certificate verifier raised; the message names the original error's type and text."""
+
+
 @dataclass(frozen=True)
 class _Verdict:
     problems: tuple[certs.CertProblem, ...]
     valid_from: dt.datetime | None  # None: since forever
     valid_until: dt.datetime | None  # None: forever
-    error: Exception | None = None  # the verifier raised this; re-raised on a hit
+    error: str | None = None  # the verifier raised: its description, raised anew on a hit
 
     def holds_at(self, now: dt.datetime) -> bool:
         return (self.valid_from is None or self.valid_from <= now) and (
@@ -87,14 +95,18 @@ class CertVerifier:
             if verdict is not None and verdict.holds_at(now):
                 self._entries.move_to_end(key)
                 if verdict.error is not None:
-                    raise verdict.error
+                    raise VerifierError(verdict.error)
                 return list(verdict.problems)
         self.calls += 1
+        error: str | None = None
         try:
             problems = tuple(self._validate(*args, now=now))
         except Exception as exc:
-            self._remember(key, _Verdict((), now, now + FAILURE_RETRY, exc))
-            raise
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        if error is not None:
+            # Raised outside the except block: not even __context__ keeps the original.
+            self._remember(key, _Verdict((), now, now + FAILURE_RETRY, error))
+            raise VerifierError(error)
         points = _time_boundaries((ca_cert, registry_cert, node_controller_cert))
         self._remember(
             key,

@@ -35,6 +35,9 @@ Transform = Callable[[Obj], Obj]
 # the writer hangs, so /healthz would stay green).
 REQUEST_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 5.0
+# Accept header of a metadata-only read (the API server's PartialObjectMetadata), with JSON
+# as the fallback of a server that does not offer it.
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
 # TCP keepalive on every connection: an idle watch on a dead connection is noticed after
 # about IDLE + INTERVAL * COUNT = 30 s instead of at the end of the watch's read timeout.
 # (Only when packets are lost: a peer whose TCP stack still answers, such as a proxy or load
@@ -91,6 +94,10 @@ class Api(Protocol):
     ) -> WatchStream: ...
 
     def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj | None: ...
+
+    def get_metadata(
+        self, res: Resource, name: str, namespace: str | None = None
+    ) -> Obj | None: ...
 
 
 class _HttpWatchStream:
@@ -237,9 +244,10 @@ class RawApi:
         body: Any = None,
         content_type: str = "application/json",
         timeout: Any = None,
+        accept: str = "application/json",
     ) -> Any:
         """Send one request; return the raw streaming response, raise ApiException on non-2xx."""
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
         req = self.api_client.param_serialize(
@@ -336,6 +344,19 @@ class RawApi:
         if sock is not None:
             sock.settimeout(timeout_seconds + 15.0)
         return _HttpWatchStream(resp.response, self.connectivity)
+
+    def get_metadata(self, res: Resource, name: str, namespace: str | None = None) -> Obj | None:
+        """Only the object's metadata (PartialObjectMetadata), or None when it does not exist.
+
+        What the reporter asks when it only needs an object's labels: a Secret's data never
+        travels, and a DaemonSet's pod template neither.
+        """
+        try:
+            return self.request_json("GET", res.path(namespace, name), accept=PARTIAL_METADATA)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
 
     def get(self, res: Resource, name: str, namespace: str | None = None) -> Obj | None:
         """The object, or None when it does not exist (404)."""

@@ -77,6 +77,12 @@ class LeaderElector:
     labels: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not float(self.lease_duration).is_integer():
+            # leaseDurationSeconds is an integer: a fraction would be cut off in the Lease,
+            # and others would take over while this replica still believes it leads.
+            raise ValueError(
+                f"lease_duration must be a whole number of seconds, not {self.lease_duration}"
+            )
         if not self.renew_deadline < self.lease_duration:
             raise ValueError("renew_deadline must be shorter than lease_duration")
         self._leading = False

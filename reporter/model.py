@@ -34,6 +34,8 @@ SERVICE = "Service"
 CSI_DRIVER = "CSIDriver"
 STATEFUL_SET = "StatefulSet"
 DAEMON_SET = "DaemonSet"
+# Not an expected object (the workloads own them), but watched and possibly unreadable.
+POD = "Pod"
 
 
 class ApiResource(NamedTuple):
@@ -109,6 +111,9 @@ class Observed:
         unreadable: kind -> why the reporter could not read objects of that kind (401/403,
             or no list yet after an error). Objects of such a kind are unknown, not missing:
             a failed read must not be reported as a missing Secret.
+        relabelled: (kind, name) -> the labels it has now, for expected objects that are
+            absent from the label-selected caches but exist (someone removed or changed
+            their ``part-of``/``instance`` label): found by name, reported as relabelled.
     """
 
     cr: Obj
@@ -117,6 +122,7 @@ class Observed:
     node_pods: Sequence[Obj] = ()
     nodes: Sequence[Obj] | None = None
     unreadable: Mapping[str, str] = field(default_factory=dict)
+    relabelled: Mapping[tuple[str, str], Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

@@ -25,6 +25,13 @@ Shape:
   * every CR (no ``--deployment``): one cluster-wide informer per kind, by label. Threads and
     watches then stay constant however many deployments exist (it needs cluster-wide read
     RBAC, which is the price of watching every deployment with one process).
+  * shared (``--deployment`` ... ``--shared-watches``, what the Pulumi program deploys: one
+    reporter for all deployments of a stack): one cluster-wide informer for the CRs and one per
+    kind by label (``instance in (<the named deployments>)``), except Secrets: each CR's two
+    are watched by name, as in the named layout, because RBAC can limit Secret access to
+    names but not to labels -- a watch of Secrets by label, cluster-wide or per namespace,
+    would need read access to every Secret there. Watches: 11, plus 2 per deployment (idle
+    by-name watches; nothing else grows with the number of deployments).
 """
 
 from __future__ import annotations
@@ -73,6 +80,8 @@ NOT_FOUND = 404
 # server being unreachable or unwell is retried rather than believed, so the status does not
 # claim "could not be read" when nobody's permissions changed.
 AUTH_WARMUP_SECONDS = 15.0
+# How long the labels of an object found by name (``Observer.lookup_labels``) are believed.
+LOOKUP_TTL = 60.0
 
 
 def resource_for(kind: str) -> Resource:
@@ -99,7 +108,9 @@ CLUSTER_KINDS: tuple[Resource, ...] = tuple(
 # objects) says the informer listed, or failed with 401/403, for the first time since a
 # (re)start: CRs depending on it can be computed now. "UNSERVED" (no objects) says the API
 # server answered 404 for the whole collection (the kind is gone: its CRD was deleted), after
-# every cached object was reported DELETED; "SERVED" says a list works again.
+# every cached object was reported DELETED; "SERVED" says a list works again. "UNREADABLE"
+# (no objects) says a synced informer got 401/403: its cache was dropped, its CRs must be
+# recomputed with the kind unreadable.
 ChangeCallback = Callable[["Informer", str, Obj | None, Obj | None], None]
 
 
@@ -272,6 +283,10 @@ class Informer:
             ns, name = obj_key(obj)
             fresh.setdefault(ns, {})[name] = obj
         with self._lock:
+            if self._stop.is_set():
+                # Stopped while the list was on its way (its CR was deleted): ``stop`` has
+                # emptied the cache and must find it empty afterwards too.
+                return
             old = self._cache
             self._cache = fresh
             self.resource_version = rv
@@ -419,6 +434,8 @@ class Informer:
         """List if there is no resourceVersion to resume from, then watch once."""
         if self.resource_version is None:
             self.relist()
+        if self._stop.is_set():
+            return  # no new watch for a stopped informer
         self.watch_once()
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -457,10 +474,17 @@ class Informer:
                     log.info("%r: %s just after the API server was away; retrying", self, status)
                 elif status in (401, 403):
                     # Permissions may be granted later (RBAC created after us); the cache
-                    # must no longer claim to be complete, and the status says why.
+                    # must no longer claim to be complete, and the status says why. What it
+                    # holds is no longer known to be true: dropped (no DELETED events: the
+                    # objects are unknown, not gone), and the CRs using it are recomputed now.
                     self.resource_version = None
                     self._synced.clear()
+                    first = self.error is None
                     self.error = describe_error(exc)
+                    with self._lock:
+                        self._cache = {}
+                    if self._settled_once and first:
+                        self._notify("UNREADABLE", None, None)
                     self._settle()
                 # Still waiting for a CRD: keep its gentler cap (10 s, not 30 s).
                 backoff = self.unserved_backoff if self.unserved else self.backoff
@@ -518,10 +542,13 @@ class Observer:
         deployments: Iterable[str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         informer_factory: Callable[..., Informer] = Informer,
+        shared_watches: bool = False,
     ) -> None:
         self.api = api
         self.metrics = metrics
         self.deployments = sorted(set(deployments or ())) or None
+        # The stack layout (module docstring); without deployments it is the every-CR one.
+        self.shared_watches = bool(shared_watches and self.deployments)
         self.clock = clock
         self._new_informer = informer_factory
         self.selector = label_selector_for(self.deployments)
@@ -532,9 +559,19 @@ class Observer:
         self._groups: dict[str, _Group] = {}
         self._started = False
         self._crd_missing = False  # last state logged and exported by _served_changed
+        # (kind, namespace, name) -> (expires, labels or None): see lookup_labels.
+        self._lookups: dict[tuple[str, str, str], tuple[float, dict[str, str] | None]] = {}
         # kind -> {namespace or ALL_NAMESPACES or "" (cluster-scoped) -> informers}
         self._index: dict[str, dict[str, list[Informer]]] = {}
-        if self.deployments:
+        if self.shared_watches:
+            self.cr_informers = [self._informer(CR)]
+            self.shared = [
+                self._informer(res, label_selector=self.selector)
+                for res in (*CLUSTER_KINDS, *NAMESPACED_KINDS)
+            ]
+            for inf in self.shared:
+                self._register(inf, "" if not inf.res.namespaced else ALL_NAMESPACES)
+        elif self.deployments:
             # By name, so RBAC may restrict the CR to resourceNames.
             self.cr_informers = [
                 self._informer(CR, field_selector=f"metadata.name={name}")
@@ -554,6 +591,7 @@ class Observer:
 
     @property
     def named(self) -> bool:
+        """Per-CR or per-namespace informers are started and stopped with their CRs."""
         return self.deployments is not None
 
     def _informer(self, res: Resource, **kwargs: object) -> Informer:
@@ -611,13 +649,17 @@ class Observer:
 
     # --- lookups (for reporter.write) -----------------------------------------------------
 
+    def _serves(self, cr: Obj) -> bool:
+        return not self.shared_watches or _name(cr) in (self.deployments or ())
+
     def crs(self) -> list[Obj]:
-        return [cr for inf in self.cr_informers for cr in inf.items()]
+        """The CRs this reporter reports on (the shared layout's CR watch sees all of them)."""
+        return [cr for inf in self.cr_informers for cr in inf.items() if self._serves(cr)]
 
     def cr(self, name: str) -> Obj | None:
         for inf in self.cr_informers:
             obj = inf.get(name)
-            if obj is not None:
+            if obj is not None and self._serves(obj):
                 return obj
         return None
 
@@ -665,6 +707,49 @@ class Observer:
                 return obj
         return None
 
+    def lookup_labels(self, kind: str, name: str, namespace: str) -> dict[str, str] | None:
+        """The ``part-of``/``instance`` labels of an expected object absent from the caches,
+        read by name (None: it does not exist, or it could not be read).
+
+        The label-selected watches drop an object whose labels were removed or changed, as
+        if it was deleted; one GET tells the two apart. Remembered until the object shows up
+        in a watch again, or for ``LOOKUP_TTL`` seconds, so a relabelled object costs one
+        request per minute, not one per reconcile.
+        """
+        if kind == model.SECRET:
+            # Never read by name (least privilege: list/watch only, in driver namespaces); a
+            # relabelled Secret is reported missing.
+            return None
+        informers = self._informers_for(kind, namespace)
+        if not any(inf.field_selector is None and inf.label_selector for inf in informers):
+            return None  # watched by name, not by label: absent from its cache means missing
+        api = model.API_RESOURCES[kind]
+        key = (kind, namespace if api.namespaced else "", name)
+        now = self.clock()
+        with self._lock:
+            known = self._lookups.get(key)
+        if known is not None and now < known[0]:
+            return known[1]
+        try:
+            found = self.api.get_metadata(
+                resource_for(kind), name, namespace if api.namespaced else None
+            )
+        except Exception as exc:
+            log.debug("looking up %s/%s failed: %s", kind, name, describe_error(exc))
+            found = None
+        labels = None
+        if found is not None:
+            all_labels = (found.get("metadata") or {}).get("labels") or {}
+            labels = {k: all_labels[k] for k in (LABEL_PART_OF, LABEL_INSTANCE) if k in all_labels}
+        with self._lock:
+            self._lookups[key] = (now + LOOKUP_TTL, labels)
+        return labels
+
+    def _forget_lookup(self, inf: Informer, obj: Obj) -> None:
+        ns, name = obj_key(obj)
+        with self._lock:
+            self._lookups.pop((inf.res.kind, ns if inf.res.namespaced else "", name), None)
+
     def pods(self, namespace: str) -> list[Obj]:
         return [p for inf in self._informers_for(POD.kind, namespace) for p in inf.items(namespace)]
 
@@ -675,13 +760,34 @@ class Observer:
         if not self.named:
             return
         name, namespace = _name(cr), cr_namespace(cr)
-        self._ensure_group(f"ns/{namespace}", lambda: self._namespace_informers(namespace))
-        self._ensure_group(f"cr/{name}/{namespace}", lambda: self._cr_informers(name, namespace))
+        with self._lock:
+            # A reconcile holds a copy read a moment ago; if the CR was deleted (or moved)
+            # since, its informers were pruned and must not come back: nothing would prune
+            # them again. Checked under the lock _prune_groups takes.
+            current = self.cr(name)
+            if current is None or cr_namespace(current) != namespace:
+                return
+            if self.shared_watches:
+                self._ensure_group(
+                    f"cr/{name}/{namespace}", lambda: self._secret_informers(name, namespace)
+                )
+                return
+            self._ensure_group(f"ns/{namespace}", lambda: self._namespace_informers(namespace))
+            self._ensure_group(
+                f"cr/{name}/{namespace}", lambda: self._cr_informers(name, namespace)
+            )
 
     def _namespace_informers(self, namespace: str) -> list[tuple[Informer, str]]:
         return [
             (self._informer(res, namespace=namespace, label_selector=self.selector), namespace)
             for res in NAMESPACED_KINDS
+        ]
+
+    def _secret_informers(self, name: str, namespace: str) -> list[tuple[Informer, str]]:
+        return [
+            (inf, where)
+            for inf, where in self._cr_informers(name, namespace)
+            if inf.res.kind == model.SECRET
         ]
 
     def _cr_informers(self, name: str, namespace: str) -> list[tuple[Informer, str]]:
@@ -702,27 +808,29 @@ class Observer:
         return out
 
     def _ensure_group(self, key: str, build: Callable[[], list[tuple[Informer, str]]]) -> None:
-        with self._lock:
+        with self._lock:  # re-entrant: held by ensure_for, so pruning cannot interleave
             if key in self._groups:
                 return
             made = build()
             self._groups[key] = _Group([inf for inf, _ in made])
             for inf, where in made:
                 self._register(inf, where)
-        log.info("watching %s", key)
-        if self._started:
-            for inf, _ in made:
-                inf.start(self.stop)
-            self.metrics.watches.set(len(self.all_informers()))
+            log.info("watching %s", key)
+            if self._started:
+                for inf, _ in made:
+                    inf.start(self.stop)
+                self.metrics.watches.set(len(self.all_informers()))
 
     def _prune_groups(self) -> None:
         """Stop the informers no current CR needs: deleted CRs, namespaces left behind."""
         if not self.named:
             return
-        wanted: set[str] = set()
-        for cr in self.crs():
-            wanted |= {f"ns/{cr_namespace(cr)}", f"cr/{_name(cr)}/{cr_namespace(cr)}"}
         with self._lock:
+            wanted: set[str] = set()
+            for cr in self.crs():
+                wanted |= {f"ns/{cr_namespace(cr)}", f"cr/{_name(cr)}/{cr_namespace(cr)}"}
+            if self.shared_watches:
+                wanted = {k for k in wanted if k.startswith("cr/")}
             dead = {k: g for k, g in self._groups.items() if k not in wanted}
             for key, group in dead.items():
                 del self._groups[key]
@@ -746,7 +854,7 @@ class Observer:
     def affected(self, inf: Informer, obj: Obj) -> set[str]:
         """Names of the CRs whose status may depend on this object."""
         if inf.res.kind == CR.kind and inf.res.api_version == CR.api_version:
-            return {_name(obj)}
+            return {_name(obj)} if self._serves(obj) else set()
         if inf.owner is not None:
             return {inf.owner}
         instance = ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_INSTANCE)
@@ -755,7 +863,7 @@ class Observer:
     def _settled_names(self, inf: Informer) -> set[str]:
         """CRs that may become computable because this informer listed or failed."""
         if inf in self.cr_informers:
-            return {_name(cr) for cr in inf.items()}
+            return {_name(cr) for cr in inf.items() if self._serves(cr)}
         if inf.owner is not None:
             return {inf.owner}
         return {_name(cr) for cr in self.crs() if inf.namespace in (None, cr_namespace(cr))}
@@ -799,7 +907,7 @@ class Observer:
         if etype in ("UNSERVED", "SERVED"):
             self._served_changed(inf, etype)
             return
-        if etype == "SETTLED":
+        if etype in ("SETTLED", "UNREADABLE"):
             for name in self._settled_names(inf):
                 self.mark_dirty(name, now)
             return
@@ -807,8 +915,9 @@ class Observer:
         for o in (obj, before):
             if o is not None:
                 names |= self.affected(inf, o)
+                self._forget_lookup(inf, o)
         if inf in self.cr_informers:
-            if obj is not None:
+            if obj is not None and self._serves(obj):
                 self.ensure_for(obj)
             if obj is None or (before is not None and cr_namespace(before) != cr_namespace(obj)):
                 self._prune_groups()

@@ -12,11 +12,22 @@ Running/Failed phase would flap and fire Warning Events all day):
 - ``Running`` (kstatus Current): every condition True and both driver components Ready.
 - ``Progressing`` (kstatus InProgress): not there yet, but nothing is known to be broken --
   pods starting, a rollout under way, a node not ready, an object that could not be read.
-- ``Failed``: a real failure -- a missing object, missing or invalid certificates, a pod in a
-  crash loop, failing to pull its image, unschedulable or failed -- or no progress for longer
+- ``Failed``: a real failure -- a missing, relabelled or changed object, missing or invalid
+  certificates, or a component that does not serve at all (no ready pod, and its pods crash
+  looping, failing to pull their image, unschedulable or failed) -- or no progress for longer
   than the progress deadline (``DEFAULT_PROGRESS_DEADLINE``, the default of a Deployment's
   ``progressDeadlineSeconds``). Progress is measured from the last change of any unready
   component's reason or unready condition, so a rollout that keeps moving never times out.
+
+In proportion at scale (at thousands of nodes one node is always broken): once the
+DaemonSet's rollout is finished, up to ``node_tolerance(desired)`` unavailable node pods (1 %
+of the selected nodes, rounded down: none below 100 nodes, 50 at 5,000) leave the Node
+component ``Ready`` -- the driver serves, like a Deployment whose unavailable pods stay within
+``maxUnavailable`` -- with those pods named in its reason (``degraded_node_pods``; the writer
+records a Warning Event for each newly broken one). More than that is ``Progressing`` and
+runs into the progress deadline if it does not change, as a stuck Deployment does
+(``ProgressDeadlineExceeded``). One broken pod of a small cluster is therefore
+``Progressing`` at once and ``Failed`` only after the deadline.
 
 Timestamps are carried over from the current status wherever the meaning did not change,
 because a timestamp that moves on every resync would make every resync a write.
@@ -33,9 +44,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple
 
 from pmem_components.fieldowners import describe, foreign_owners
+from pmem_components.names import (
+    CRD_KIND,
+    LABEL_INSTANCE,
+    LABEL_PART_OF,
+    PART_OF,
+    SPEC_DIGEST_ANNOTATION,
+    spec_digest,
+)
 from reporter.certcheck import Validator, default_verifier
 from reporter.model import (
     DAEMON_SET,
+    POD,
     SECRET,
     STATEFUL_SET,
     ExpectedObject,
@@ -84,6 +104,16 @@ FAILING_WAITING_REASONS = frozenset(
 )
 
 RUNNING_REASON = "All driver components are deployed successfully"
+
+# Share of a finished DaemonSet rollout's pods that may be unavailable while the Node
+# component still counts as Ready (module docstring).
+NODE_TOLERANCE_FRACTION = 0.01
+
+
+def node_tolerance(desired: int) -> int:
+    """How many of ``desired`` node pods may be unavailable after a finished rollout."""
+    return int(max(desired, 0) * NODE_TOLERANCE_FRACTION)
+
 
 SECRET_KEYS = ("ca.crt", "tls.crt", "tls.key")
 
@@ -223,8 +253,15 @@ def _certs_verified(
             )
         )
     except Exception as exc:  # a verifier bug must not stop status reporting
+        # Nothing is known about the certificates: Unknown, not False (no Failed phase, no
+        # Warning Event). Only the exception's type and first line: never key material.
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return _condition(
-            CERTS_VERIFIED, FALSE, "VerificationFailed", f"Certificate check failed: {exc}", gen
+            CERTS_VERIFIED,
+            UNKNOWN,
+            "VerificationFailed",
+            f"Certificate check could not run: {detail[:200]}",
+            gen,
         )
     # Each side verifies its peer with the ca.crt of its own Secret, so they must agree. Checked
     # last so that a certificate from another CA reports the verifier's own reason first.
@@ -264,8 +301,12 @@ _MAX_LISTED_MODIFIED = 3
 
 
 def _modified(observed: Observed, expected: Sequence[ExpectedObject]) -> list[str]:
-    """``Kind/name by manager (paths)`` for each object someone else changed."""
+    """``Kind/name by manager (paths)`` for each object someone else changed, the CR first:
+    an edit of its spec declares something Pulumi did not, and nothing rolls it out."""
     changed = []
+    cr_owners = foreign_owners((observed.cr.get("metadata") or {}).get("managedFields"))
+    if cr_owners:
+        changed.append(f"{CRD_KIND}/{observed.name} by {describe(cr_owners)}")
     for e in expected:
         obj = observed.get(e.kind, e.name)
         owners = foreign_owners(((obj or {}).get("metadata") or {}).get("managedFields"))
@@ -274,16 +315,40 @@ def _modified(observed: Observed, expected: Sequence[ExpectedObject]) -> list[st
     return changed
 
 
+def _labels_text(labels: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none"
+
+
+def _relabelled(observed: Observed, e: ExpectedObject) -> str | None:
+    """``Kind/name (labels now: ...; expected: ...)`` when the object exists without our labels."""
+    labels = observed.relabelled.get((e.kind, e.name))
+    if labels is None:
+        return None
+    want = {LABEL_PART_OF: PART_OF, LABEL_INSTANCE: observed.names.hyphened}
+    wrong = {k: v for k, v in want.items() if labels.get(k) != v}
+    return (
+        f"{e.kind}/{e.name} (expected {_labels_text(wrong)}; "
+        f"has {_labels_text({k: labels[k] for k in want if k in labels})})"
+    )
+
+
 def _driver_deployed(observed: Observed) -> Obj:
     gen = observed.generation
     expected = expected_objects(observed.names)
     readable = [e for e in expected if e.kind not in observed.unreadable]
-    missing = [f"{e.kind}/{e.name}" for e in readable if observed.get(e.kind, e.name) is None]
+    absent = [e for e in readable if observed.get(e.kind, e.name) is None]
+    relabelled = [text for e in absent if (text := _relabelled(observed, e))]
+    missing = [f"{e.kind}/{e.name}" for e in absent if _relabelled(observed, e) is None]
     modified = _modified(observed, readable)
-    if missing or modified:
+    if missing or relabelled or modified:
         parts = []
         if missing:
             parts.append(f"Missing {', '.join(missing)}")
+        if relabelled:
+            parts.append(
+                "Relabelled (no longer selected as part of this deployment): "
+                + "; ".join(relabelled)
+            )
         if modified:
             listed = "; ".join(modified[:_MAX_LISTED_MODIFIED])
             more = len(modified) - _MAX_LISTED_MODIFIED
@@ -292,7 +357,13 @@ def _driver_deployed(observed: Observed) -> Obj:
                 + (f"; and {more} more" if more > 0 else "")
             )
         message = "; ".join(parts) + ("; run `pulumi up --refresh` to restore the declared state")
-        reason = "ObjectsMissing" if missing else "ObjectsModified"
+        reason = (
+            "ObjectsMissing"
+            if missing
+            else "ObjectsRelabelled"
+            if relabelled
+            else "ObjectsModified"
+        )
         return _condition(DRIVER_DEPLOYED, FALSE, reason, message, gen)
     unknown = sorted({e.kind for e in expected} & set(observed.unreadable))
     if unknown:
@@ -397,6 +468,18 @@ def pod_failure(pod: Obj) -> str | None:
     return None
 
 
+def failing_pods(observed: Observed) -> frozenset[str]:
+    """Names of the driver's pods that are broken rather than on their way (``pod_failure``);
+    empty when pods cannot be read. The writer sends a change of this set at once."""
+    if POD in observed.unreadable:
+        return frozenset()
+    return frozenset(
+        str((p.get("metadata") or {}).get("name", "?"))
+        for p in (*observed.controller_pods, *observed.node_pods)
+        if pod_failure(p)
+    )
+
+
 def _failing_pods(pods: Sequence[Obj]) -> str | None:
     """'<pod> on <node>: <problem>' of the first broken pod (by name), and how many more."""
     failing = sorted(
@@ -433,6 +516,22 @@ def _describe_pods(pods: Sequence[Obj], nodes: Sequence[Obj] | None) -> list[str
 # --------------------------------------------------------------------------- components
 
 
+def _spec_lag(obj: Obj, observed: Observed) -> str | None:
+    """A workload that does not carry the CR's current spec says nothing about generation N.
+
+    Checked by the digest the program writes (``names.SPEC_DIGEST_ANNOTATION``); a workload
+    without one (written by an older program) is not checked.
+    """
+    digest = ((obj.get("metadata") or {}).get("annotations") or {}).get(SPEC_DIGEST_ANNOTATION)
+    if digest is None or digest == spec_digest(observed.cr.get("spec") or {}):
+        return None
+    return (
+        f"Rollout in progress: {obj.get('kind') or 'object'} "
+        f"{(obj.get('metadata') or {}).get('name')} does not carry generation "
+        f"{observed.generation} of the spec yet"
+    )
+
+
 def _generation_lag(obj: Obj) -> str | None:
     """kstatus: a controller that has not seen the latest spec says nothing about it."""
     generation = _int(obj, "metadata", "generation")
@@ -444,6 +543,59 @@ def _generation_lag(obj: Obj) -> str | None:
             f"{generation} yet (observed {observed})"
         )
     return None
+
+
+def _absent(observed: Observed, kind: str, name: str) -> str:
+    if (kind, name) in observed.relabelled:
+        return "is relabelled (no longer selected as part of this deployment)"
+    return "is missing"
+
+
+def _pod_findings(observed: Observed, pods: Sequence[Obj]) -> tuple[str | None, list[str]]:
+    """The first failing pod and the description of unready pods -- unless pods cannot be
+    read (401/403): then the cache may be stale, and nothing is said about any pod."""
+    if POD in observed.unreadable:
+        return None, [f"Pods could not be read: {observed.unreadable[POD]}"]
+    return _failing_pods(pods), _describe_pods(pods, observed.nodes)
+
+
+class BrokenPod(NamedTuple):
+    """A node pod that is not ready after its DaemonSet finished rolling out."""
+
+    pod: str
+    node: str | None
+    problem: str
+
+
+def degraded_node_pods(observed: Observed) -> list[BrokenPod]:
+    """The node pods that keep a finished rollout from being whole, sorted by pod name.
+
+    Empty during a rollout (pods restarting on their way are progress, not broken nodes),
+    without a DaemonSet, and when pods cannot be read (a stale cache names nobody).
+    """
+    ds = observed.get(DAEMON_SET, observed.names.node_driver)
+    if ds is None or POD in observed.unreadable or DAEMON_SET in observed.unreadable:
+        return []
+    ds = {"kind": DAEMON_SET, **ds}
+    desired = _int(ds, "status", "desiredNumberScheduled")
+    if (
+        _spec_lag(ds, observed)
+        or _generation_lag(ds)
+        or _int(ds, "status", "updatedNumberScheduled") < desired
+    ):
+        return []
+    out = []
+    for pod in sorted(observed.node_pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+        if _pod_ready(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        out.append(
+            BrokenPod(
+                str((pod.get("metadata") or {}).get("name", "?")),
+                (pod.get("spec") or {}).get("nodeName"),
+                pod_problem(pod),
+            )
+        )
+    return out
 
 
 class ComponentState(NamedTuple):
@@ -463,19 +615,23 @@ def _node_component(observed: Observed) -> ComponentState:
     ds = observed.get(DAEMON_SET, name)
     if ds is None:
         return ComponentState(
-            NOT_READY, f"Node driver DaemonSet {observed.namespace}/{name} is missing"
+            NOT_READY,
+            f"Node driver DaemonSet {observed.namespace}/{name} "
+            f"{_absent(observed, DAEMON_SET, name)}",
         )
     ds = {"kind": DAEMON_SET, **ds}
-    lag = _generation_lag(ds)
-    failure = _failing_pods(observed.node_pods)
-    pods = _describe_pods(observed.node_pods, observed.nodes)
-    if lag:
-        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
+    lag = _spec_lag(ds, observed) or _generation_lag(ds)
+    failure, pods = _pod_findings(observed, observed.node_pods)
     desired = _int(ds, "status", "desiredNumberScheduled")
     current = _int(ds, "status", "currentNumberScheduled")
     updated = _int(ds, "status", "updatedNumberScheduled")
     available = _int(ds, "status", "numberAvailable")
     ready = _int(ds, "status", "numberReady")
+    serving = min(ready, available)
+    if serving > 0:
+        failure = None  # some nodes serve: broken pods are progress (or tolerated), see above
+    if lag:
+        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     if desired == 0:
         # kstatus: a DaemonSet that selects no node has nothing left to do (Current).
         return ComponentState(READY, "No node is selected for the node driver (0 pods needed)")
@@ -485,7 +641,21 @@ def _node_component(observed: Observed) -> ComponentState:
     if current < desired:
         parts.append(f"{current} of {desired} nodes run a node driver pod")
     if ready < desired or available < desired:
-        parts.append(f"{min(ready, available)} out of {desired} driver pods are ready")
+        parts.append(f"{serving} out of {desired} driver pods are ready")
+    unavailable = desired - serving
+    tolerated = node_tolerance(desired)
+    if parts and updated >= desired and unavailable <= tolerated:
+        # A finished rollout with a few broken nodes: the driver serves (module docstring).
+        return ComponentState(
+            READY,
+            "; ".join(
+                [
+                    f"{serving} of {desired} node driver pod(s) ready, {unavailable} not "
+                    f"(up to {tolerated} tolerated)",
+                    *pods,
+                ]
+            ),
+        )
     if parts:
         return ComponentState(NOT_READY, "; ".join(parts + pods), failure)
     return ComponentState(READY, f"All {desired} node driver pod(s) running successfully")
@@ -500,17 +670,20 @@ def _controller_component(observed: Observed) -> ComponentState:
     ss = observed.get(STATEFUL_SET, name)
     if ss is None:
         return ComponentState(
-            NOT_READY, f"Controller driver StatefulSet {observed.namespace}/{name} is missing"
+            NOT_READY,
+            f"Controller driver StatefulSet {observed.namespace}/{name} "
+            f"{_absent(observed, STATEFUL_SET, name)}",
         )
     ss = {"kind": STATEFUL_SET, **ss}
-    lag = _generation_lag(ss)
-    failure = _failing_pods(observed.controller_pods)
-    pods = _describe_pods(observed.controller_pods, observed.nodes)
-    if lag:
-        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
+    lag = _spec_lag(ss, observed) or _generation_lag(ss)
+    failure, pods = _pod_findings(observed, observed.controller_pods)
     spec_replicas = _int(ss, "spec", "replicas", default=1)
     replicas = _int(ss, "status", "replicas")
     ready = _int(ss, "status", "readyReplicas")
+    if ready > 0:
+        failure = None  # a ready controller serves; a broken second pod is progress
+    if lag:
+        return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     current = _int(ss, "status", "currentReplicas")
     updated = _int(ss, "status", "updatedReplicas")
     current_rev = (ss.get("status") or {}).get("currentRevision")
@@ -650,7 +823,12 @@ def _phase(
     if all(c["status"] == TRUE for c in conditions) and all(
         c["status"] == READY for c in components
     ):
-        return PHASE_RUNNING, RUNNING_REASON
+        tolerated = [
+            f"{c['component']} driver: {c['reason'].split('; ', 1)[0]}"
+            for c in components
+            if "tolerated)" in c["reason"]
+        ]
+        return PHASE_RUNNING, "; ".join([RUNNING_REASON, *tolerated])
     summary = _summary(conditions, components)
     if any(c["status"] == FALSE for c in conditions) or failures:
         return PHASE_FAILED, "; ".join([*failures, summary]) if failures else summary

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from pmem_components.fieldowners import is_foreign
-from pmem_components.names import LABEL_INSTANCE
+from pmem_components.names import LABEL_INSTANCE, SPEC_DIGEST_ANNOTATION
 
 Obj = dict[str, Any]
 
@@ -82,12 +82,17 @@ def pod(obj: Obj) -> Obj:
 
 
 def workload(obj: Obj) -> Obj:
-    """DaemonSet/StatefulSet: replicas, update strategy and the status counters."""
+    """DaemonSet/StatefulSet: replicas, update strategy, the status counters and the digest of
+    the CR spec they were built from."""
     spec = obj.get("spec") or {}
     kept_spec = {k: spec[k] for k in ("replicas", "updateStrategy") if k in spec}
+    meta = _meta(obj, field_owners=True)
+    digest = ((obj.get("metadata") or {}).get("annotations") or {}).get(SPEC_DIGEST_ANNOTATION)
+    if digest is not None:
+        meta["annotations"] = {SPEC_DIGEST_ANNOTATION: digest}
     return {
         "kind": obj.get("kind"),
-        "metadata": _meta(obj, field_owners=True),
+        "metadata": meta,
         "spec": kept_spec,
         "status": dict(obj.get("status") or {}),
     }
@@ -109,9 +114,13 @@ def existence(obj: Obj) -> Obj:
 
 
 def custom_resource(obj: Obj) -> Obj:
-    """The Deployment CR: everything but managedFields and annotations (last-applied copies)."""
+    """The Deployment CR: everything but annotations (last-applied copies) and the
+    managedFields of Pulumi, the control plane and the status subresource (the reporter's own
+    writes): the CR is watched for changes by others like every other object."""
     meta = dict(obj.get("metadata") or {})
-    meta.pop("managedFields", None)
+    foreign = [e for e in meta.pop("managedFields", None) or [] if is_foreign(e)]
+    if foreign:
+        meta["managedFields"] = foreign
     meta.pop("annotations", None)
     return {**obj, "metadata": meta}
 

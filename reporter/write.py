@@ -22,12 +22,25 @@ therefore split in two:
   taken from a per-CR token bucket of ``burst`` writes refilled one per ``message_interval``.
   An isolated change (a node joins: Progressing, then Running) is written at once; a storm
   is cut to one write per interval, the newest status winning.
+- a pod starting or ceasing to fail (crash loop, image pull, unschedulable, phase Failed:
+  ``status.failing_pods``) is urgent too, though it need not change the phase any more (one
+  broken pod of many is progress, or tolerated): it is what an administrator waits to see.
+  Pods starting on their way (a rollout) are not failing, so rollouts stay in the budget.
 - one exception: the way back to Running after a failure. Healing goes Failed -> Progressing
   (urgent) -> Running (not urgent, as the DaemonSet's counters catch up a moment later); a
   user watching a recovery must not wait for a token there, so the first Running after a
-  write out of Failed is urgent too. Rollouts that never failed still go through the budget.
+  write out of Failed, or after a write in which failing pods healed, is urgent too.
+  Rollouts that never failed still go through the budget.
 The writer reports when a deferred CR is due (``deferred``) and the main loop comes back then,
 so the final state always lands.
+
+No lost update: a write that still fails after its quick retries (``backoff``: about 3-6 s of
+500/429, e.g. an etcd leader change, or any other error) is not dropped until the next resync:
+the CR goes into ``deferred`` with a growing delay (``retry_backoff``, 1 s doubling to 30 s)
+and is tried again until the write lands or the CR is gone (404, or no longer cached). A CR
+that could not be written because this replica was not leading (at the start, or lost in
+the middle of retries) goes into ``awaiting_leader``; the main loop keeps it until
+``is_leader()`` is True again, whether or not the elector saw a flip.
 """
 
 from __future__ import annotations
@@ -58,6 +71,8 @@ log = logging.getLogger(__name__)
 
 EVENTS = Resource("Event", "v1", "events", True)
 COMPONENT = "pmem-csi-reporter"
+# Warning Events per reconcile about newly broken node pods; the rest are summed up in one.
+MAX_NODE_EVENTS = 10
 _MISSING = object()
 
 
@@ -77,6 +92,8 @@ class Cache(Protocol):
     def unreadable_for(self, cr: Obj) -> dict[str, str]: ...
 
     def remember_cr(self, cr: Obj) -> None: ...
+
+    def lookup_labels(self, kind: str, name: str, namespace: str) -> dict[str, str] | None: ...
 
 
 class StatusApi(Protocol):
@@ -144,8 +161,15 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
     observed = model.Observed(cr=cr)
     names, namespace = observed.names, observed.namespace
     objects: dict[str, dict[str, Obj | None]] = {}
+    unreadable = cache.unreadable_for(cr)
+    relabelled: dict[tuple[str, str], dict[str, str]] = {}
     for exp in model.expected_objects(names):
-        objects.setdefault(exp.kind, {})[exp.name] = cache.find(exp.kind, exp.name, namespace)
+        found = cache.find(exp.kind, exp.name, namespace)
+        objects.setdefault(exp.kind, {})[exp.name] = found
+        if found is None and exp.kind not in unreadable:
+            labels = cache.lookup_labels(exp.kind, exp.name, namespace)
+            if labels is not None:
+                relabelled[(exp.kind, exp.name)] = labels
     controller_pods: list[Obj] = []
     node_pods: list[Obj] = []
     for pod in cache.pods(namespace):
@@ -159,7 +183,8 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
         controller_pods=controller_pods,
         node_pods=node_pods,
         nodes=None,
-        unreadable=cache.unreadable_for(cr),
+        unreadable=unreadable,
+        relabelled=relabelled,
     )
 
 
@@ -208,6 +233,14 @@ def build_event(
     }
 
 
+class NotLeading(GiveUp):
+    """Retrying stopped because this replica does not hold the Lease (now)."""
+
+
+class CrGone(GiveUp):
+    """Retrying stopped because the CR was deleted."""
+
+
 @dataclass
 class StatusWriter:
     """Reconciles one CR at a time: compute, compare, patch if different, record an Event.
@@ -229,15 +262,31 @@ class StatusWriter:
     message_interval: float = 10.0
     burst: int = 3
     progress_deadline: timedelta = status.DEFAULT_PROGRESS_DEADLINE
-    # CR name -> monotonic time when its deferred message-only change may be written.
+    # CR name -> monotonic time when its deferred write (rate limit, or retry after a failed
+    # write) is due.
     deferred: dict[str, float] = field(default_factory=dict)
+    # Between rounds of ``backoff`` retries of a write that keeps failing.
+    retry_backoff: Backoff = field(
+        default_factory=lambda: Backoff(base=1.0, cap=30.0, max_attempts=0)
+    )
+    # CRs not written because this replica was not leading: written once it leads again.
+    awaiting_leader: set[str] = field(default_factory=set)
+    # CR name -> failed write rounds in a row.
+    _failures: dict[str, int] = field(default_factory=dict, init=False)
     # CR name -> (tokens, monotonic time they were counted)
     _tokens: dict[str, tuple[float, float]] = field(default_factory=dict, init=False)
     # CRs whose last written phase change left Failed and has not reached Running yet.
     _recovering: set[str] = field(default_factory=set, init=False)
+    # CR name -> the failing pods (status.failing_pods) as of its last write.
+    _failing: dict[str, frozenset[str]] = field(default_factory=dict, init=False)
+    # CR name -> (pod, node) of the broken node pods already announced by an Event. Kept in
+    # memory only: a restarted or new leader announces the currently broken ones once more.
+    _broken: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict, init=False)
 
-    def _urgent(self, name: str, old: Obj, new: Obj) -> bool:
+    def _urgent(self, name: str, old: Obj, new: Obj, failing: frozenset[str]) -> bool:
         if significant_key(old) != significant_key(new):
+            return True
+        if failing != self._failing.get(name, frozenset()):
             return True
         return name in self._recovering and new.get("phase") == status.PHASE_RUNNING
 
@@ -259,40 +308,40 @@ class StatusWriter:
         """Bring one CR's status up to date; True when a patch was written."""
         cr = self.cache.cr(name)
         if cr is None:
-            self._tokens.pop(name, None)
-            self.deferred.pop(name, None)
-            self._recovering.discard(name)
+            self._forget(name)
             return False  # deleted (or not created yet): nothing to report on
         if not self.cache.cr_settled(cr):
             # Its caches mark the CR dirty again once they have listed.
             self.cache.ensure_for(cr)
             return False
         if not self.is_leader():
+            self.awaiting_leader.add(name)
             return False
+        self.awaiting_leader.discard(name)
         self.metrics.reconciles.inc()
         state: dict[str, Any] = {"cr": cr, "written": None}
 
         def attempt(n: int) -> None:
             if not self.is_leader():
-                raise GiveUp("leadership lost")
+                raise NotLeading("leadership lost")
             current = state["cr"]
             if n > 0 and state.get("conflict"):
                 fresh = self.api.get_cr(name)
                 if fresh is None:
-                    raise GiveUp("CR deleted")
+                    raise CrGone("CR deleted")
                 current = state["cr"] = fresh
                 state["conflict"] = False
             old = dict(current.get("status") or {})
+            observed = state["observed"] = build_observed(self.cache, current)
             new = status.compute_status(
-                build_observed(self.cache, current),
-                self.now(),
-                progress_deadline=self.progress_deadline,
+                observed, self.now(), progress_deadline=self.progress_deadline
             )
             if status.status_equal_ignoring_time(old, new):
                 self.deferred.pop(name, None)
                 return
             available = self._available(name)
-            if not self._urgent(name, old, new) and available < 1.0 - 1e-6:
+            failing = state["failing"] = status.failing_pods(observed)
+            if not self._urgent(name, old, new, failing) and available < 1.0 - 1e-6:
                 wait = (1.0 - available) * self.message_interval
                 self.deferred[name] = self.monotonic() + wait
                 return
@@ -309,7 +358,7 @@ class StatusWriter:
                 if exc.status == CONFLICT:
                     state["conflict"] = True
                 elif exc.status == 404:
-                    raise GiveUp("CR deleted") from exc
+                    raise CrGone("CR deleted") from exc
                 raise
             state["written"] = (current, old, new, result)
 
@@ -320,18 +369,41 @@ class StatusWriter:
                 self.sleep,
                 retryable=lambda e: is_transient(e) or getattr(e, "status", None) == CONFLICT,
             )
-        except GiveUp as why:
+        except NotLeading as why:
+            log.info("%s: status not written: %s; written once leading again", name, why)
+            self.awaiting_leader.add(name)
+            return False
+        except GiveUp as why:  # CrGone
             log.info("%s: status not written: %s", name, why)
+            self._forget(name)
             return False
         except Exception as exc:
             self.metrics.status_write_errors.inc()
-            log.error("%s: writing status failed: %s", name, describe_error(exc))
+            failures = self._failures.get(name, 0)
+            self._failures[name] = failures + 1
+            delay = self.retry_backoff.wait_for(min(failures, 8), exc)
+            self.deferred[name] = self.monotonic() + delay
+            log.error(
+                "%s: writing status failed (%d time(s) in a row): %s; trying again in %.1f s",
+                name,
+                failures + 1,
+                describe_error(exc),
+                delay,
+            )
             return False
+        self._failures.pop(name, None)
+        self._node_events(name, state["cr"], state["observed"])
         if state["written"] is None:
             return False
         current, old, new, result = state["written"]
         self._take(name)
         self._track_recovery(name, old, new)
+        failing = state["failing"]
+        if self._failing.get(name, frozenset()) - failing:
+            self._recovering.add(name)  # pods healed: their Running is awaited too
+            if new.get("phase") == status.PHASE_RUNNING:
+                self._recovering.discard(name)
+        self._failing[name] = failing
         self.metrics.status_writes.inc()
         if changed_at is not None:
             self.metrics.change_to_write.observe(max(0.0, self.monotonic() - changed_at))
@@ -341,16 +413,58 @@ class StatusWriter:
         self._event(result if isinstance(result, dict) else current, old, new)
         return True
 
+    def _node_events(self, name: str, cr: Obj, observed: model.Observed) -> None:
+        """A Warning Event for each node pod that broke since the last look (issue 16: a few
+        broken nodes are named without failing the CR), at most ``MAX_NODE_EVENTS`` plus one
+        summary per reconcile."""
+        broken = status.degraded_node_pods(observed)
+        now_broken = {(b.pod, b.node) for b in broken}
+        known = self._broken.get(name, set())
+        new = [b for b in broken if (b.pod, b.node) not in known]
+        self._broken[name] = now_broken
+        if not new:
+            return
+        for b in new[:MAX_NODE_EVENTS]:
+            where = f"on node {b.node}" if b.node else "(not scheduled)"
+            self._record(
+                cr,
+                "Warning",
+                "NodeDriverNotReady",
+                f"Node driver pod {b.pod} {where}: {b.problem}; the driver serves on the "
+                "other nodes",
+            )
+        if len(new) > MAX_NODE_EVENTS:
+            self._record(
+                cr,
+                "Warning",
+                "NodeDriversNotReady",
+                f"and {len(new) - MAX_NODE_EVENTS} more node driver pod(s) are not ready; "
+                "see the Node component of the status",
+            )
+
+    def _forget(self, name: str) -> None:
+        """Drop every per-CR record of a CR that is gone."""
+        self._tokens.pop(name, None)
+        self.deferred.pop(name, None)
+        self._recovering.discard(name)
+        self._failing.pop(name, None)
+        self._failures.pop(name, None)
+        self.awaiting_leader.discard(name)
+        self._broken.pop(name, None)
+
     def _event(self, cr: Obj, old: Obj, new: Obj) -> None:
         spec = status.phase_event(old, new)
         if spec is None:
             return
         etype, reason, message = spec
+        self._record(cr, etype, reason, message)
+
+    def _record(self, cr: Obj, etype: str, reason: str, message: str) -> None:
         event = build_event(cr, self.event_namespace, etype, reason, message, self.now())
 
         def attempt(_: int) -> None:
             if not self.is_leader():
-                raise GiveUp("leadership lost")
+                raise NotLeading("leadership lost")
             self.api.create_event(self.event_namespace, event)
 
         try:

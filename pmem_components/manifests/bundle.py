@@ -110,14 +110,16 @@ def node_objects(cfg: DeploymentConfig) -> list[dict[str, Any]]:
 
 
 def reporter_objects(cfg: DeploymentConfig) -> list[dict[str, Any]]:
-    """The status reporter's objects (built by ``manifests.reporter``), unless disabled."""
+    """The status reporter's objects (built by ``manifests.reporter``) for this deployment
+    alone, unless disabled. The Pulumi program deploys one reporter for the whole stack
+    instead (``pmem_components.program``); tests use these for a single deployment."""
     if not cfg.reporter.enabled:
         return []
     from pmem_components.manifests import reporter
 
     return list(
         reporter.build_reporter_objects(
-            cfg.names,
+            [(cfg.names, cfg.namespace)],
             cfg.namespace,
             cfg.reporter.image,
             replicas=cfg.reporter.replicas,

@@ -1,23 +1,43 @@
-"""The status reporter's Deployment, ServiceAccount and least-privilege RBAC.
+"""The status reporter: one per stack, serving every deployment of the stack that enables it.
+
+Why one per stack (not one per deployment, not one per cluster): one reporter per deployment
+meant 2 pods, ~26 watches and a Lease renewal every 2 s for each deployment (200 pods, ~2,600
+watches, ~150 Lease GET/s at 100 deployments). One per cluster would need an owner for
+objects that several stacks share, and cluster-wide Secret access; the stack owns its
+deployments, knows them all, and can grant exactly their CRs. The reporter is named after the
+stack's first reporter-enabled deployment (``<first>-reporter``, in its namespace), which is
+the name that deployment's own reporter had: an existing stack keeps that Deployment, its
+Lease and its Events Role (updated in place, see ``pmem_components.program``) and only the
+others' reporters go away, after the stack's reporter has rolled out.
+
+It runs with ``--shared-watches`` (``reporter.observe``): one cluster-wide watch per kind by
+label (``instance in (<served deployments>)``), so pods, Lease requests and watches do not
+grow with the number of deployments -- except the certificate Secrets, watched by name (two
+idle watches per deployment), because RBAC can limit Secrets to names but not to labels.
 
 Each rule exists because ``reporter/`` makes exactly that call (the unit test
 ``tests/unit/test_reporter_rbac_calls.py`` drives the reporter against a recording API and
 checks every call is granted and every grant is used):
-- ClusterRole: list/watch on the one Deployment CR (resourceNames; the reporter lists and
-  watches it with ``fieldSelector=metadata.name=NAME``, which resourceNames authorize), get on
-  it (a fresh copy after a 409), patch on its ``/status``; list/watch by name on the three
-  cluster-scoped objects it checks (its provisioner ClusterRole and ClusterRoleBinding, its
-  CSIDriver) -- nothing else cluster-wide.
-- Role in the driver's namespace (where the reporter itself runs): list/watch on the
-  namespaced kinds it watches (by label; never a plain get); list/watch on the two
-  certificate Secrets by name only (watched with a name field selector, so no polling and no
-  other Secret); the Lease: ``create`` (cannot be limited by name) and get/update on its own
-  Lease by name.
+- ClusterRole: list/watch on the Deployment CRs (one cluster-wide watch; the reporter ignores
+  CRs it does not serve), get (a fresh copy after a 409) and patch on ``/status`` of the
+  served CRs only (resourceNames); list/watch on the kinds of the driver objects (by label,
+  cluster-wide: pods, services, service accounts, daemon sets, stateful sets, roles, role
+  bindings, cluster roles, cluster role bindings, CSI drivers), and get on them but pods (the
+  metadata of an expected object absent from the label-selected cache: relabelled, or
+  missing?). No Secret access cluster-wide.
+- Role in each driver namespace: list/watch on its deployments' two certificate Secrets by
+  name (watched with a name field selector, which resourceNames authorize; no other Secret).
+- Role in the reporter's namespace: the Lease: ``create`` (cannot be limited by name) and
+  get/update on its own Lease by name.
 - Role in ``default`` (``names.CLUSTER_EVENT_NAMESPACE``): create on Events (never patched).
-  Events about the cluster-scoped CR are only accepted there (see ``reporter.write``), and a
-  Role there grants less than the same rule in the ClusterRole would. When the driver's
-  namespace is ``default`` itself, the rule goes into the main Role instead.
+  Events about the cluster-scoped CR are only accepted there (see ``reporter.write``). When a
+  namespace above is ``default`` itself, its rules share one Role.
 Nothing here grants writes on spec, deletes, or access to other Secrets.
+
+Resources, from the figures in BENCHMARKS.md: about 80 MiB RSS and up to ~70m CPU during a
+5,000-node rollout (one deployment); the request covers that so the reporter is neither the
+first to be evicted nor starved under contention, the memory limit leaves room for a re-list
+of the largest cache next to the cache itself.
 """
 
 from __future__ import annotations
@@ -63,37 +83,58 @@ def reporter_selector(names: n.DeploymentNames) -> dict[str, str]:
     return {**names.selector_labels(), n.LABEL_COMPONENT: COMPONENT_REPORTER}
 
 
-def cluster_role_rules(names: n.DeploymentNames) -> list[dict]:
-    cr_names = [names.name]
-    return [
-        _rule(n.CRD_GROUP, [n.CRD_PLURAL], ["get", *WATCH], cr_names),
+# One served deployment: its names and the namespace of its objects.
+Served = tuple[n.DeploymentNames, str]
+
+# Namespaced kinds watched cluster-wide by label (Secrets are watched per driver namespace).
+WATCHED = [
+    ("", ["services", "serviceaccounts"]),
+    ("apps", ["daemonsets", "statefulsets"]),
+    (RBAC_API, ["roles", "rolebindings"]),
+    (RBAC_API, ["clusterroles", "clusterrolebindings"]),
+    ("storage.k8s.io", ["csidrivers"]),
+]
+REQUESTS = {"cpu": "100m", "memory": "128Mi"}
+LIMITS = {"memory": "384Mi"}
+
+
+def cluster_role_rules(served: list[Served]) -> list[dict]:
+    cr_names = [names.name for names, _ in served]
+    rules = [
+        _rule(n.CRD_GROUP, [n.CRD_PLURAL], WATCH),
+        _rule(n.CRD_GROUP, [n.CRD_PLURAL], ["get"], cr_names),
         _rule(n.CRD_GROUP, [f"{n.CRD_PLURAL}/status"], ["patch"], cr_names),
-        _rule(RBAC_API, ["clusterroles"], WATCH, [names.provisioner_cluster_role]),
-        _rule(RBAC_API, ["clusterrolebindings"], WATCH, [names.provisioner_cluster_role_binding]),
-        _rule("storage.k8s.io", ["csidrivers"], WATCH, [names.csi_driver]),
+        _rule("", ["pods"], WATCH),
     ]
+    rules += [_rule(group, resources, [*WATCH, "get"]) for group, resources in WATCHED]
+    return rules
 
 
 EVENT_RULE = _rule("", ["events"], ["create"])
 
 
-def role_rules(names: n.DeploymentNames, with_events: bool = False) -> list[dict]:
-    """Rules in the driver's namespace; ``with_events`` when that is the Events' namespace."""
-    rules = [
-        _rule("", ["pods", "services", "serviceaccounts"], WATCH),
-        _rule("apps", ["daemonsets", "statefulsets"], WATCH),
-        _rule(RBAC_API, ["roles", "rolebindings"], WATCH),
-        _rule("", ["secrets"], WATCH, [names.registry_secret, names.node_secret]),
+def lease_rules(owner: n.DeploymentNames) -> list[dict]:
+    return [
         _rule("coordination.k8s.io", ["leases"], ["create"]),
-        _rule("coordination.k8s.io", ["leases"], ["get", "update"], [names.reporter]),
+        _rule("coordination.k8s.io", ["leases"], ["get", "update"], [owner.reporter]),
     ]
-    if with_events:
-        rules.insert(4, dict(EVENT_RULE))
-    return rules
+
+
+def namespace_rules(served: list[Served], namespace: str) -> dict[str, list[dict]]:
+    """namespace -> the rules of the reporter's Role there (see the module docstring)."""
+    out: dict[str, list[dict]] = {}
+    secrets: dict[str, list[str]] = {}
+    for names, driver_ns in served:
+        secrets.setdefault(driver_ns, []).extend([names.registry_secret, names.node_secret])
+    for driver_ns, secret_names in secrets.items():
+        out[driver_ns] = [_rule("", ["secrets"], WATCH, secret_names)]
+    out.setdefault(namespace, []).extend(lease_rules(served[0][0]))
+    out.setdefault(n.CLUSTER_EVENT_NAMESPACE, []).append(dict(EVENT_RULE))
+    return out
 
 
 def build_reporter_objects(
-    names: n.DeploymentNames,
+    served: list[Served],
     namespace: str,
     image: str,
     replicas: int = 2,
@@ -101,83 +142,64 @@ def build_reporter_objects(
     log_level: int = 3,
     image_pull_policy: str = "IfNotPresent",
 ) -> list[dict[str, Any]]:
-    """ServiceAccount, ClusterRole(+Binding), Role(+Binding), Events Role(+Binding) and
-    Deployment of the reporter.
+    """ServiceAccount, ClusterRole(+Binding), a Role(+Binding) per namespace it needs, and the
+    Deployment of the stack's reporter, serving ``served`` (the first names it).
 
-    The reporter runs in the driver's namespace, which is where its Role grants access and
-    where its Lease lives; its Events go to ``names.CLUSTER_EVENT_NAMESPACE``.
+    The reporter runs in ``namespace`` (the first served deployment's), where its Lease lives;
+    its Events go to ``names.CLUSTER_EVENT_NAMESPACE``.
     """
-    lbls = reporter_labels(names, labels or {})
-    name = names.reporter
+    if not served:
+        raise ValueError("a reporter serves at least one deployment")
+    owner = served[0][0]
+    lbls = reporter_labels(owner, labels or {})
+    name = owner.reporter
 
-    def meta(namespaced: bool = True) -> dict[str, Any]:
+    def meta(ns: str | None) -> dict[str, Any]:
         m: dict[str, Any] = {"name": name, "labels": dict(lbls)}
-        if namespaced:
-            m["namespace"] = namespace
+        if ns is not None:
+            m["namespace"] = ns
         return m
 
     subjects = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
-    service_account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()}
-    cluster_role = {
-        "apiVersion": f"{RBAC_API}/v1",
-        "kind": "ClusterRole",
-        "metadata": meta(namespaced=False),
-        "rules": cluster_role_rules(names),
-    }
-    cluster_role_binding = {
-        "apiVersion": f"{RBAC_API}/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": meta(namespaced=False),
-        "subjects": subjects,
-        "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": name},
-    }
-    events_here = namespace == n.CLUSTER_EVENT_NAMESPACE
-    role = {
-        "apiVersion": f"{RBAC_API}/v1",
-        "kind": "Role",
-        "metadata": meta(),
-        "rules": role_rules(names, with_events=events_here),
-    }
-    role_binding = {
-        "apiVersion": f"{RBAC_API}/v1",
-        "kind": "RoleBinding",
-        "metadata": meta(),
-        "subjects": subjects,
-        "roleRef": {"apiGroup": RBAC_API, "kind": "Role", "name": name},
-    }
-    event_objects: list[dict[str, Any]] = []
-    if not events_here:
-        event_meta = {
-            "name": names.reporter_events,
-            "namespace": n.CLUSTER_EVENT_NAMESPACE,
-            "labels": dict(lbls),
-        }
-        event_objects = [
-            {
-                "apiVersion": f"{RBAC_API}/v1",
-                "kind": "Role",
-                "metadata": dict(event_meta),
-                "rules": [dict(EVENT_RULE)],
-            },
+    objects: list[dict[str, Any]] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(namespace)},
+        {
+            "apiVersion": f"{RBAC_API}/v1",
+            "kind": "ClusterRole",
+            "metadata": meta(None),
+            "rules": cluster_role_rules(served),
+        },
+        {
+            "apiVersion": f"{RBAC_API}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta(None),
+            "subjects": subjects,
+            "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": name},
+        },
+    ]
+    for ns, rules in namespace_rules(served, namespace).items():
+        # The Events Role in "default" keeps the name it always had (an existing stack's
+        # object is updated, not replaced); the others are named like the reporter.
+        role = (
+            owner.reporter_events if ns == n.CLUSTER_EVENT_NAMESPACE and ns != namespace else name
+        )
+        role_meta = {**meta(ns), "name": role}
+        objects += [
+            {"apiVersion": f"{RBAC_API}/v1", "kind": "Role", "metadata": role_meta, "rules": rules},
             {
                 "apiVersion": f"{RBAC_API}/v1",
                 "kind": "RoleBinding",
-                "metadata": dict(event_meta),
+                "metadata": dict(role_meta),
                 "subjects": subjects,
-                "roleRef": {"apiGroup": RBAC_API, "kind": "Role", "name": names.reporter_events},
+                "roleRef": {"apiGroup": RBAC_API, "kind": "Role", "name": role},
             },
         ]
-    return [
-        service_account,
-        cluster_role,
-        cluster_role_binding,
-        role,
-        role_binding,
-        *event_objects,
+    objects.append(
         build_reporter_deployment(
-            names, namespace, image, replicas, lbls, log_level, image_pull_policy
-        ),
-    ]
+            served, namespace, image, replicas, lbls, log_level, image_pull_policy
+        )
+    )
+    return objects
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -190,7 +212,7 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def build_reporter_deployment(
-    names: n.DeploymentNames,
+    served: list[Served],
     namespace: str,
     image: str,
     replicas: int,
@@ -198,10 +220,11 @@ def build_reporter_deployment(
     log_level: int,
     image_pull_policy: str,
 ) -> dict[str, Any]:
+    names = served[0][0]
     selector = reporter_selector(names)
-    args = [
-        "--deployment",
-        names.name,
+    args = [arg for served_names, _ in served for arg in ("--deployment", served_names.name)]
+    args += [
+        "--shared-watches",
         "--namespace",
         namespace,
         "--lease-name",
@@ -219,10 +242,7 @@ def build_reporter_deployment(
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "livenessProbe": _probe("/healthz", 10, 3),
         "readinessProbe": _probe("/readyz", 5, 1),
-        "resources": {
-            "requests": {"cpu": "10m", "memory": "64Mi"},
-            "limits": {"memory": "256Mi"},
-        },
+        "resources": {"requests": dict(REQUESTS), "limits": dict(LIMITS)},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

@@ -476,6 +476,8 @@ def reporter_starter(
             identity,
             workdir / f"reporter-{identity}-{len(started)}.log",
             resync_seconds=resync_seconds,
+            # The watch layout the program deploys (one reporter per stack).
+            extra_args=("--shared-watches",),
         )
         started.append(proc)
         return proc

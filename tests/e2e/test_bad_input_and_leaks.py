@@ -242,26 +242,27 @@ def pair(
                 },
             ),
         ]
-        # The reporter as tests/e2e/test_reporter.py runs it: a subprocess under its own
-        # ServiceAccount's token, log level DEBUG (its most verbose).
-        for i, cfg in enumerate(cfgs):
-            kubeconfig = token_kubeconfig(
-                api_client,
-                local_cluster,
-                cfg.names.reporter,
-                cfg.namespace,
-                logs / f"kubeconfig-{i}",
+        # The stack's one reporter, serving both deployments as the program deploys it: a
+        # subprocess under its ServiceAccount's token (named after the first deployment),
+        # log level DEBUG (its most verbose).
+        first = cfgs[0]
+        kubeconfig = token_kubeconfig(
+            api_client, local_cluster, first.names.reporter, first.namespace, logs / "kubeconfig"
+        )
+        reporters.append(
+            ReporterProcess(
+                kubeconfig,
+                first.name,
+                first.namespace,
+                "leak-0",
+                logs / "reporter-0.log",
+                resync_seconds=2.0,
+                extra_args=(
+                    *(arg for cfg in cfgs[1:] for arg in ("--deployment", cfg.name)),
+                    "--shared-watches",
+                ),
             )
-            reporters.append(
-                ReporterProcess(
-                    kubeconfig,
-                    cfg.name,
-                    cfg.namespace,
-                    f"leak-{i}",
-                    logs / f"reporter-{i}.log",
-                    resync_seconds=2.0,
-                )
-            )
+        )
         yield Pair(stack, raws, cfgs, provided, result, reporters)
     finally:
         for proc in reporters:

@@ -2,19 +2,26 @@
 
 intel/pmem-csi at d01bc59, ``test/e2e/operator/deployment_api.go``, creates ``Deployment`` CRs
 and checks what the operator made of them. Here the stack config takes the CR's place, ``pulumi
-up`` the operator's reconcile, and the reporter (a subprocess under its own ServiceAccount's
-TokenRequest token, see ``reporter_helpers``) the operator's status writes. Where the operator
+up`` the operator's reconcile, and the reporter the operator's status writes: one reporter
+process per deployment here (a stand-in for the stack's one reporter, so that A's can be
+stopped while B's runs), with the administrator's credentials, because the stack reporter's
+RBAC grants exactly one Lease. Where the operator
 restored state by itself, the Pulumi way is ``pulumi up --refresh`` after the reporter has made
 the drift visible in the CR. The README's "The operator's e2e scenarios, mirrored" maps every
 scenario to a test, here or in the other e2e modules.
 
-Item 6 (least privilege) is shown here too, with the reporter's own token against the same
-stack: what it cannot read or change, by real API calls and by the API server's own account of
-its rules (SelfSubjectRulesReview). The checks are about behaviour, not the rule list.
+Item 6 (least privilege) is shown here too, with the stack reporter's own token (the
+ServiceAccount named after A, the stack's first deployment) against the same stack: what it
+cannot read or change, by real API calls and by the API server's own account of its rules
+(SelfSubjectRulesReview). The checks are about behaviour, not the rule list. It serves A and
+B, so it reads both drivers' objects (by label, cluster-wide: RBAC cannot limit a watch to
+labels), but no Secret but their certificate Secrets, no CR it does not serve, and it writes
+nothing but the served CRs' status, Events and its Lease.
 
 Economy: the operator created one CR per scenario; here one stack serves every scenario, in
 file order (pytest keeps it): deployment A with defaults and deployment B with explicit values
-and its own CA, both with dotted names, each in its own namespace, each with its reporter; a
+and its own CA, both with dotted names, each in its own namespace, both served by the stack's
+reporter; a
 third deployment C comes and goes for the conflict and removal scenarios.
 """
 
@@ -115,7 +122,8 @@ class Ops:
                     self.stack.set_config(path, auto.ConfigValue(value, secret=True), path=True)
 
     def token_client(self, key: str) -> Any:
-        """An API client authenticated as ``key``'s reporter ServiceAccount only."""
+        """An API client authenticated as the stack reporter's ServiceAccount only (named
+        after ``key``, the stack's first deployment with the reporter)."""
         cfg = self.cfg(key)
         out = self.tmp / f"kubeconfig-{key}-{uuid.uuid4().hex[:4]}"
         token_kubeconfig(self.api_client, self.kubeconfig, cfg.names.reporter, cfg.namespace, out)
@@ -124,12 +132,8 @@ class Ops:
     def start_reporter(self, key: str) -> ReporterProcess:
         cfg = self.cfg(key)
         n = len(self.stopped) + len(self.reporters)
-        kubeconfig = self.tmp / f"reporter-kubeconfig-{key}-{n}"
-        token_kubeconfig(
-            self.api_client, self.kubeconfig, cfg.names.reporter, cfg.namespace, kubeconfig
-        )
         proc = ReporterProcess(
-            kubeconfig,
+            self.kubeconfig,
             cfg.name,
             cfg.namespace,
             f"ops-{key}-{n}",
@@ -251,10 +255,12 @@ def kube(api_client: Any) -> Cluster:
 
 
 def _as_built_problems(kube: Cluster, cfg: DeploymentConfig) -> list[str]:
-    """Where the live objects of ``cfg`` differ from the builders' (Secrets, Lease aside)."""
+    """Where the live objects of ``cfg`` differ from the builders' (Secrets, Lease aside; the
+    reporter is the stack's, serving A and B: ``tests/e2e/test_reporter_stack.py``)."""
     problems: list[str] = []
-    for obj in bundle.build_deployment_objects(cfg).all():
-        if obj["kind"] in ("Secret", "Lease"):
+    objs = bundle.build_deployment_objects(cfg)
+    for obj in objs.all():
+        if obj["kind"] in ("Secret", "Lease") or any(obj is r for r in objs.reporter):
             continue
         live = kube.get(obj)
         key = f"{obj['kind']}/{obj['metadata']['name']}"
@@ -433,41 +439,43 @@ def test_reporter_credentials_cannot_read_other_secrets_or_change_any_spec(
         admin_core.delete_namespaced_secret(other, a.namespace)
 
 
-def test_reporter_credentials_cannot_read_another_drivers_objects(ops: Ops) -> None:
-    """A's reporter and B's namespaced objects and CR (B is another driver, namespace)."""
+def test_reporter_credentials_cannot_read_secrets_or_crs_it_does_not_serve(ops: Ops) -> None:
+    """The stack reporter serves A and B: B's certificate Secrets only by list/watch with their
+    name, no CR but the served ones, no other driver's status."""
     b = ops.cfg("b")
     token = ops.token_client("a")
-    core, apps = client.CoreV1Api(token), client.AppsV1Api(token)
+    core = client.CoreV1Api(token)
     custom = client.CustomObjectsApi(token)
+    stranger = f"not-served-{uuid.uuid4().hex[:4]}.example.org"
+    cr_args = (names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL)
     calls = {
         "get B's registry Secret": lambda: core.read_namespaced_secret(
             b.names.registry_secret, b.namespace
         ),
-        "get B's DaemonSet": lambda: apps.read_namespaced_daemon_set(
-            b.names.node_driver, b.namespace
-        ),
-        "list B's StatefulSets": lambda: apps.list_namespaced_stateful_set(b.namespace),
-        "list B's pods": lambda: core.list_namespaced_pod(b.namespace),
-        "get B's Service": lambda: core.read_namespaced_service(
-            b.names.controller_service, b.namespace
-        ),
-        "list DaemonSets everywhere": lambda: apps.list_daemon_set_for_all_namespaces(),
-        "get B's CR": lambda: custom.get_cluster_custom_object(
-            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, b.name
-        ),
-        "list all CRs": lambda: custom.list_cluster_custom_object(
-            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL
-        ),
-        "patch B's CR status": lambda: custom.patch_cluster_custom_object_status(
-            names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, b.name, {}
+        "list B's namespace's Secrets": lambda: core.list_namespaced_secret(b.namespace),
+        "get a CR it does not serve": lambda: custom.get_cluster_custom_object(*cr_args, stranger),
+        "patch the status of a CR it does not serve": lambda: (
+            custom.patch_cluster_custom_object_status(*cr_args, stranger, {})
         ),
     }
     assert {what: _status_of(call) for what, call in calls.items()} == {what: 403 for what in calls}
+    # What it needs for B works: B's Secret by name, B's CR status.
+    assert (
+        _status_of(
+            lambda: core.list_namespaced_secret(
+                b.namespace, field_selector=f"metadata.name={b.names.registry_secret}"
+            )
+        )
+        == 200
+    )
+    assert (
+        _status_of(lambda: custom.patch_cluster_custom_object_status(*cr_args, b.name, {})) == 200
+    )
     # The API server's own answer agrees (SelfSubjectAccessReview as the reporter).
     authz = client.AuthorizationV1Api(token)
     for verb, group, resource, ns in (
         ("get", "", "secrets", b.namespace),
-        ("list", "apps", "daemonsets", b.namespace),
+        ("update", "apps", "daemonsets", b.namespace),
         ("update", "apps", "daemonsets", ops.cfg("a").namespace),
     ):
         review = authz.create_self_subject_access_review(
@@ -485,16 +493,18 @@ def test_reporter_credentials_cannot_read_another_drivers_objects(ops: Ops) -> N
         assert review.status.allowed is False, (verb, resource, ns)
 
 
-def test_reporter_credentials_cannot_read_another_drivers_cluster_scoped_objects(
-    ops: Ops,
-) -> None:
-    """Its ClusterRole, ClusterRoleBinding and CSIDriver are granted by name, not by kind."""
+def test_reporter_credentials_cannot_change_cluster_scoped_objects(ops: Ops) -> None:
+    """It reads CSIDrivers and cluster RBAC objects (by label, cluster-wide), changes none."""
     b = ops.cfg("b")
     token = ops.token_client("a")
     storage, rbac = client.StorageV1Api(token), client.RbacAuthorizationV1Api(token)
     calls = {
-        "get B's CSIDriver": lambda: storage.read_csi_driver(b.name),
-        "get B's ClusterRole": lambda: rbac.read_cluster_role(b.names.provisioner_cluster_role),
+        "patch B's CSIDriver": lambda: storage.patch_csi_driver(
+            b.name, {"metadata": {"labels": {"x": "y"}}}
+        ),
+        "delete B's ClusterRole": lambda: rbac.delete_cluster_role(
+            b.names.provisioner_cluster_role
+        ),
     }
     assert {what: _status_of(call) for what, call in calls.items()} == {what: 403 for what in calls}
 
@@ -517,23 +527,18 @@ def test_reporter_rules_write_nothing_but_its_status_events_and_lease(ops: Ops) 
                 assert not set(rule.verbs) & {"delete", "deletecollection", "*"}, (ns, rule)
             if "secrets" in rule.resources:
                 checked.add("secrets")
-                assert ns == a.namespace, (ns, rule)
+                owner = {a.namespace: a, b.namespace: b}.get(ns)
+                assert owner is not None, (ns, rule)
                 assert sorted(rule.resource_names or []) == sorted(
-                    [a.names.registry_secret, a.names.node_secret]
+                    [owner.names.registry_secret, owner.names.node_secret]
                 ), rule
                 assert set(rule.verbs) == {"list", "watch"}, rule
             if "deployments/status" in rule.resources:
                 checked.add("deployments/status")
-                assert rule.resource_names == [a.name], rule
-        if ns == b.namespace:
-            namespaced = {
-                r
-                for rule in review.status.resource_rules
-                for r in rule.resources
-                if r in {"pods", "daemonsets", "statefulsets", "secrets", "services", "leases"}
-            }
-            assert namespaced == set(), f"rules in another driver's namespace: {namespaced}"
-    # The reporter needs both (its Secrets to check the certificates, its CR's status).
+                assert sorted(rule.resource_names) == sorted([a.name, b.name]), rule
+            if "leases" in rule.resources and set(rule.verbs) & {"update"}:
+                assert ns == a.namespace and rule.resource_names == [a.names.reporter], rule
+    # The reporter needs both (its Secrets to check the certificates, its CRs' status).
     assert checked == {"secrets", "deployments/status"}, checked
 
 

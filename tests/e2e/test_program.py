@@ -606,8 +606,9 @@ def test_config_patches_change_the_daemonset(deployed: Deployed, api_client: Any
     _write_config(deployed.stack, stack_config(patched_raw))
     result = up(deployed.stack, "patching up", deployed.timings)
     changes = resource_changes(result.summary)
-    # The DaemonSet, and the CR whose spec records the patches; nothing else.
-    assert changes.get("update") == 2, changes
+    # The DaemonSet, the CR whose spec records the patches, and the StatefulSet's digest of
+    # that spec (names.SPEC_DIGEST_ANNOTATION, metadata only: no rollout); nothing else.
+    assert changes.get("update") == 3, changes
     assert not {"create", "delete", "replace"} & set(changes), changes
 
     apps = client.AppsV1Api(api_client)
@@ -619,10 +620,11 @@ def test_config_patches_change_the_daemonset(deployed: Deployed, api_client: Any
     assert {"name": "E2E_PATCHED", "value": "json"} in [
         {"name": e.name, "value": e.value} for e in driver.env
     ]
-    # Unpatched parts stay as built; the StatefulSet is not touched.
+    # Unpatched parts stay as built; the StatefulSet's pods are not touched.
     assert driver.command[1] == "-deviceManager=direct"
     sts = apps.read_namespaced_stateful_set(cfg.names.controller_driver, cfg.namespace)
     assert "-v=4" in sts.spec.template.spec.containers[0].command
+    assert sts.metadata.generation == sts.status.observed_generation == 1
     custom = client.CustomObjectsApi(api_client)
     cr = custom.get_cluster_custom_object(
         names.CRD_GROUP, names.CRD_STORAGE_VERSION, names.CRD_PLURAL, cfg.name

@@ -18,7 +18,7 @@ import pytest
 from certutil import good_set
 
 from pmem_components import certs
-from reporter.certcheck import FAILURE_RETRY, CertVerifier
+from reporter.certcheck import FAILURE_RETRY, CertVerifier, VerifierError
 
 
 @pytest.fixture
@@ -100,9 +100,10 @@ def test_a_failing_verifier_is_cached_for_the_retry_interval() -> None:
     verifier = CertVerifier(broken)
     args = good_set().args()
     for when in (NOW, NOW + FAILURE_RETRY / 2):
-        with pytest.raises(OSError, match="temporary directory"):
+        # Raised as VerifierError naming the original (issue 16: no cached exception object).
+        with pytest.raises(VerifierError, match="OSError: No usable temporary directory"):
             verifier(*args, now=when)
     assert len(runs) == 1
-    with pytest.raises(OSError):
+    with pytest.raises(VerifierError):
         verifier(*args, now=NOW + FAILURE_RETRY)
     assert len(runs) == 2

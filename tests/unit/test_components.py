@@ -185,11 +185,14 @@ def _test_resources_get_exactly_the_builder_dicts(mocks: Mocks) -> Any:
         expected = node.build_node_daemonset(s.deployments[0])
         assert ds.name == "ns1/a-b-node"
         # The component adds what is Pulumi's business: foreground deletion of the workload,
-        # forced applies (takeOverFields, on by default) and the certificates' fingerprint in
+        # forced applies (takeOverFields, on by default), the digest of the CR spec it
+        # implements (the reporter's generation check) and the certificates' fingerprint in
         # the pod template.
+        cr = mocks.one("kubernetes:pmem-csi.intel.com/v1beta1:Deployment")
         policy = {
             "pulumi.com/deletionPropagationPolicy": "foreground",
             "pulumi.com/patchForce": "true",
+            names.SPEC_DIGEST_ANNOTATION: names.spec_digest(cr.inputs["spec"]),
         }
         assert ds.inputs["metadata"] == {**expected["metadata"], "annotations": policy}
         template = expected["spec"]["template"]["metadata"]
@@ -197,7 +200,6 @@ def _test_resources_get_exactly_the_builder_dicts(mocks: Mocks) -> Any:
             bundle.certificates_fingerprint("GENERATED-CA", "GENERATED-RC", "GENERATED-NC")
         )
         assert ds.inputs["spec"] == expected["spec"]
-        cr = mocks.one("kubernetes:pmem-csi.intel.com/v1beta1:Deployment")
         assert cr.inputs["spec"]["deviceMode"] == "direct"
         assert cr.inputs["spec"]["namespace"] == "ns1"
         assert cr.inputs["metadata"]["name"] == "a.b"

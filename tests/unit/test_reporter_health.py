@@ -6,9 +6,10 @@ import logging
 import urllib.error
 import urllib.request
 
-from reporter.__main__ import log_level, merge_dirty, parse_args
+from reporter.__main__ import log_level, parse_args
 from reporter.health import HealthServer
 from reporter.metrics import Metrics
+from reporter.schedule import merge_dirty
 
 
 def fetch(port: int, path: str) -> tuple[int, str]:
@@ -67,9 +68,9 @@ def test_healthz_turns_red_when_the_main_loop_stalls() -> None:
     rep.observer = SimpleNamespace(healthy=True)
     rep._leader_thread = SimpleNamespace(is_alive=lambda: True)  # type: ignore[assignment]
     rep.stall_seconds = 180.0
-    rep._beat = time.monotonic()
+    rep.loop = SimpleNamespace(beat=time.monotonic())  # type: ignore[assignment]
     assert rep.healthy()
-    rep._beat = time.monotonic() - 181.0
+    rep.loop.beat = time.monotonic() - 181.0
     assert not rep.healthy()
 
 

@@ -1,16 +1,16 @@
-"""The reporter's Deployment and least-privilege RBAC, as built for the Pulumi program."""
+"""The stack's reporter: its Deployment and least-privilege RBAC, as built for the program."""
 
 from __future__ import annotations
 
-from pmem_components.manifests.reporter import build_reporter_objects
+from pmem_components.manifests.reporter import LIMITS, REQUESTS, build_reporter_objects
 from pmem_components.names import DeploymentNames
 
 NAMES = DeploymentNames("pmem-csi.intel.com")
+OTHER = DeploymentNames("other.example.org")
 
 
-def all_objects(**kw):
+def all_objects(served=None, **kw):
     args = {
-        "names": NAMES,
         "namespace": "drv",
         "image": "reg/reporter:1",
         "replicas": 2,
@@ -19,16 +19,13 @@ def all_objects(**kw):
         "image_pull_policy": "Always",
     }
     args.update(kw)
-    return build_reporter_objects(**args)
+    return build_reporter_objects(served or [(NAMES, args["namespace"])], **args)
 
 
 def objects(**kw):
     """The objects in the reporter's namespace and the cluster-scoped ones, by kind."""
-    return {
-        o["kind"]: o
-        for o in all_objects(**kw)
-        if o["metadata"].get("namespace") != "default" or kw.get("namespace") == "default"
-    }
+    ns = kw.get("namespace", "drv")
+    return {o["kind"]: o for o in all_objects(**kw) if o["metadata"].get("namespace") in (None, ns)}
 
 
 def verbs_for(rules, group, resource):
@@ -61,63 +58,61 @@ def test_kinds_names_and_labels():
             assert o["metadata"]["namespace"] == "drv"
 
 
-def test_cluster_role_is_least_privilege():
-    rules = objects()["ClusterRole"]["rules"]
+def test_cluster_role_grants_the_served_crs_and_label_watches_but_no_secrets():
+    served = [(NAMES, "drv"), (OTHER, "drv2")]
+    (role,) = [o for o in all_objects(served) if o["kind"] == "ClusterRole"]
+    rules = role["rules"]
+    crs = ["pmem-csi.intel.com", "other.example.org"]
     assert verbs_for(rules, "pmem-csi.intel.com", "deployments") == [
-        (["get", "list", "watch"], ["pmem-csi.intel.com"])
+        (["list", "watch"], None),
+        (["get"], crs),
     ]
-    # Only this deployment's own cluster-scoped objects, by name; nothing cluster-wide.
-    assert verbs_for(rules, "pmem-csi.intel.com", "deployments/status") == [
-        (["patch"], ["pmem-csi.intel.com"])
-    ]
-    for group, res, name in [
-        ("rbac.authorization.k8s.io", "clusterroles", NAMES.provisioner_cluster_role),
-        (
-            "rbac.authorization.k8s.io",
-            "clusterrolebindings",
-            NAMES.provisioner_cluster_role_binding,
-        ),
-        ("storage.k8s.io", "csidrivers", NAMES.csi_driver),
-    ]:
-        assert verbs_for(rules, group, res) == [(["list", "watch"], [name])]
-    assert all(r.get("resourceNames") for r in rules)
-    all_verbs = {v for r in rules for v in r["verbs"]}
-    assert all_verbs == {"get", "list", "watch", "patch"}
-    assert not any("*" in r["resources"] or "*" in r["verbs"] for r in rules)
-
-
-def test_role_secrets_by_name_events_and_lease():
-    rules = objects()["Role"]["rules"]
-    assert verbs_for(rules, "", "secrets") == [
-        (
-            ["list", "watch"],
-            ["pmem-csi-intel-com-registry-secrets", "pmem-csi-intel-com-node-secrets"],
-        )
-    ]
-    assert verbs_for(rules, "", "events") == []  # they go to "default", see below
-    assert verbs_for(rules, "coordination.k8s.io", "leases") == [
-        (["create"], None),
-        (["get", "update"], ["pmem-csi-intel-com-reporter"]),
-    ]
+    assert verbs_for(rules, "pmem-csi.intel.com", "deployments/status") == [(["patch"], crs)]
+    assert verbs_for(rules, "", "pods") == [(["list", "watch"], None)]
     for group, res in [
-        ("", "pods"),
         ("", "services"),
         ("", "serviceaccounts"),
         ("apps", "daemonsets"),
         ("apps", "statefulsets"),
         ("rbac.authorization.k8s.io", "roles"),
         ("rbac.authorization.k8s.io", "rolebindings"),
+        ("rbac.authorization.k8s.io", "clusterroles"),
+        ("rbac.authorization.k8s.io", "clusterrolebindings"),
+        ("storage.k8s.io", "csidrivers"),
     ]:
-        assert verbs_for(rules, group, res) == [(["list", "watch"], None)]
-    binding = objects()["RoleBinding"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "pmem-csi-intel-com-reporter", "namespace": "drv"}
+        # get: the metadata of an expected object missing from the label-selected cache.
+        assert verbs_for(rules, group, res) == [(["get", "list", "watch"], None)], res
+    assert verbs_for(rules, "", "secrets") == []
+    assert all("create" not in r["verbs"] and "delete" not in r["verbs"] for r in rules)
+
+
+def test_secrets_by_name_in_driver_namespaces_lease_where_the_reporter_runs():
+    served = [(NAMES, "drv"), (OTHER, "drv2")]
+    roles = {o["metadata"]["namespace"]: o for o in all_objects(served) if o["kind"] == "Role"}
+    assert set(roles) == {"drv", "drv2", "default"}
+    # By name only: no other Secret of those namespaces.
+    assert verbs_for(roles["drv2"]["rules"], "", "secrets") == [
+        (["list", "watch"], [OTHER.registry_secret, OTHER.node_secret])
     ]
-    assert binding["roleRef"]["name"] == "pmem-csi-intel-com-reporter"
+    assert verbs_for(roles["drv2"]["rules"], "coordination.k8s.io", "leases") == []
+    assert verbs_for(roles["drv"]["rules"], "", "secrets") == [
+        (["list", "watch"], [NAMES.registry_secret, NAMES.node_secret])
+    ]
+    assert verbs_for(roles["drv"]["rules"], "coordination.k8s.io", "leases") == [
+        (["create"], None),
+        (["get", "update"], ["pmem-csi-intel-com-reporter"]),
+    ]
+    bindings = [o for o in all_objects(served) if o["kind"] == "RoleBinding"]
+    assert {b["metadata"]["namespace"] for b in bindings} == {"drv", "drv2", "default"}
+    for b in bindings:
+        assert b["subjects"] == [
+            {"kind": "ServiceAccount", "name": "pmem-csi-intel-com-reporter", "namespace": "drv"}
+        ]
 
 
-def test_deployment():
-    dep = objects(replicas=3)["Deployment"]
+def test_deployment_serves_every_deployment_with_shared_watches():
+    served = [(NAMES, "drv"), (OTHER, "drv2")]
+    (dep,) = [o for o in all_objects(served, replicas=3) if o["kind"] == "Deployment"]
     spec = dep["spec"]
     assert spec["replicas"] == 3
     pod = spec["template"]["spec"]
@@ -125,12 +120,20 @@ def test_deployment():
     assert pod["securityContext"]["runAsNonRoot"] is True
     (c,) = pod["containers"]
     assert c["image"] == "reg/reporter:1" and c["imagePullPolicy"] == "Always"
-    assert c["args"][:4] == ["--deployment", "pmem-csi.intel.com", "--namespace", "drv"]
+    assert c["args"][:7] == [
+        "--deployment",
+        "pmem-csi.intel.com",
+        "--deployment",
+        "other.example.org",
+        "--shared-watches",
+        "--namespace",
+        "drv",
+    ]
     assert "--log-level" in c["args"] and "4" in c["args"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
-    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert c["resources"] == {"requests": REQUESTS, "limits": LIMITS}
     selector = spec["selector"]["matchLabels"]
     labels = spec["template"]["metadata"]["labels"]
     assert all(labels[k] == v for k, v in selector.items())
@@ -156,3 +159,6 @@ def test_driver_in_default_namespace_gets_events_rule_in_its_role():
     assert [o["kind"] for o in objs].count("Role") == 1
     (role,) = [o for o in objs if o["kind"] == "Role"]
     assert verbs_for(role["rules"], "", "events") == [(["create"], None)]
+    assert verbs_for(role["rules"], "", "secrets") == [
+        (["list", "watch"], [NAMES.registry_secret, NAMES.node_secret])
+    ]

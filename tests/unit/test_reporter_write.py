@@ -45,6 +45,9 @@ class FakeCache:
     def remember_cr(self, cr):
         self.crs[cr["metadata"]["name"]] = cr
 
+    def lookup_labels(self, kind, name, namespace):
+        return None  # absent objects really are missing
+
 
 class FakeStatusApi:
     def __init__(self, cache: FakeCache, failures: list | None = None) -> None:

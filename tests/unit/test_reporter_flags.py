@@ -1,0 +1,41 @@
+"""Flags are checked at start with a message naming the flag (issue 16: --lease-duration)."""
+
+from __future__ import annotations
+
+import pytest
+
+from reporter.__main__ import parse_args
+from reporter.leader import LeaderElector
+
+
+def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        parse_args(list(argv))
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["1", "2", "3"])
+def test_a_lease_shorter_than_the_renew_period_allows_is_refused(capsys, value: str) -> None:
+    err = refused(capsys, "--lease-duration", value)
+    assert "--lease-duration" in err
+    assert "at least 4" in err and "renews every 2 s" in err
+
+
+@pytest.mark.parametrize("value", ["10.5", "4.9", "abc"])
+def test_a_lease_duration_that_is_not_whole_seconds_is_refused(capsys, value: str) -> None:
+    """leaseDurationSeconds is an integer: 4.9 would be written as 4, and another replica would
+    take over while this one still believed it led (two leaders)."""
+    err = refused(capsys, "--lease-duration", value)
+    assert "--lease-duration" in err and "whole number of seconds" in err
+
+
+def test_valid_lease_durations_are_accepted_as_integers() -> None:
+    assert parse_args([]).lease_duration == 10
+    assert parse_args(["--lease-duration", "4"]).lease_duration == 4
+    assert parse_args(["--lease-duration", "15"]).lease_duration == 15
+
+
+def test_the_elector_refuses_a_fractional_lease_too() -> None:
+    with pytest.raises(ValueError, match="whole number of seconds"):
+        LeaderElector(None, "ns", "l", "me", lease_duration=4.9, renew_deadline=3.0)  # type: ignore[arg-type]

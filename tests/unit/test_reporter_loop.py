@@ -1,0 +1,216 @@
+"""The main loop loses no update: failed writes come back, changes survive a leadership gap.
+
+The real ``StatusWriter`` and ``ReconcileLoop`` run against a fake cache, a fake status API and
+a fake clock (``take_dirty`` waits by advancing it), so "minutes" of API trouble take no time.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from datetime import UTC, datetime
+
+from kubernetes.client.exceptions import ApiException
+
+from reporter.metrics import Metrics
+from reporter.retry import Backoff
+from reporter.schedule import ReconcileLoop
+from reporter.write import StatusWriter
+
+NAME = "pmem-csi.intel.com"
+NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class FakeObserver:
+    """Cache and dirty queue in one, as ``reporter.observe.Observer`` is."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.crs_by_name = {
+            NAME: {
+                "metadata": {"name": NAME, "resourceVersion": "1", "generation": 1, "uid": "u"},
+                "spec": {},
+            }
+        }
+        self.dirty: dict[str, float | None] = {}
+
+    # --- the loop's side
+    def take_dirty(self, timeout):
+        if not self.dirty and timeout:
+            self.clock.sleep(timeout)
+        dirty, self.dirty = self.dirty, {}
+        return dirty
+
+    def mark_dirty(self, name, changed_at=None):
+        self.dirty.setdefault(name, changed_at)
+
+    def crs(self):
+        return list(self.crs_by_name.values())
+
+    # --- the writer's side
+    def cr(self, name):
+        return self.crs_by_name.get(name)
+
+    def find(self, kind, name, namespace):
+        return None  # everything missing: phase Failed, enough to see a write
+
+    def pods(self, namespace):
+        return []
+
+    def cr_settled(self, cr):
+        return True
+
+    def ensure_for(self, cr):
+        pass
+
+    def unreadable_for(self, cr):
+        return {}
+
+    def remember_cr(self, cr):
+        self.crs_by_name[cr["metadata"]["name"]] = cr
+
+    def lookup_labels(self, kind, name, namespace):
+        return None
+
+
+class FlakyApi:
+    """Answers 500 to the first ``failures`` status patches; then applies them."""
+
+    def __init__(self, observer: FakeObserver, failures: int) -> None:
+        self.observer = observer
+        self.failures = failures
+        self.attempts = 0
+        self.written: list[dict] = []
+
+    def get_cr(self, name):
+        return self.observer.crs_by_name.get(name)
+
+    def patch_status(self, name, patch):
+        self.attempts += 1
+        cr = self.observer.crs_by_name.get(name)
+        if cr is None:
+            raise ApiException(status=404, reason="Not Found")
+        if self.failures > 0:
+            self.failures -= 1
+            raise ApiException(status=500, reason="Internal Server Error")
+        self.written.append(patch)
+        status = {**(cr.get("status") or {}), **patch["status"]}
+        rv = str(int(cr["metadata"]["resourceVersion"]) + 1)
+        return {**cr, "metadata": {**cr["metadata"], "resourceVersion": rv}, "status": status}
+
+    def create_event(self, namespace, event):
+        return event
+
+
+def build(failures: int = 0, leader: list[bool] | None = None):
+    clock = Clock()
+    observer = FakeObserver(clock)
+    api = FlakyApi(observer, failures)
+    leading = leader if leader is not None else [True]
+    writer = StatusWriter(
+        api,
+        observer,
+        Metrics(),
+        is_leader=lambda: leading[0],
+        event_namespace="default",
+        backoff=Backoff(rng=random.Random(3)),  # 6 attempts, as in production
+        now=lambda: NOW,
+        monotonic=clock,
+        sleep=clock.sleep,
+    )
+    loop = ReconcileLoop(
+        observer,
+        writer,
+        lambda: leading[0],
+        threading.Event(),
+        resync_seconds=3600.0,  # no resync in these tests: nothing may rely on it
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    return clock, observer, api, writer, loop, leading
+
+
+def run_until(loop: ReconcileLoop, clock: Clock, done, seconds: float) -> None:
+    end = clock() + seconds
+    while clock() < end and not done():
+        loop.step()
+
+
+def test_a_write_failing_longer_than_its_retries_lands_later_without_a_resync():
+    # 40 answers of 500: several rounds of 6 attempts each (~2-6 s per round).
+    clock, observer, api, writer, loop, _ = build(failures=40)
+    observer.mark_dirty(NAME, clock())
+    start = clock()
+    run_until(loop, clock, lambda: api.written, seconds=600)
+    assert api.written, f"no status after {api.attempts} attempts"
+    assert api.written[0]["status"]["phase"] == "Failed"
+    assert api.attempts == 41
+    # Far sooner than the (hour-long) resync, and backing off between rounds.
+    assert clock() - start < 600
+    assert writer.metrics.status_write_errors._value.get() >= 6
+
+
+def test_retries_stop_when_the_cr_is_gone():
+    clock, observer, api, _writer, loop, _ = build(failures=1000)
+    observer.mark_dirty(NAME, clock())
+    run_until(loop, clock, lambda: api.attempts >= 12, seconds=600)
+    del observer.crs_by_name[NAME]
+    attempts = api.attempts
+    run_until(loop, clock, lambda: False, seconds=600)
+    assert api.attempts <= attempts + 1  # at most the 404 that says it is gone
+    assert loop.pending == {}
+
+
+def test_a_change_seen_while_not_leading_is_written_when_leadership_is_back_without_a_flip():
+    # A slow renewal: is_leader() is False for a moment, then True again; the elector never
+    # saw the lease lost, so on_started_leading does not fire (nothing marks all dirty).
+    clock, observer, api, _writer, loop, leading = build(leader=[False])
+    observer.mark_dirty(NAME, clock())
+    loop.step()
+    loop.step()
+    assert api.written == []
+    leading[0] = True
+    run_until(loop, clock, lambda: api.written, seconds=30)
+    assert len(api.written) == 1
+
+
+def test_leadership_lost_in_the_middle_of_retries_is_written_once_it_is_back():
+    clock, observer, api, _writer, loop, leading = build(failures=2)
+    observer.mark_dirty(NAME, clock())
+    calls = [0]
+    real = FlakyApi.patch_status
+
+    def patch_then_lose(name, patch):
+        calls[0] += 1
+        if calls[0] == 2:
+            leading[0] = False  # the renewal deadline passed while we retried
+        return real(api, name, patch)
+
+    api.patch_status = patch_then_lose
+    run_until(loop, clock, lambda: False, seconds=20)
+    assert api.written == []
+    leading[0] = True
+    run_until(loop, clock, lambda: api.written, seconds=30)
+    assert len(api.written) == 1
+
+
+def test_a_change_held_longer_than_a_resync_is_written_but_not_counted_as_latency():
+    clock, observer, api, writer, loop, leading = build(leader=[False])
+    observer.mark_dirty(NAME, clock())
+    loop.step()
+    clock.sleep(3601)  # a follower for over an hour: the leader wrote that change meanwhile
+    leading[0] = True
+    run_until(loop, clock, lambda: api.written, seconds=30)
+    assert len(api.written) == 1
+    assert writer.metrics.change_to_write._sum.get() == 0.0

@@ -1,0 +1,136 @@
+"""Caches that must not outlive what they describe, or decide after they stopped being true.
+
+Issue 16: after a 403 mid-run the pod cache kept deciding the phase; an informer stopped
+while it re-listed restored its cache (a deleted CR's Secret watch kept ``tls.key``) and opened
+a new watch; a reconcile racing a CR deletion re-created the deleted CR's informers; an object
+that lost its labels was "missing". Each case drives the real Informer/Observer with fakes.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from kubernetes.client.exceptions import ApiException
+from test_reporter_observe import INSTANCE, FakeApi, NoStartInformer, by_kind, cr, make, obj
+
+from pmem_components import names as n
+from reporter.metrics import Metrics
+from reporter.observe import POD, Informer, Observer
+from reporter.write import build_observed
+
+
+def test_a_403_after_sync_empties_the_cache_and_marks_its_crs_dirty():
+    stop = threading.Event()
+    api = FakeApi(
+        lists=[([obj("p1", "5", labels=INSTANCE)], "10")],
+        watches=[ApiException(status=403, reason="Forbidden")],
+    )
+    changes: list = []
+    inf = Informer(
+        api,
+        POD,
+        lambda i, t, o, b: changes.append((t, ((o or b or {}).get("metadata") or {}).get("name"))),
+        Metrics(),
+        namespace="pmem-csi",
+    )
+
+    def wait(_t: float) -> bool:
+        stop.set()
+        return True
+
+    inf._stop.wait = wait  # type: ignore[method-assign]
+    inf.run(stop)
+    assert inf.error == "403 Forbidden"
+    assert inf.items() == []  # a stale copy must not decide anything
+    assert ("DELETED", "p1") not in changes  # unknown, not gone
+    assert changes[-1] == ("UNREADABLE", None)  # the CRs are recomputed now, not at resync
+
+
+def test_an_informer_stopped_while_it_relists_keeps_nothing_and_opens_no_watch():
+    holder: list = []
+
+    class Api(FakeApi):
+        def list(self, *a, **kw):
+            holder[0].stop()  # the CR was deleted while the list was on its way
+            return super().list(*a, **kw)
+
+    api = Api(lists=[([obj("registry-secrets", "5")], "10")], watches=[[]])
+    inf = make(api, [])
+    holder.append(inf)
+    inf.run()
+    assert len(inf) == 0
+    assert [c[0] for c in api.calls] == ["list"]  # no watch after the stop
+    assert not inf.synced
+
+
+def test_a_reconcile_racing_the_crs_deletion_does_not_recreate_its_informers():
+    observer = Observer(
+        FakeApi([], []), Metrics(), deployments=["a"], informer_factory=NoStartInformer
+    )
+    observer.start()
+    crs = observer.cr_informers[0]
+    crs._handle({"type": "ADDED", "object": cr("a", "1", ns="drv")})
+    stale = observer.cr("a")  # what the writer read before the deletion
+    crs._handle({"type": "DELETED", "object": cr("a", "2", ns="drv")})
+    assert observer.all_informers() == observer.cr_informers
+    observer.ensure_for(stale)  # the writer's "not settled yet" path, a moment late
+    assert observer.all_informers() == observer.cr_informers
+
+
+class LookupApi(FakeApi):
+    def __init__(self, found: dict) -> None:
+        super().__init__([], [])
+        self.found = found
+        self.gets: list = []
+
+    def get_metadata(self, res, name, namespace=None):
+        self.gets.append((res.kind, name, namespace))
+        return self.found.get((res.kind, name))
+
+
+def test_an_object_gone_from_the_label_selected_cache_is_looked_up_by_name_and_relabelled():
+    names = n.DeploymentNames("a")
+    ds = {
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": names.node_driver,
+            "namespace": "drv",
+            "resourceVersion": "9",
+            "labels": {n.LABEL_PART_OF: n.PART_OF, "team": "x"},  # instance label removed
+        },
+    }
+    api = LookupApi({("DaemonSet", names.node_driver): ds})
+    observer = Observer(api, Metrics(), deployments=["a"], informer_factory=NoStartInformer)
+    observer.start()
+    observer.cr_informers[0]._handle({"type": "ADDED", "object": cr("a", "1", ns="drv")})
+    seen = build_observed(observer, observer.cr("a"))
+    assert seen.relabelled == {("DaemonSet", names.node_driver): {n.LABEL_PART_OF: n.PART_OF}}
+    # Asked once per object, not on every reconcile while it stays away.
+    build_observed(observer, observer.cr("a"))
+    assert api.gets.count(("DaemonSet", names.node_driver, "drv")) == 1
+    # Kinds watched by name (Secrets, cluster-scoped objects) are not looked up: their
+    # watches do not depend on labels.
+    assert {kind for kind, _, _ in api.gets} == {
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "StatefulSet",
+        "DaemonSet",
+    }
+    # Back in the cache (labels restored): not relabelled any more.
+    (ds_inf,) = [i for i in by_kind(observer, "DaemonSet")]
+    ds_inf._handle(
+        {
+            "type": "ADDED",
+            "object": {
+                **ds,
+                "metadata": {
+                    **ds["metadata"],
+                    "resourceVersion": "10",
+                    "labels": {n.LABEL_PART_OF: n.PART_OF, n.LABEL_INSTANCE: names.hyphened},
+                },
+            },
+        }
+    )
+    assert build_observed(observer, observer.cr("a")).relabelled == {}

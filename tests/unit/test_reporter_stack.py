@@ -1,0 +1,141 @@
+"""One reporter per stack (issue 16): pods, watches and Lease requests constant in deployments.
+
+The program registers one reporter for every deployment that enables it (unit-tested with
+Pulumi's mocks here; ``tests/e2e/test_reporter_stack.py`` runs it with the real engine), and
+that reporter's shared layout needs a constant number of watches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pytest
+from test_components import Mocks, run, settle, stack
+from test_reporter_observe import FakeApi, NoStartInformer, cr
+
+from pmem_components.program import deploy, reporter_problems
+from reporter.metrics import Metrics
+from reporter.observe import Observer
+
+IMAGE = "registry.example/pmem-csi-reporter:1"
+
+
+@pytest.fixture
+def mocks() -> Mocks:
+    m = Mocks()
+    pulumi.runtime.set_mocks(m, project="pmem-csi-pulumi", stack="unit", preview=False)
+    return m
+
+
+def dep(name: str, namespace: str, **reporter: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "reporter": {"image": IMAGE, **reporter}}
+
+
+def watches(n_deployments: int, namespaces: int = 1) -> int:
+    names = [f"d{i}.example.org" for i in range(n_deployments)]
+    observer = Observer(
+        FakeApi([], []),
+        Metrics(),
+        deployments=names,
+        informer_factory=NoStartInformer,
+        shared_watches=True,
+    )
+    observer.start()
+    for i, name in enumerate(names):
+        observer.cr_informers[0]._handle(
+            {"type": "ADDED", "object": cr(name, str(i + 1), ns=f"drv{i % namespaces}")}
+        )
+    return len(observer.all_informers())
+
+
+@pytest.mark.parametrize("n", [1, 10, 100])
+def test_only_the_secret_watches_grow_with_deployments(n: int) -> None:
+    # The CRs, 3 cluster-scoped kinds, 7 namespaced kinds: whatever the number of deployments
+    # and namespaces; plus each deployment's two Secrets by name (least privilege).
+    assert watches(n) == 1 + 3 + 7 + 2 * n
+    assert watches(n, namespaces=n) == 1 + 3 + 7 + 2 * n
+
+
+def test_a_cr_the_reporter_does_not_serve_is_ignored_and_its_namespace_not_watched() -> None:
+    observer = Observer(
+        FakeApi([], []),
+        Metrics(),
+        deployments=["a"],
+        informer_factory=NoStartInformer,
+        shared_watches=True,
+    )
+    observer.start()
+    before = len(observer.all_informers())
+    observer.cr_informers[0]._handle({"type": "ADDED", "object": cr("stranger", "1", ns="x")})
+    assert observer.crs() == [] and observer.cr("stranger") is None
+    assert len(observer.all_informers()) == before
+    assert observer.take_dirty(0) == {}
+
+
+def test_the_secret_watches_of_a_cr_stop_with_it() -> None:
+    observer = Observer(
+        FakeApi([], []),
+        Metrics(),
+        deployments=["a", "b"],
+        informer_factory=NoStartInformer,
+        shared_watches=True,
+    )
+    observer.start()
+    crs = observer.cr_informers[0]
+    crs._handle({"type": "ADDED", "object": cr("a", "1", ns="one")})
+    crs._handle({"type": "ADDED", "object": cr("b", "2", ns="one")})
+    secrets = [i for i in observer.all_informers() if i.res.kind == "Secret"]
+    assert len(secrets) == 4
+    a_secrets = [i for i in secrets if i.owner == "a"]
+    crs._handle({"type": "DELETED", "object": cr("a", "3", ns="one")})
+    assert all(i._stop.is_set() for i in a_secrets)
+    assert not any(i._stop.is_set() for i in secrets if i.owner == "b")
+    crs._handle({"type": "DELETED", "object": cr("b", "4", ns="one")})
+    assert [i for i in observer.all_informers() if i.res.kind == "Secret"] == []
+
+
+def test_reporter_settings_that_disagree_are_refused_naming_the_keys() -> None:
+    s = stack(dep("a.example.org", "one"), dep("b.example.org", "two", replicas=3))
+    (problem,) = reporter_problems(s)
+    assert problem.startswith("pmem-csi:deployments[1].reporter.replicas: is 3")
+    assert "pmem-csi:deployments[0].reporter.replicas is 2" in problem
+    # Deployments without the reporter do not count.
+    assert reporter_problems(stack(dep("a.example.org", "one"), {"name": "b.example.org"})) == []
+
+
+def test_the_program_registers_one_reporter_for_all_deployments(mocks) -> None:
+    run(lambda: _one_reporter(mocks))
+
+
+def _one_reporter(mocks) -> Any:
+    outputs = deploy(
+        stack(dep("a.example.org", "one"), dep("b.example.org", "two"), dep("c.example.org", "two"))
+    )
+
+    def check(out: Any) -> None:
+        deployments = [r for r in mocks.resources if r.typ == "kubernetes:apps/v1:Deployment"]
+        (reporter,) = deployments
+        assert reporter.inputs["metadata"]["name"] == "a-example-org-reporter"
+        assert reporter.inputs["metadata"]["namespace"] == "one"
+        assert reporter.inputs["spec"]["replicas"] == 2
+        args = reporter.inputs["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert [args[i + 1] for i, a in enumerate(args) if a == "--deployment"] == [
+            "a.example.org",
+            "b.example.org",
+            "c.example.org",
+        ]
+        assert "--shared-watches" in args
+        roles = [
+            r for r in mocks.resources if r.typ == "kubernetes:rbac.authorization.k8s.io/v1:Role"
+        ]
+        reporter_roles = {
+            r.inputs["metadata"]["namespace"]
+            for r in roles
+            if r.inputs["metadata"]["name"].startswith("a-example-org-reporter")
+        }
+        assert reporter_roles == {"one", "two", "default"}
+        for name in ("a.example.org", "b.example.org", "c.example.org"):
+            assert out[name]["objectNames"]["reporter"] == "a-example-org-reporter"
+
+    return settle(outputs, check)

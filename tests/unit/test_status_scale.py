@@ -1,0 +1,157 @@
+"""Status in proportion at scale (issue 16): the rules and thresholds of ``reporter.status``.
+
+Following kstatus and a Deployment's ``progressDeadlineSeconds``:
+- a few broken node pods after a finished rollout (at most ``node_tolerance(desired)``: 1 %,
+  rounded down) leave the driver serving: Node stays ``Ready``, the phase ``Running``, and
+  the pods are named (and get a Warning Event each, see test_reporter_write_scale);
+- more than that, or any during a rollout, is progress: ``Progressing`` -- ``Failed`` only
+  once nothing moved for the progress deadline;
+- ``Failed`` at once only when a component does not serve at all: no ready pod and pods
+  failing (crash loop, image pull, unschedulable, phase Failed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from test_status import (
+    NAMES,
+    NOW,
+    comp,
+    controller_pods,
+    daemonset,
+    node_pods,
+    observed,
+    pod,
+    statefulset,
+    with_changes,
+)
+
+from reporter import status as st
+
+HOUR = dt.timedelta(hours=1)
+DEADLINE = st.DEFAULT_PROGRESS_DEADLINE
+
+
+def node_pod(i: int, **kw: object) -> dict:
+    return pod(f"{NAMES.hyphened}-node-{i:05d}", f"node-{i:05d}", **kw)  # type: ignore[arg-type]
+
+
+def cluster(desired: int, broken: dict[int, dict], **ds_kw: int) -> tuple[dict, list[dict]]:
+    """A DaemonSet over ``desired`` nodes whose pods ``broken`` (index -> pod() args) fail."""
+    pods = [node_pod(i, **broken.get(i, {})) for i in range(desired)]
+    ready = desired - len(broken)
+    return with_changes(ds=daemonset(desired, ready, **ds_kw)), pods
+
+
+NODE_DOWN = {"ready": False}  # the kubelet stopped reporting: Ready False, no waiting reason
+PULL = {"ready": False, "waiting": "ErrImagePull"}
+CRASH = {"ready": False, "waiting": "CrashLoopBackOff"}
+UNSCHEDULABLE = {"ready": False, "unschedulable": "0/5000 nodes are available"}
+
+
+@pytest.mark.parametrize(
+    ("desired", "tolerated"),
+    [(1, 0), (3, 0), (99, 0), (100, 1), (250, 2), (1000, 10), (5000, 50)],
+)
+def test_node_tolerance_is_one_percent_rounded_down(desired: int, tolerated: int) -> None:
+    assert st.node_tolerance(desired) == tolerated
+
+
+@pytest.mark.parametrize(
+    ("desired", "broken", "phase", "node_status"),
+    [
+        pytest.param(5000, {17: NODE_DOWN}, "Running", "Ready", id="1-of-5000-node-down"),
+        pytest.param(5000, {17: PULL}, "Running", "Ready", id="1-of-5000-err-image-pull"),
+        pytest.param(5000, {17: UNSCHEDULABLE}, "Running", "Ready", id="1-of-5000-unschedulable"),
+        pytest.param(5000, {17: CRASH}, "Running", "Ready", id="1-of-5000-crash-loop"),
+        pytest.param(
+            5000, {i: NODE_DOWN for i in range(50)}, "Running", "Ready", id="50-of-5000-down"
+        ),
+        pytest.param(
+            5000,
+            {i: NODE_DOWN for i in range(51)},
+            "Progressing",
+            "NotReady",
+            id="51-of-5000-down",
+        ),
+        pytest.param(3, {2: PULL}, "Progressing", "NotReady", id="1-of-3-err-image-pull"),
+        pytest.param(3, {2: UNSCHEDULABLE}, "Progressing", "NotReady", id="1-of-3-unschedulable"),
+        pytest.param(3, {2: CRASH}, "Progressing", "NotReady", id="1-of-3-crash-loop"),
+        pytest.param(3, {0: CRASH, 1: CRASH, 2: PULL}, "Failed", "NotReady", id="none-serves"),
+    ],
+)
+def test_broken_node_pods_in_proportion(
+    desired: int, broken: dict[int, dict], phase: str, node_status: str
+) -> None:
+    objects, pods = cluster(desired, broken)
+    s = st.compute_status(observed(objects, nodepods=pods), NOW)
+    assert s["phase"] == phase, s["reason"]
+    node = comp(s, "Node")
+    assert node["status"] == node_status
+    first = min(broken)
+    assert f"{NAMES.hyphened}-node-{first:05d} on node-{first:05d}" in node["reason"] or (
+        "not scheduled" in node["reason"]
+    )
+
+
+def test_one_node_of_5000_down_for_an_hour_stays_running() -> None:
+    """The finding: a constant reason used to run into the progress deadline -> Failed."""
+    objects, pods = cluster(5000, {17: NODE_DOWN})
+    first = st.compute_status(observed(objects, nodepods=pods), NOW)
+    later = st.compute_status(observed(objects, nodepods=pods, status=first), NOW + HOUR)
+    assert later["phase"] == "Running"
+    assert "4999 of 5000 node driver pod(s) ready" in comp(later, "Node")["reason"]
+    assert st.phase_event(first, later) is None  # no Warning Event about the CR
+
+
+def test_a_stuck_rollout_fails_after_the_deadline_and_a_moving_one_does_not() -> None:
+    objects, pods = cluster(3, {2: PULL})
+    first = st.compute_status(observed(objects, nodepods=pods), NOW)
+    assert first["phase"] == "Progressing"
+    stuck = observed(objects, nodepods=pods, status=first)
+    assert st.compute_status(stuck, NOW + DEADLINE)["phase"] == "Progressing"
+    late = st.compute_status(stuck, NOW + DEADLINE + dt.timedelta(seconds=1))
+    assert late["phase"] == "Failed"
+    assert late["reason"].startswith("No progress for more than 10 minute(s)")
+
+
+def test_beyond_the_tolerance_an_unchanged_outage_fails_after_the_deadline() -> None:
+    objects, pods = cluster(5000, {i: NODE_DOWN for i in range(60)})
+    first = st.compute_status(observed(objects, nodepods=pods), NOW)
+    assert first["phase"] == "Progressing"
+    later = st.compute_status(observed(objects, nodepods=pods, status=first), NOW + HOUR)
+    assert later["phase"] == "Failed"
+
+
+def test_a_large_rollout_is_progressing_not_degraded() -> None:
+    """During a rollout every pod restarts once: that is progress, never 'tolerated'."""
+    objects, pods = cluster(5000, {i: {"ready": False} for i in range(10)}, updated=4000)
+    s = st.compute_status(observed(objects, nodepods=pods), NOW)
+    assert s["phase"] == "Progressing"
+    assert "Rollout in progress: 4000 of 5000" in comp(s, "Node")["reason"]
+
+
+def test_a_controller_that_does_not_serve_fails_at_once() -> None:
+    ctrl = [pod(f"{NAMES.controller_driver}-0", "node-1", ready=False, waiting="ErrImagePull")]
+    s = st.compute_status(
+        observed(with_changes(ss=statefulset(1, 0)), ctrl_pods=ctrl, nodepods=node_pods()), NOW
+    )
+    assert s["phase"] == "Failed"
+    assert "ErrImagePull" in s["reason"]
+
+
+def test_degraded_node_pods_are_listed_for_events() -> None:
+    objects, pods = cluster(5000, {17: NODE_DOWN, 40: PULL})
+    found = st.degraded_node_pods(observed(objects, nodepods=pods))
+    assert [(p.pod, p.node) for p in found] == [
+        (f"{NAMES.hyphened}-node-00017", "node-00017"),
+        (f"{NAMES.hyphened}-node-00040", "node-00040"),
+    ]
+    assert "ErrImagePull" in found[1].problem
+    # None during a rollout: pods restarting on the way are not broken nodes.
+    objects, pods = cluster(5000, {17: NODE_DOWN}, updated=10)
+    assert st.degraded_node_pods(observed(objects, nodepods=pods)) == []
+    # Controller pods are not node pods.
+    assert st.degraded_node_pods(observed(ctrl_pods=controller_pods())) == []

@@ -40,8 +40,8 @@ def test_the_reporter_container_is_probed_limited_and_locked_down() -> None:
         "failureThreshold": 1,
     }
     assert container["resources"] == {
-        "requests": {"cpu": "10m", "memory": "64Mi"},
-        "limits": {"memory": "256Mi"},
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"memory": "384Mi"},
     }
     assert container["securityContext"] == {
         "allowPrivilegeEscalation": False,

@@ -443,8 +443,18 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         cr_deps = [args.crd] if args.crd is not None else []
         self.deployment_cr = register(objs.deployment_cr, self, top, cr_deps)
         # The reporter is the stack's, not this deployment's: registered by
-        # ``pmem_components.program.register_reporter`` for every deployment at once.
+        # ``pmem_components.program.register_reporter`` for every deployment at once, as
+        # children of the first deployment it serves (register_reporter_object): the same
+        # transforms (await, patches, take-over), update hook and forced apply as every other
+        # object, and the URNs that deployment's own reporter had.
         self.reporter: list[pulumi.CustomResource] = []
+
+        def register_reporter_object(
+            obj: dict[str, Any], deps: Sequence[pulumi.Resource]
+        ) -> pulumi.CustomResource:
+            return register(_annotate(obj, extra) if extra else obj, self, top, deps)
+
+        self.register_reporter_object = register_reporter_object
         self.ca_cert = pulumi.Output.from_input(certs.ca_cert)
         self.register_outputs(
             {

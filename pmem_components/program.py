@@ -97,20 +97,17 @@ def register_reporter(
     reporter enabled, registered after their CRs (``components``: the stack's
     PmemCsiDeployment components, in the order of ``stack.deployments``).
 
-    It has the names and namespace the first such deployment's own reporter had; its objects
-    were that deployment's children, so each gets an alias to its old URN: one ``pulumi up``
+    It has the names and namespace the first such deployment's own reporter had, and its
+    objects are that deployment's component's children as they were: one ``pulumi up``
     updates them in place (the Deployment rolls to the new arguments, its Lease stays). The
     other deployments' old reporters are deleted at the end of that update, after the
     stack's reporter Deployment is updated and, with the provider's await, rolled out:
     there is always a reporter writing each CR's status.
     """
-    from pmem_components import registry
-    from pmem_components.components import COMPONENT_TYPE
     from pmem_components.manifests.reporter import (
         build_reporter_objects,
         with_allowed_field_owners,
     )
-    from pmem_components.patches import PatchSet
 
     served = [d for d in stack.deployments if d.reporter.enabled]
     if not served:
@@ -132,24 +129,15 @@ def register_reporter(
         image_pull_policy=first.image_pull_policy,
     )
     deps = [*crs, *(namespaces[d.namespace] for d in served if d.namespace in namespaces)]
-    # The first served deployment's patches reach the stack's reporter (they were validated
-    # against that deployment's own reporter objects, bundle.reporter_objects).
-    first_index = next(i for i, d in enumerate(stack.deployments) if d.reporter.enabled)
-    patches = PatchSet.for_deployment(first_index, first.patches) if first.patches else None
+    # Children of the first served deployment's component: its transforms apply (its
+    # patches among them, validated against its own reporter objects,
+    # bundle.reporter_objects), and the URNs are those its own reporter had.
+    owner = components[next(i for i, d in enumerate(stack.deployments) if d.reporter.enabled)]
     out = []
     for obj in objects:
-        if patches is not None:
-            patched = patches.apply(registry.type_token(obj), obj)
-            obj = patched if patched is not None else obj
         if obj["kind"] == "Deployment":
             obj = with_allowed_field_owners(obj, stack.allowed_field_owners)
-        old_urn = (
-            f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
-            f"{COMPONENT_TYPE}${registry.type_token(obj)}::{registry.resource_name(obj)}"
-        )
-        out.append(
-            registry.register(obj, pulumi.ResourceOptions(depends_on=deps, aliases=[old_urn]))
-        )
+        out.append(owner.register_reporter_object(obj, deps))
     return out
 
 

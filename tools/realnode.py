@@ -80,6 +80,23 @@ NODE_ROOT = Path("/var/lib/pmem-csi-pulumi-node")
 NODE_RUN = Path("/run/pmem-csi-pulumi-node")
 LOCK_FILE = Path("/run/pmem-csi-pulumi-node.lock")
 RECORD_FILE = Path("/run/pmem-csi-pulumi-node.json")
+# What the machine looked like before the first node ran (the paths of HARD_CODED_PATHS that
+# existed, the kernel tunables the kubelet changes). Outside /run, so that it outlives a
+# reboot; removed only by a teardown that leaves nothing behind, so a half-done one never
+# makes the old node's paths look like the machine's own.
+BASELINE_FILE = Path("/var/lib/pmem-csi-pulumi-node.baseline.json")
+NETNS_DIR = Path("/run/netns")
+SYSCTL_ROOT = Path("/proc/sys")
+# Machine-wide kernel tunables the kubelet sets at start (protectKernelDefaults false:
+# setupKernelTunables): saved before it starts, written back by the teardown.
+KUBELET_SYSCTLS = (
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 # Paths the kubelet and containerd use whatever their configuration says.
 HARD_CODED_PATHS = (
     Path("/var/lib/kubelet"),
@@ -165,9 +182,14 @@ class Record:
 
     state_dir: str
     pids: dict[str, int] = field(default_factory=dict)
+    # Start time (boottime seconds, /proc/PID/stat) of each of ``pids``: a PID whose process
+    # started at another time is a reused PID, not the node's, and is never signalled.
+    pid_starts: dict[str, float] = field(default_factory=dict)
+    # The process running start(): while it lives (or the forwarder does) the node is not a
+    # leftover, whatever else is missing.
+    starter_pid: int | None = None
+    starter_start: float | None = None
     host_routes: list[str] = field(default_factory=list)
-    # Of HARD_CODED_PATHS, those that existed before the node first ran: never removed.
-    foreign_paths: list[str] = field(default_factory=list)
     guarded_at_boottime: float | None = None
     started_at_boottime: float | None = None
 
@@ -184,6 +206,50 @@ class Record:
             return None
 
 
+@dataclass
+class Baseline:
+    """The machine before the first node ran (see BASELINE_FILE)."""
+
+    # Of HARD_CODED_PATHS, those that existed: never removed.
+    foreign_paths: list[str] = field(default_factory=list)
+    # KUBELET_SYSCTLS -> value before the kubelet ran.
+    sysctls: dict[str, str] = field(default_factory=dict)
+
+    def save(self) -> None:
+        tmp = BASELINE_FILE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(BASELINE_FILE)
+
+    @classmethod
+    def load(cls) -> Baseline | None:
+        try:
+            return cls(**json.loads(BASELINE_FILE.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError, TypeError):
+            return None
+
+    @classmethod
+    def take(cls) -> Baseline:
+        """The one saved before an earlier node, else the machine as it is now (saved)."""
+        baseline = cls.load()
+        if baseline is None:
+            baseline = cls(
+                foreign_paths=[str(p) for p in HARD_CODED_PATHS if p.exists()],
+                sysctls={name: read_sysctl(name) for name in KUBELET_SYSCTLS},
+            )
+            baseline.save()
+        return baseline
+
+
+def read_sysctl(name: str) -> str:
+    return (SYSCTL_ROOT / name).read_text().strip()
+
+
+def _restore_sysctls(baseline: Baseline | None) -> None:
+    for name, value in (baseline.sysctls if baseline else {}).items():
+        if read_sysctl(name) != value:
+            (SYSCTL_ROOT / name).write_text(value + "\n")
+
+
 def boottime() -> float:
     """Seconds since boot, the clock of a process's start time in /proc/PID/stat."""
     return time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -193,6 +259,23 @@ def process_start_boottime(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_of(pid: int) -> float | None:
+    try:
+        return process_start_boottime(pid)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _same_process(pid: int | None, start: float | None) -> bool:
+    """``pid`` is alive and is the process that started at ``start`` (not a reused PID)."""
+    if not pid or not _alive(pid):
+        return False
+    if start is None:
+        return False  # no start time saved: cannot tell it from a reused PID
+    now = _start_of(pid)
+    return now is not None and abs(now - start) <= 2 / os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------- commands
@@ -210,7 +293,7 @@ def _run(
 
 
 def netns_path() -> Path:
-    return Path("/run/netns") / NETNS
+    return NETNS_DIR / NETNS
 
 
 def in_netns(*cmd: str | Path) -> list[str]:
@@ -580,12 +663,19 @@ def cluster_problems(api_port: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def _lock() -> Iterator[int]:
+def _lock(wait: float = 0) -> Iterator[int]:
+    """The machine's node lock; ``wait`` seconds for a holder that is exiting (a forwarder)."""
     fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
             os.close(fd)
             record = Record.load()
             owner = record.state_dir if record else "another process"
@@ -639,7 +729,35 @@ def import_image(archive: Path, base_name: str) -> None:
 
 def is_running() -> bool:
     record = Record.load()
-    return bool(record and record.pids and all(_alive(p) for p in record.pids.values()))
+    return bool(
+        record
+        and record.pids
+        and all(_same_process(pid, record.pid_starts.get(n)) for n, pid in record.pids.items())
+    )
+
+
+def _holder_alive(record: Record) -> bool:
+    """Whether the process starting the node, or its forwarder (the lock's holder), lives.
+
+    Such a node is not a leftover, even when is_running() is False (mid-start: the record
+    has no kubelet yet): nobody but its owner may tear it down.
+    """
+    return _same_process(record.starter_pid, record.starter_start) or _same_process(
+        record.pids.get("forwarder"), record.pid_starts.get("forwarder")
+    )
+
+
+def _remember(record: Record, name: str, pid: int) -> None:
+    record.pids[name] = pid
+    start = _start_of(pid)
+    if start is not None:
+        record.pid_starts[name] = start
+    record.save()
+
+
+def _isolation_problems(api_port: int) -> list[str]:
+    """guard_problems() and cluster_problems(): what must be empty while the node runs."""
+    return guard_problems() + cluster_problems(api_port)
 
 
 def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Record:
@@ -651,9 +769,16 @@ def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Reco
     """
     t0 = time.monotonic()
     record = Record.load()
+    ours = str(localenv.state_dir())
+    if record and record.state_dir != ours and (is_running() or _holder_alive(record)):
+        raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
     if record and is_running():
-        if record.state_dir != str(localenv.state_dir()):
-            raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
+        _, _, api_port = _kubelet_kubeconfig()
+        problems = _isolation_problems(api_port)
+        if problems:
+            _log("the running node's isolation is incomplete; removing it")
+            stop(quiet=True)
+            raise RealNodeError("the node's isolation was incomplete: " + "; ".join(problems))
         for archive, base in images:
             import_image(archive, base)
         return record
@@ -668,12 +793,14 @@ def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Reco
             + "); restart it (`make cluster-stop`)"
         )
     if record is not None:
-        # A node that is only partly alive (a killed run): its forwarder may hold the lock.
-        cleanup(quiet=True)
+        # A node of this checkout that is only partly alive (a killed run) or one whose
+        # owner is dead: its forwarder may still hold the lock; stopped by its verified PID.
+        _stop_forwarder(record)
     with _lock() as lock_fd:
         cleanup(quiet=True)
-        record = Record(state_dir=str(localenv.state_dir()))
-        record.foreign_paths = [str(p) for p in HARD_CODED_PATHS if p.exists()]
+        Baseline.take()
+        me = os.getpid()
+        record = Record(state_dir=ours, starter_pid=me, starter_start=_start_of(me))
         record.host_routes = _host_blackholes()
         record.save()
         try:
@@ -714,8 +841,7 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
         in_netns(toolchain.bin_path("containerd"), "--config", NODE_RUN / "containerd.toml"),
         env=env,
     )
-    record.pids["containerd"] = containerd.pid
-    record.save()
+    _remember(record, "containerd", containerd.pid)
     _wait("containerd", lambda: _run([toolchain.bin_path("ctr"), "-a", containerd_socket(),
                                       "version"], check=False).returncode == 0,
           60, containerd)  # fmt: skip
@@ -730,8 +856,7 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
         env={**os.environ, "PYTHONPATH": str(toolchain.PROJECT_DIR)},
         pass_fds=(lock_fd,),
     )  # fmt: skip
-    record.pids["forwarder"] = forwarder.pid
-    record.save()
+    _remember(record, "forwarder", forwarder.pid)
     _wait("forwarder", FORWARDER_READY.exists, 30, forwarder)
 
     kubeconfig, _, _ = _kubelet_kubeconfig()
@@ -752,10 +877,13 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
         ),
         env=env,
     )  # fmt: skip
-    record.pids["kubelet"] = kubelet.pid
     record.started_at_boottime = boottime()
-    record.save()
+    _remember(record, "kubelet", kubelet.pid)
     _wait("node Ready", _node_ready, timeout, kubelet)
+    # The kubelet (and containerd's CNI) changed the namespace while starting: check again.
+    problems = _isolation_problems(api_port)
+    if problems:
+        raise RealNodeError("the node's isolation broke while it started: " + "; ".join(problems))
 
 
 def _node_ready() -> bool:
@@ -863,21 +991,38 @@ def _node_mounts() -> list[str]:
 
 def _node_netns() -> list[Path]:
     """The node's namespace and its pods' (containerd names them ``cni-<uuid>``)."""
-    run = Path("/run/netns")
-    return [*run.glob("cni-*"), netns_path()] if run.exists() else []
+    return [*NETNS_DIR.glob("cni-*"), netns_path()] if NETNS_DIR.exists() else []
+
+
+def _stop_forwarder(record: Record) -> None:
+    """SIGTERM the record's forwarder (the lock's holder), if it still is that process."""
+    pid = record.pids.get("forwarder")
+    if pid and _same_process(pid, record.pid_starts.get("forwarder")):
+        _kill({pid}, signal.SIGTERM)
+        _wait_gone({pid}, 10)
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def cleanup(quiet: bool = False) -> None:
     """Remove the node and every trace of it: also what a killed or failed run left.
 
-    Order: kubelet first (it would restart containers), then every process in the node's
-    cgroups (containers, shims, containerd) by PID, the forwarder, then mounts, cgroups, the
-    namespaces, the host's routes, the directories.
+    Only with the lock held (start() and stop() take it): without it, this could be another
+    checkout's node in the middle of its start. Order: kubelet first (it would restart
+    containers), then every process in the node's cgroups (containers, shims, containerd)
+    and the record's (by PID and start time), then the kernel tunables the kubelet changed,
+    mounts, cgroups, the namespaces, the Node object and only once it is gone the host's
+    routes (while it exists the API server may dial the node's address), the directories.
+    The record and the baseline go only when nothing is left.
     """
     record = Record.load()
-    pids = dict(record.pids) if record else {}
+    pids = {
+        name: pid
+        for name, pid in (record.pids if record else {}).items()
+        if _same_process(pid, record.pid_starts.get(name))  # type: ignore[union-attr]
+    }
     kubelet = pids.get("kubelet")
-    if kubelet and _alive(kubelet):
+    if kubelet:
         _kill({kubelet}, signal.SIGTERM)
         _wait_gone({kubelet}, 10)
     for _ in range(50):
@@ -893,24 +1038,42 @@ def cleanup(quiet: bool = False) -> None:
     for pid in pids.values():
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
+    baseline = Baseline.load()
+    _restore_sysctls(baseline)
     for point in _node_mounts():
         _run(["umount", "-l", point], check=False)
     _remove_cgroups()
     for ns in _node_netns():
         if ns.exists():
             _run(["ip", "netns", "del", ns.name], check=False)
-    for dst in record.host_routes if record else _host_blackholes():
-        _run(["ip", "route", "del", "blackhole", dst], check=False)
-    foreign = set(record.foreign_paths) if record else {str(p) for p in HARD_CODED_PATHS}
+    kubeconfig = Path(record.state_dir) / "kubeconfig" if record else localenv.kubeconfig_path()
+    node_gone = _delete_node_object(kubeconfig)
+    if node_gone:
+        for dst in record.host_routes if record else _host_blackholes():
+            _run(["ip", "route", "del", "blackhole", dst], check=False)
+    foreign = _foreign_paths(baseline)
     for path in [NODE_ROOT, NODE_RUN, *HARD_CODED_PATHS]:
         if str(path) not in foreign:
             shutil.rmtree(path, ignore_errors=True)
-    RECORD_FILE.unlink(missing_ok=True)
-    left = leftovers(sorted(foreign))
+    left = leftovers()
     if left:
+        if not node_gone:
+            left.append(
+                f"(the Node {NODE_NAME} may still be in the cluster: the host routes stay "
+                "until it is gone or the cluster stops)"
+            )
         raise RealNodeError("teardown left: " + "; ".join(left))
+    RECORD_FILE.unlink(missing_ok=True)
+    BASELINE_FILE.unlink(missing_ok=True)
     if not quiet:
         _log("removed (processes, mounts, cgroups, namespaces, routes, directories)")
+
+
+def _foreign_paths(baseline: Baseline | None) -> set[str]:
+    """Paths never removed: the baseline's, or every hard-coded one when there is none."""
+    if baseline is None:
+        return {str(p) for p in HARD_CODED_PATHS}
+    return set(baseline.foreign_paths)
 
 
 def _remove_cgroups(timeout: float = 10) -> None:
@@ -936,7 +1099,7 @@ def _wait_gone(pids: set[int], timeout: float) -> None:
         time.sleep(0.1)
 
 
-def leftovers(foreign: Sequence[str] = ()) -> list[str]:
+def leftovers() -> list[str]:
     """Every trace of a node that is still there (empty after a complete teardown)."""
     found = []
     dirs = _cgroup_dirs()
@@ -952,8 +1115,12 @@ def leftovers(foreign: Sequence[str] = ()) -> list[str]:
     ours = {r["dst"] for r in host} & set(_host_blackholes())
     if ours:
         found.append(f"host routes {sorted(ours)}")
-    record = Record.load()
-    foreign = set(foreign) | set(record.foreign_paths if record else [])
+    baseline = Baseline.load()
+    for name, value in (baseline.sysctls if baseline else {}).items():
+        now = read_sysctl(name)
+        if now != value:
+            found.append(f"sysctl {name.replace('/', '.')} = {now} (was {value})")
+    foreign = _foreign_paths(baseline)
     for path in [NODE_ROOT, NODE_RUN, *HARD_CODED_PATHS]:
         if path.exists() and str(path) not in foreign:
             found.append(str(path))
@@ -970,34 +1137,44 @@ def _group_of(binary: str) -> str:
 
 
 def stop(quiet: bool = False) -> None:
-    """Tear the node down if this checkout's state directory owns it (or nobody does).
+    """Tear the node down if this checkout's state directory owns it (or nobody living does).
 
-    No lock taken: the node's forwarder holds it, and stopping the forwarder releases it.
+    A node of another checkout is left alone while it runs, is being started or its
+    forwarder lives. Else the forwarder (which holds the lock) is stopped by its verified
+    PID and the teardown runs with the lock held; the lock still taken (a start under way in
+    this checkout) is an error, never a teardown without it.
     """
     record = Record.load()
-    if record is None and not netns_path().exists():
-        return  # never started (the record is written before anything is made)
-    if record and record.state_dir != str(localenv.state_dir()) and is_running():
+    if record and record.state_dir != str(localenv.state_dir()) and (
+        is_running() or _holder_alive(record)
+    ):
         if not quiet:
             _log(f"the real node belongs to {record.state_dir}; left alone")
         return
-    cleanup(quiet=quiet)
-    _delete_node_object(Path(record.state_dir) / "kubeconfig" if record else None)
+    if record is None and not leftovers():
+        return  # never started, or torn down completely
+    if record is not None:
+        _stop_forwarder(record)
+    with _lock(wait=10):
+        cleanup(quiet=quiet)
 
 
-def _delete_node_object(kubeconfig: Path | None) -> None:
-    """Remove the Node from the cluster, so the pod GC removes the pods that were bound to it."""
-    if (
-        kubeconfig is None
-        or not kubeconfig.exists()
-        or not toolchain.GROUPS["kubernetes"].is_built()
-    ):
-        return
-    _run(
-        [toolchain.bin_path("kubectl"), "--kubeconfig", kubeconfig, "delete", "node", NODE_NAME,
-         "--ignore-not-found", "--wait=false", "--request-timeout=10s"],
-        check=False,
-    )  # fmt: skip
+def _delete_node_object(kubeconfig: Path) -> bool:
+    """Remove the Node from the cluster (the pod GC then removes its pods); True when gone.
+
+    No kubeconfig: the cluster is stopped (tools.cluster removes it after the control plane),
+    so no API server could dial the node. Else the deletion is waited for and checked.
+    """
+    if not kubeconfig.exists():
+        return True
+    if not toolchain.GROUPS["kubernetes"].is_built():
+        return False
+    kubectl = [toolchain.bin_path("kubectl"), "--kubeconfig", kubeconfig, "--request-timeout=10s"]
+    _run([*kubectl, "delete", "node", NODE_NAME, "--ignore-not-found", "--wait=true",
+          "--timeout=30s"], check=False)  # fmt: skip
+    got = _run([*kubectl, "get", "node", NODE_NAME, "--ignore-not-found", "-o", "name"],
+               check=False)  # fmt: skip
+    return got.returncode == 0 and not got.stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:

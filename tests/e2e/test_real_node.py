@@ -523,11 +523,11 @@ def test_a_killed_node_is_cleaned_up_at_the_next_start_and_stop_leaves_nothing(
     for pid in procs:
         os.kill(pid, signal.SIGKILL)
     # What a killed run leaves: pod mounts, cgroups, namespaces, routes.
-    assert realnode.leftovers(record.foreign_paths)
+    assert realnode.leftovers()
     again = realnode.start(images=[(image_tool.build().archive, realnode.REPORTER_IMAGE_BASE)])
     assert realnode.guard_problems() == []
     assert set(again.pids.values()).isdisjoint(procs)
     realnode.stop()
-    assert realnode.leftovers(record.foreign_paths) == []
-    assert not realnode.RECORD_FILE.exists()
+    assert realnode.leftovers() == []  # also: the kernel tunables are the baseline's again
+    assert not realnode.RECORD_FILE.exists() and not realnode.BASELINE_FILE.exists()
     assert not any(Path(f"/proc/{pid}").exists() for pid in again.pids.values())

@@ -256,8 +256,8 @@ def test_host_routes_stay_until_the_node_object_is_gone(machine: FakeMachine) ->
     assert machine.host_routes == set(realnode._host_blackholes())
     machine.node_deletable = True
     realnode.cleanup(quiet=True)
-    assert machine.events[-3:] == ["node delete", *(f"route del {d}"
-                                                   for d in realnode._host_blackholes())]  # fmt: skip
+    routes_deleted = [f"route del {d}" for d in realnode._host_blackholes()]
+    assert machine.events[-3:] == ["node delete", *routes_deleted]
     assert not machine.node_exists and machine.host_routes == set()
 
 

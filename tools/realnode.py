@@ -107,7 +107,9 @@ HARD_CODED_PATHS = (
     Path("/etc/cni"),
     Path("/opt/cni"),
 )
-TRACKING_CGROUP = "pmem-csi-node"  # in the pids hierarchy: containerd, shims, kubelet
+# In the pids hierarchy: containerd, shims, kubelet; in every hierarchy: the kubelet's
+# cgroupRoot (its kubepods and the pods' cgroups below).
+TRACKING_CGROUP = "pmem-csi-node"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PAUSE_IMAGE = "localhost/pmem-csi-pause:" + toolchain.PAUSE_IMAGE_TAG
 REPORTER_IMAGE_BASE = "localhost/pmem-csi-reporter"
@@ -522,6 +524,9 @@ imports = []
   enable_selinux = false
   # No CAP_SYS_RESOURCE on these machines: without this, runc fails to lower oom_score_adj.
   restrict_oom_score_adj = true
+  # The pods' network namespaces under the state directory (NODE_RUN), not /run/netns where
+  # other runtimes keep theirs: the teardown removes them with it.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -576,6 +581,9 @@ def _kubelet_config() -> dict:
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "cgroupDriver": "cgroupfs",
+        # The pods' cgroups under the node's own (made in every hierarchy before the kubelet
+        # starts), not the machine-wide /kubepods another kubelet may use.
+        "cgroupRoot": f"/{TRACKING_CGROUP}",
         "failCgroupV1": False,  # these machines run cgroup v1 (hybrid)
         "failSwapOn": False,
         "containerRuntimeEndpoint": f"unix://{containerd_socket()}",
@@ -820,7 +828,8 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
     _make_netns()
     for d in (NODE_ROOT / "cni" / "net.d", NODE_RUN, pod_log_dir()):
         d.mkdir(parents=True, exist_ok=True)
-    (CGROUP_ROOT / "pids" / TRACKING_CGROUP).mkdir(exist_ok=True)
+    for hierarchy in _cgroup_hierarchies():
+        (hierarchy / TRACKING_CGROUP).mkdir(exist_ok=True)
     problems = guard_problems()
     if problems:
         raise RealNodeError("the node's isolation is incomplete: " + "; ".join(problems))
@@ -950,17 +959,25 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
 
 
-def _cgroup_dirs() -> list[Path]:
-    """The node's cgroups in every hierarchy, deepest first (the order rmdir needs)."""
-    found: list[Path] = []
+def _cgroup_hierarchies() -> list[Path]:
+    """The mounted hierarchies (``cpu,cpuacct``, not its ``cpu`` and ``cpuacct`` links)."""
     if not CGROUP_ROOT.exists():
-        return found
-    for hierarchy in CGROUP_ROOT.iterdir():
-        for top in ("kubepods", "kubepods.slice", TRACKING_CGROUP):
-            base = hierarchy / top
-            if base.is_dir():
-                found.extend(sorted((p for p in base.rglob("*") if p.is_dir()), reverse=True))
-                found.append(base)
+        return []
+    return sorted(h for h in CGROUP_ROOT.iterdir() if h.is_dir() and not h.is_symlink())
+
+
+def _cgroup_dirs() -> list[Path]:
+    """The node's cgroups in every hierarchy, deepest first (the order rmdir needs).
+
+    Only TRACKING_CGROUP and below: the kubelet's cgroupRoot is there, so a machine-wide
+    ``kubepods`` (another kubelet's) is never the node's.
+    """
+    found: list[Path] = []
+    for hierarchy in _cgroup_hierarchies():
+        base = hierarchy / TRACKING_CGROUP
+        if base.is_dir():
+            found.extend(p for p in base.rglob("*") if p.is_dir())
+            found.append(base)
     return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
 
 
@@ -990,8 +1007,8 @@ def _node_mounts() -> list[str]:
 
 
 def _node_netns() -> list[Path]:
-    """The node's namespace and its pods' (containerd names them ``cni-<uuid>``)."""
-    return [*NETNS_DIR.glob("cni-*"), netns_path()] if NETNS_DIR.exists() else []
+    """The node's namespace (its pods' are under NODE_RUN: netns_mounts_under_state_dir)."""
+    return [netns_path()] if netns_path().exists() else []
 
 
 def _stop_forwarder(record: Record) -> None:

@@ -304,3 +304,32 @@ def test_stop_without_a_record_still_removes_what_is_left(machine: FakeMachine) 
     assert realnode.leftovers() == [f"host routes {sorted(realnode._host_blackholes())}"]
     realnode.stop(quiet=True)
     assert machine.host_routes == set()
+
+
+# --------------------------------------------------------------------------- machine-wide (5)
+
+
+def test_the_teardown_claims_only_the_nodes_own_cgroups_and_namespaces(
+    machine: FakeMachine,
+) -> None:
+    """Another kubelet's ``kubepods`` and another runtime's ``cni-*`` namespace stay."""
+    machine.api_up = False
+    realnode.localenv.kubeconfig_path().unlink()
+    # The node's pods: in cgroups under the kubelet's own cgroupRoot, their namespaces under
+    # containerd's state directory (removed with it), not in /run/netns.
+    assert realnode._kubelet_config()["cgroupRoot"] == f"/{realnode.TRACKING_CGROUP}"
+    assert "netns_mounts_under_state_dir = true" in realnode._containerd_config()
+    theirs = realnode.CGROUP_ROOT / "memory" / "kubepods" / "pod-theirs"
+    ours = realnode.CGROUP_ROOT / "memory" / realnode.TRACKING_CGROUP / "kubepods" / "pod-ours"
+    theirs.mkdir(parents=True)
+    ours.mkdir(parents=True)
+    machine.make_node_traces()
+    other_netns = realnode.NETNS_DIR / "cni-0b5e-theirs"
+    other_netns.write_text("")
+    assert set(realnode._cgroup_dirs()) == {ours, ours.parent, ours.parent.parent}
+    assert realnode._node_netns() == [realnode.netns_path()]
+    realnode.Record(state_dir=str(realnode.localenv.state_dir()),
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    realnode.cleanup(quiet=True)
+    assert theirs.is_dir() and other_netns.exists()
+    assert not ours.parent.parent.exists()

@@ -69,6 +69,9 @@ SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 NODE_CIDR = "10.98.0.0/16"  # the node and its pods, blackholed on the host
 POD_CIDR = "10.98.1.0/24"
+# kwok's fake pods (kwok's default; tools.cluster leaves it): nothing is there, so nothing
+# may be sent there either.
+KWOK_POD_CIDR = "10.0.0.0/24"
 NODE_IP = "10.98.1.1"  # the bridge's address: the pods' gateway and the forwarder's listener
 FORWARD_PORT = 6443
 
@@ -348,7 +351,29 @@ def _netns_blackholes() -> list[str]:
 
 
 def _host_blackholes() -> list[str]:
-    return [SERVICE_CIDR, NODE_CIDR]
+    return [SERVICE_CIDR, NODE_CIDR, KWOK_POD_CIDR]
+
+
+def _route_conflicts(routes: list[dict]) -> list[str]:
+    """Host routes (``ip -j route show``) that overlap a range to be blackholed.
+
+    ``ip route replace blackhole`` would replace a connected route of the same prefix (and
+    cut the machine off a network it uses); a start refuses instead.
+    """
+    import ipaddress
+
+    found = []
+    for route in routes:
+        if route.get("type") == "blackhole" or route.get("dst") in (None, "default"):
+            continue
+        net = ipaddress.ip_network(route["dst"], strict=False)
+        for dst in _host_blackholes():
+            if net.version == 4 and net.overlaps(ipaddress.ip_network(dst)):
+                found.append(
+                    f"a host route to {route['dst']} (dev {route.get('dev')}) overlaps the "
+                    f"range {dst}"
+                )
+    return found
 
 
 BLACKHOLE_METRIC = "4000"
@@ -823,6 +848,9 @@ def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Reco
 
 def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
                   images: Sequence[tuple[Path, str]], timeout: float) -> None:  # fmt: skip
+    conflicts = _route_conflicts(json.loads(_run(["ip", "-j", "route", "show"]).stdout))
+    if conflicts:
+        raise RealNodeError("the node's address ranges are in use here: " + "; ".join(conflicts))
     for dst in record.host_routes:
         _run(["ip", "route", "replace", "blackhole", dst])
     _make_netns()

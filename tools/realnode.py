@@ -25,11 +25,13 @@ namespaces made here):
 * The API server never connects to the kubelet: the node's address is blackholed on the
   host, so ``kubectl logs``/``exec`` fail at once; read logs from :func:`pod_log_dir`.
 
-Only one real node per machine: the kubelet's device-plugin socket, ``/var/log/containers``,
-``/var/lib/cni`` and the ``kubepods`` cgroups are machine-wide. A lock file enforces it (held
-by the forwarder process for the node's life time), and :func:`stop` removes processes (by
-PID, from the node's cgroups), mounts, cgroups, the namespaces, routes and those paths; it
-runs at every start too, so a killed run's leftovers go before anything new is made.
+Only one real node per machine: the kubelet's device-plugin socket, ``/var/log/containers``
+and ``/var/lib/cni`` are machine-wide. A lock file enforces it (held by the starting process,
+then by the forwarder for the node's life time); :func:`cleanup` runs only with it held and
+removes processes (by PID and start time, from the node's cgroups), the kernel tunables the
+kubelet changed (written back), mounts, cgroups, the namespace, the Node object and then the
+routes, and those paths; it runs at every start too, so a killed run's leftovers go before
+anything new is made.
 
 Usage: ``python -m tools.realnode start|stop|status|check-guard``.
 """
@@ -620,7 +622,9 @@ def _kubelet_config() -> dict:
         "authorization": {"mode": "AlwaysAllow"},
         "podLogsDir": str(pod_log_dir()),
         "volumePluginDir": str(NODE_ROOT / "volume-plugins"),
-        "resolvConf": "",  # pods get no name servers: they could not reach one anyway
+        # Pods' resolv.conf then names 127.0.0.1 (the kubelet's fallback): nothing answers
+        # there, and no name server off the machine is ever named.
+        "resolvConf": "",
         "registerWithTaints": [
             {"key": NODE_LABEL[0], "value": NODE_LABEL[1], "effect": "NoSchedule"}
         ],

@@ -233,6 +233,7 @@ def _udp_probe(netns: str) -> tuple[int | None, int]:
     import threading
 
     box: dict[str, Any] = {}
+    host = os.stat("/proc/thread-self/ns/net").st_ino  # this thread has not moved
 
     def no_routes() -> int:
         lines = [x.split() for x in Path("/proc/thread-self/net/snmp").read_text().splitlines()
@@ -243,7 +244,7 @@ def _udp_probe(netns: str) -> tuple[int | None, int]:
         try:
             realnode._setns(netns)
             here = os.stat("/proc/thread-self/ns/net").st_ino
-            assert here == os.stat(netns).st_ino != os.stat("/proc/1/ns/net").st_ino
+            assert here == os.stat(netns).st_ino != host
             before = no_routes()
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
                 try:

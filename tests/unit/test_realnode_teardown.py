@@ -50,6 +50,9 @@ class FakeMachine:
         rc, out = 0, ""
         if args[:5] == ["ip", "-j", "route", "show", "type"]:
             out = json.dumps([{"type": "blackhole", "dst": d} for d in sorted(self.host_routes)])
+        elif args == ["ip", "-j", "route", "show"]:
+            out = json.dumps([{"dst": "default", "gateway": "192.0.2.1", "dev": "eth0"},
+                              {"dst": "192.0.2.0/24", "dev": "eth0"}])  # fmt: skip
         elif args[:4] == ["ip", "route", "del", "blackhole"]:
             self.events.append(f"route del {args[4]}")
             self.host_routes.discard(args[4])
@@ -334,3 +337,21 @@ def test_the_teardown_claims_only_the_nodes_own_cgroups_and_namespaces(
     realnode.cleanup(quiet=True)
     assert theirs.is_dir() and other_netns.exists()
     assert not ours.parent.parent.exists()
+
+
+def test_a_guard_broken_while_the_node_started_fails_the_start(
+    machine: FakeMachine, process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard is checked before containerd and again once the Node is Ready."""
+    checks = iter([[], ["a default route in pmem-csi-node: {'dst': 'default'}"]])
+    monkeypatch.setattr(realnode, "guard_problems", lambda: next(checks))
+    monkeypatch.setattr(realnode, "cluster_problems", lambda port: [])
+    monkeypatch.setattr(realnode, "_make_netns", lambda: None)
+    monkeypatch.setattr(realnode, "_spawn", lambda *a, **k: process)
+    monkeypatch.setattr(realnode, "_wait", lambda *a, **k: None)
+    monkeypatch.setattr(realnode, "import_image", lambda *a: None)
+    monkeypatch.setattr(realnode, "_kubelet_kubeconfig", lambda: ({}, "127.0.0.1", 1))
+    record = realnode.Record(state_dir=str(realnode.localenv.state_dir()))
+    with pytest.raises(realnode.RealNodeError, match="broke while it started: a default route"):
+        realnode._start_locked(record, -1, "127.0.0.1", 1, (), 1)
+    assert set(record.pids) == {"containerd", "forwarder", "kubelet"}

@@ -1189,12 +1189,16 @@ def stop(quiet: bool = False) -> None:
     """Tear the node down if this checkout's state directory owns it (or nobody living does).
 
     A node of another checkout is left alone while it runs, is being started or its
-    forwarder lives. Else the forwarder (which holds the lock) is stopped by its verified
-    PID and the teardown runs with the lock held; the lock still taken (a start under way in
-    this checkout) is an error, never a teardown without it.
+    forwarder lives (one of a state directory inside this checkout's is this checkout's).
+    Else the forwarder (which holds the lock) is stopped by its verified PID and the
+    teardown runs with the lock held; the lock still taken (a start under way in this
+    checkout) is an error, never a teardown without it.
     """
     record = Record.load()
-    if record and record.state_dir != str(localenv.state_dir()) and (
+    # A node of a state directory inside this one (the test session's, .state/test-session,
+    # left running by a killed pytest) is this checkout's to stop.
+    here = localenv.state_dir()
+    if record and not Path(record.state_dir).is_relative_to(here) and (
         is_running() or _holder_alive(record)
     ):
         if not quiet:

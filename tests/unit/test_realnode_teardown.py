@@ -355,3 +355,53 @@ def test_a_guard_broken_while_the_node_started_fails_the_start(
     with pytest.raises(realnode.RealNodeError, match="broke while it started: a default route"):
         realnode._start_locked(record, -1, "127.0.0.1", 1, (), 1)
     assert set(record.pids) == {"containerd", "forwarder", "kubelet"}
+
+
+# --------------------------------------------------------------------------- others (11, 12)
+
+
+def test_a_start_while_the_lock_is_held_is_refused_and_changes_nothing(
+    machine: FakeMachine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No record to name an owner (it is being written): the lock alone refuses the start."""
+    monkeypatch.setattr(realnode, "ensure_node_packages", lambda: None)
+    monkeypatch.setattr(realnode.toolchain, "build_all", lambda groups: None)
+    monkeypatch.setattr(realnode, "_kubelet_kubeconfig", lambda: ({}, "127.0.0.1", 1))
+    monkeypatch.setattr(realnode, "cluster_problems", lambda port: [])
+    holder = os.open(realnode.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(realnode.RealNodeError, match=r"in use \(by another process\)"):
+            realnode.start()
+    finally:
+        os.close(holder)
+    assert not realnode.RECORD_FILE.exists() and not realnode.BASELINE_FILE.exists()
+    assert machine.host_routes == set()
+
+
+def test_the_checkout_stops_the_node_its_killed_test_session_left_running(
+    machine: FakeMachine, process: subprocess.Popen[bytes]
+) -> None:
+    """`make cluster-stop` in .state: a node of .state/test-session (pytest killed) is its own."""
+    machine.make_node_traces()
+    session = realnode.localenv.state_dir() / "test-session"
+    session.mkdir()
+    realnode.Record(state_dir=str(session), starter_pid=_dead_pid(), starter_start=1.0,
+                    pids={"forwarder": process.pid},
+                    pid_starts={"forwarder": realnode.process_start_boottime(process.pid)},
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    realnode.stop(quiet=True)
+    assert process.wait(timeout=10) is not None
+    assert machine.node_traces() == [] and not realnode.RECORD_FILE.exists()
+
+
+def test_a_node_of_another_checkout_whose_forwarder_lives_is_left_alone(
+    machine: FakeMachine, process: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    machine.make_node_traces()
+    realnode.Record(state_dir=str(tmp_path / "other-checkout"), starter_pid=_dead_pid(),
+                    starter_start=1.0, pids={"forwarder": process.pid},
+                    pid_starts={"forwarder": realnode.process_start_boottime(process.pid)},
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    realnode.stop(quiet=True)
+    assert process.poll() is None and len(machine.node_traces()) == 6

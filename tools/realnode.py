@@ -1254,9 +1254,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     else:
         running = is_running()
-        print("running" if running else "not running")
+        # A node being started (or one whose record lacks start times) holds the lock.
+        print("running" if running else "in use (lock held)" if lock_held() else "not running")
         return 0 if running else 1
     return 0
+
+
+def lock_held() -> bool:
+    """Whether some process holds the machine's node lock (a node starting or running)."""
+    try:
+        with _lock():
+            return False
+    except RealNodeError:
+        return True
 
 
 if __name__ == "__main__":

@@ -405,3 +405,16 @@ def test_a_node_of_another_checkout_whose_forwarder_lives_is_left_alone(
                     host_routes=realnode._host_blackholes()).save()  # fmt: skip
     realnode.stop(quiet=True)
     assert process.poll() is None and len(machine.node_traces()) == 6
+
+
+def test_status_says_in_use_while_the_lock_is_held(
+    machine: FakeMachine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert realnode.main(["status"]) == 1 and capsys.readouterr().out == "not running\n"
+    holder = os.open(realnode.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert realnode.main(["status"]) == 1
+        assert capsys.readouterr().out == "in use (lock held)\n"
+    finally:
+        os.close(holder)

@@ -257,6 +257,14 @@ def stop(quiet: bool = False) -> None:
                 _log(f"kwokctl delete failed ({err}); removing state anyway")
     shutil.rmtree(kwok_workdir(), ignore_errors=True)
     localenv.kubeconfig_path().unlink(missing_ok=True)
+    if node_error is not None:
+        # E.g. the Node object could not be confirmed gone, so the host's blackhole routes
+        # stayed: with the control plane gone nothing can dial the node; tear down again.
+        try:
+            realnode.stop(quiet=quiet)
+            node_error = None
+        except realnode.RealNodeError as err:
+            node_error = err
     if not quiet:
         _log("stopped")
     if node_error is not None:

@@ -25,11 +25,13 @@ namespaces made here):
 * The API server never connects to the kubelet: the node's address is blackholed on the
   host, so ``kubectl logs``/``exec`` fail at once; read logs from :func:`pod_log_dir`.
 
-Only one real node per machine: the kubelet's device-plugin socket, ``/var/log/containers``,
-``/var/lib/cni`` and the ``kubepods`` cgroups are machine-wide. A lock file enforces it (held
-by the forwarder process for the node's life time), and :func:`stop` removes processes (by
-PID, from the node's cgroups), mounts, cgroups, the namespaces, routes and those paths; it
-runs at every start too, so a killed run's leftovers go before anything new is made.
+Only one real node per machine: the kubelet's device-plugin socket, ``/var/log/containers``
+and ``/var/lib/cni`` are machine-wide. A lock file enforces it (held by the starting process,
+then by the forwarder for the node's life time); :func:`cleanup` runs only with it held and
+removes processes (by PID and start time, from the node's cgroups), the kernel tunables the
+kubelet changed (written back), mounts, cgroups, the namespace, the Node object and then the
+routes, and those paths; it runs at every start too, so a killed run's leftovers go before
+anything new is made.
 
 Usage: ``python -m tools.realnode start|stop|status|check-guard``.
 """
@@ -69,6 +71,9 @@ SERVICE_CIDR = "10.96.0.0/16"
 KUBERNETES_SERVICE_IP = "10.96.0.1"
 NODE_CIDR = "10.98.0.0/16"  # the node and its pods, blackholed on the host
 POD_CIDR = "10.98.1.0/24"
+# kwok's fake pods (kwok's default; tools.cluster leaves it): nothing is there, so nothing
+# may be sent there either.
+KWOK_POD_CIDR = "10.0.0.0/24"
 NODE_IP = "10.98.1.1"  # the bridge's address: the pods' gateway and the forwarder's listener
 FORWARD_PORT = 6443
 
@@ -80,6 +85,23 @@ NODE_ROOT = Path("/var/lib/pmem-csi-pulumi-node")
 NODE_RUN = Path("/run/pmem-csi-pulumi-node")
 LOCK_FILE = Path("/run/pmem-csi-pulumi-node.lock")
 RECORD_FILE = Path("/run/pmem-csi-pulumi-node.json")
+# What the machine looked like before the first node ran (the paths of HARD_CODED_PATHS that
+# existed, the kernel tunables the kubelet changes). Outside /run, so that it outlives a
+# reboot; removed only by a teardown that leaves nothing behind, so a half-done one never
+# makes the old node's paths look like the machine's own.
+BASELINE_FILE = Path("/var/lib/pmem-csi-pulumi-node.baseline.json")
+NETNS_DIR = Path("/run/netns")
+SYSCTL_ROOT = Path("/proc/sys")
+# Machine-wide kernel tunables the kubelet sets at start (protectKernelDefaults false:
+# setupKernelTunables): saved before it starts, written back by the teardown.
+KUBELET_SYSCTLS = (
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+)
 # Paths the kubelet and containerd use whatever their configuration says.
 HARD_CODED_PATHS = (
     Path("/var/lib/kubelet"),
@@ -90,7 +112,9 @@ HARD_CODED_PATHS = (
     Path("/etc/cni"),
     Path("/opt/cni"),
 )
-TRACKING_CGROUP = "pmem-csi-node"  # in the pids hierarchy: containerd, shims, kubelet
+# In the pids hierarchy: containerd, shims, kubelet; in every hierarchy: the kubelet's
+# cgroupRoot (its kubepods and the pods' cgroups below).
+TRACKING_CGROUP = "pmem-csi-node"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PAUSE_IMAGE = "localhost/pmem-csi-pause:" + toolchain.PAUSE_IMAGE_TAG
 REPORTER_IMAGE_BASE = "localhost/pmem-csi-reporter"
@@ -165,9 +189,14 @@ class Record:
 
     state_dir: str
     pids: dict[str, int] = field(default_factory=dict)
+    # Start time (boottime seconds, /proc/PID/stat) of each of ``pids``: a PID whose process
+    # started at another time is a reused PID, not the node's, and is never signalled.
+    pid_starts: dict[str, float] = field(default_factory=dict)
+    # The process running start(): while it lives (or the forwarder does) the node is not a
+    # leftover, whatever else is missing.
+    starter_pid: int | None = None
+    starter_start: float | None = None
     host_routes: list[str] = field(default_factory=list)
-    # Of HARD_CODED_PATHS, those that existed before the node first ran: never removed.
-    foreign_paths: list[str] = field(default_factory=list)
     guarded_at_boottime: float | None = None
     started_at_boottime: float | None = None
 
@@ -184,6 +213,50 @@ class Record:
             return None
 
 
+@dataclass
+class Baseline:
+    """The machine before the first node ran (see BASELINE_FILE)."""
+
+    # Of HARD_CODED_PATHS, those that existed: never removed.
+    foreign_paths: list[str] = field(default_factory=list)
+    # KUBELET_SYSCTLS -> value before the kubelet ran.
+    sysctls: dict[str, str] = field(default_factory=dict)
+
+    def save(self) -> None:
+        tmp = BASELINE_FILE.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(BASELINE_FILE)
+
+    @classmethod
+    def load(cls) -> Baseline | None:
+        try:
+            return cls(**json.loads(BASELINE_FILE.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError, TypeError):
+            return None
+
+    @classmethod
+    def take(cls) -> Baseline:
+        """The one saved before an earlier node, else the machine as it is now (saved)."""
+        baseline = cls.load()
+        if baseline is None:
+            baseline = cls(
+                foreign_paths=[str(p) for p in HARD_CODED_PATHS if p.exists()],
+                sysctls={name: read_sysctl(name) for name in KUBELET_SYSCTLS},
+            )
+            baseline.save()
+        return baseline
+
+
+def read_sysctl(name: str) -> str:
+    return (SYSCTL_ROOT / name).read_text().strip()
+
+
+def _restore_sysctls(baseline: Baseline | None) -> None:
+    for name, value in (baseline.sysctls if baseline else {}).items():
+        if read_sysctl(name) != value:
+            (SYSCTL_ROOT / name).write_text(value + "\n")
+
+
 def boottime() -> float:
     """Seconds since boot, the clock of a process's start time in /proc/PID/stat."""
     return time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -193,6 +266,23 @@ def process_start_boottime(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_of(pid: int) -> float | None:
+    try:
+        return process_start_boottime(pid)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _same_process(pid: int | None, start: float | None) -> bool:
+    """``pid`` is alive and is the process that started at ``start`` (not a reused PID)."""
+    if not pid or not _alive(pid):
+        return False
+    if start is None:
+        return False  # no start time saved: cannot tell it from a reused PID
+    now = _start_of(pid)
+    return now is not None and abs(now - start) <= 2 / os.sysconf("SC_CLK_TCK")
 
 
 # --------------------------------------------------------------------------- commands
@@ -210,7 +300,7 @@ def _run(
 
 
 def netns_path() -> Path:
-    return Path("/run/netns") / NETNS
+    return NETNS_DIR / NETNS
 
 
 def in_netns(*cmd: str | Path) -> list[str]:
@@ -260,7 +350,29 @@ def _netns_blackholes() -> list[str]:
 
 
 def _host_blackholes() -> list[str]:
-    return [SERVICE_CIDR, NODE_CIDR]
+    return [SERVICE_CIDR, NODE_CIDR, KWOK_POD_CIDR]
+
+
+def _route_conflicts(routes: list[dict]) -> list[str]:
+    """Host routes (``ip -j route show``) that overlap a range to be blackholed.
+
+    ``ip route replace blackhole`` would replace a connected route of the same prefix (and
+    cut the machine off a network it uses); a start refuses instead.
+    """
+    import ipaddress
+
+    found = []
+    for route in routes:
+        if route.get("type") == "blackhole" or route.get("dst") in (None, "default"):
+            continue
+        net = ipaddress.ip_network(route["dst"], strict=False)
+        for dst in _host_blackholes():
+            if net.version == 4 and net.overlaps(ipaddress.ip_network(dst)):
+                found.append(
+                    f"a host route to {route['dst']} (dev {route.get('dev')}) overlaps the "
+                    f"range {dst}"
+                )
+    return found
 
 
 BLACKHOLE_METRIC = "4000"
@@ -436,6 +548,9 @@ imports = []
   enable_selinux = false
   # No CAP_SYS_RESOURCE on these machines: without this, runc fails to lower oom_score_adj.
   restrict_oom_score_adj = true
+  # The pods' network namespaces under the state directory (NODE_RUN), not /run/netns where
+  # other runtimes keep theirs: the teardown removes them with it.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -490,6 +605,9 @@ def _kubelet_config() -> dict:
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
         "cgroupDriver": "cgroupfs",
+        # The pods' cgroups under the node's own (made in every hierarchy before the kubelet
+        # starts), not the machine-wide /kubepods another kubelet may use.
+        "cgroupRoot": f"/{TRACKING_CGROUP}",
         "failCgroupV1": False,  # these machines run cgroup v1 (hybrid)
         "failSwapOn": False,
         "containerRuntimeEndpoint": f"unix://{containerd_socket()}",
@@ -501,7 +619,9 @@ def _kubelet_config() -> dict:
         "authorization": {"mode": "AlwaysAllow"},
         "podLogsDir": str(pod_log_dir()),
         "volumePluginDir": str(NODE_ROOT / "volume-plugins"),
-        "resolvConf": "",  # pods get no name servers: they could not reach one anyway
+        # Pods' resolv.conf then names 127.0.0.1 (the kubelet's fallback): nothing answers
+        # there, and no name server off the machine is ever named.
+        "resolvConf": "",
         "registerWithTaints": [
             {"key": NODE_LABEL[0], "value": NODE_LABEL[1], "effect": "NoSchedule"}
         ],
@@ -577,12 +697,19 @@ def cluster_problems(api_port: int) -> list[str]:
 
 
 @contextlib.contextmanager
-def _lock() -> Iterator[int]:
+def _lock(wait: float = 0) -> Iterator[int]:
+    """The machine's node lock; ``wait`` seconds for a holder that is exiting (a forwarder)."""
     fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
             os.close(fd)
             record = Record.load()
             owner = record.state_dir if record else "another process"
@@ -636,7 +763,35 @@ def import_image(archive: Path, base_name: str) -> None:
 
 def is_running() -> bool:
     record = Record.load()
-    return bool(record and record.pids and all(_alive(p) for p in record.pids.values()))
+    return bool(
+        record
+        and record.pids
+        and all(_same_process(pid, record.pid_starts.get(n)) for n, pid in record.pids.items())
+    )
+
+
+def _holder_alive(record: Record) -> bool:
+    """Whether the process starting the node, or its forwarder (the lock's holder), lives.
+
+    Such a node is not a leftover, even when is_running() is False (mid-start: the record
+    has no kubelet yet): nobody but its owner may tear it down.
+    """
+    return _same_process(record.starter_pid, record.starter_start) or _same_process(
+        record.pids.get("forwarder"), record.pid_starts.get("forwarder")
+    )
+
+
+def _remember(record: Record, name: str, pid: int) -> None:
+    record.pids[name] = pid
+    start = _start_of(pid)
+    if start is not None:
+        record.pid_starts[name] = start
+    record.save()
+
+
+def _isolation_problems(api_port: int) -> list[str]:
+    """guard_problems() and cluster_problems(): what must be empty while the node runs."""
+    return guard_problems() + cluster_problems(api_port)
 
 
 def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Record:
@@ -648,9 +803,16 @@ def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Reco
     """
     t0 = time.monotonic()
     record = Record.load()
+    ours = str(localenv.state_dir())
+    if record and record.state_dir != ours and (is_running() or _holder_alive(record)):
+        raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
     if record and is_running():
-        if record.state_dir != str(localenv.state_dir()):
-            raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
+        _, _, api_port = _kubelet_kubeconfig()
+        problems = _isolation_problems(api_port)
+        if problems:
+            _log("the running node's isolation is incomplete; removing it")
+            stop(quiet=True)
+            raise RealNodeError("the node's isolation was incomplete: " + "; ".join(problems))
         for archive, base in images:
             import_image(archive, base)
         return record
@@ -665,12 +827,14 @@ def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Reco
             + "); restart it (`make cluster-stop`)"
         )
     if record is not None:
-        # A node that is only partly alive (a killed run): its forwarder may hold the lock.
-        cleanup(quiet=True)
+        # A node of this checkout that is only partly alive (a killed run) or one whose
+        # owner is dead: its forwarder may still hold the lock; stopped by its verified PID.
+        _stop_forwarder(record)
     with _lock() as lock_fd:
         cleanup(quiet=True)
-        record = Record(state_dir=str(localenv.state_dir()))
-        record.foreign_paths = [str(p) for p in HARD_CODED_PATHS if p.exists()]
+        Baseline.take()
+        me = os.getpid()
+        record = Record(state_dir=ours, starter_pid=me, starter_start=_start_of(me))
         record.host_routes = _host_blackholes()
         record.save()
         try:
@@ -685,12 +849,16 @@ def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Reco
 
 def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
                   images: Sequence[tuple[Path, str]], timeout: float) -> None:  # fmt: skip
+    conflicts = _route_conflicts(json.loads(_run(["ip", "-j", "route", "show"]).stdout))
+    if conflicts:
+        raise RealNodeError("the node's address ranges are in use here: " + "; ".join(conflicts))
     for dst in record.host_routes:
         _run(["ip", "route", "replace", "blackhole", dst])
     _make_netns()
     for d in (NODE_ROOT / "cni" / "net.d", NODE_RUN, pod_log_dir()):
         d.mkdir(parents=True, exist_ok=True)
-    (CGROUP_ROOT / "pids" / TRACKING_CGROUP).mkdir(exist_ok=True)
+    for hierarchy in _cgroup_hierarchies():
+        (hierarchy / TRACKING_CGROUP).mkdir(exist_ok=True)
     problems = guard_problems()
     if problems:
         raise RealNodeError("the node's isolation is incomplete: " + "; ".join(problems))
@@ -711,8 +879,7 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
         in_netns(toolchain.bin_path("containerd"), "--config", NODE_RUN / "containerd.toml"),
         env=env,
     )
-    record.pids["containerd"] = containerd.pid
-    record.save()
+    _remember(record, "containerd", containerd.pid)
     _wait("containerd", lambda: _run([toolchain.bin_path("ctr"), "-a", containerd_socket(),
                                       "version"], check=False).returncode == 0,
           60, containerd)  # fmt: skip
@@ -727,8 +894,7 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
         env={**os.environ, "PYTHONPATH": str(toolchain.PROJECT_DIR)},
         pass_fds=(lock_fd,),
     )  # fmt: skip
-    record.pids["forwarder"] = forwarder.pid
-    record.save()
+    _remember(record, "forwarder", forwarder.pid)
     _wait("forwarder", FORWARDER_READY.exists, 30, forwarder)
 
     kubeconfig, _, _ = _kubelet_kubeconfig()
@@ -749,10 +915,13 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
         ),
         env=env,
     )  # fmt: skip
-    record.pids["kubelet"] = kubelet.pid
     record.started_at_boottime = boottime()
-    record.save()
+    _remember(record, "kubelet", kubelet.pid)
     _wait("node Ready", _node_ready, timeout, kubelet)
+    # The kubelet (and containerd's CNI) changed the namespace while starting: check again.
+    problems = _isolation_problems(api_port)
+    if problems:
+        raise RealNodeError("the node's isolation broke while it started: " + "; ".join(problems))
 
 
 def _node_ready() -> bool:
@@ -819,17 +988,25 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
 
 
-def _cgroup_dirs() -> list[Path]:
-    """The node's cgroups in every hierarchy, deepest first (the order rmdir needs)."""
-    found: list[Path] = []
+def _cgroup_hierarchies() -> list[Path]:
+    """The mounted hierarchies (``cpu,cpuacct``, not its ``cpu`` and ``cpuacct`` links)."""
     if not CGROUP_ROOT.exists():
-        return found
-    for hierarchy in CGROUP_ROOT.iterdir():
-        for top in ("kubepods", "kubepods.slice", TRACKING_CGROUP):
-            base = hierarchy / top
-            if base.is_dir():
-                found.extend(sorted((p for p in base.rglob("*") if p.is_dir()), reverse=True))
-                found.append(base)
+        return []
+    return sorted(h for h in CGROUP_ROOT.iterdir() if h.is_dir() and not h.is_symlink())
+
+
+def _cgroup_dirs() -> list[Path]:
+    """The node's cgroups in every hierarchy, deepest first (the order rmdir needs).
+
+    Only TRACKING_CGROUP and below: the kubelet's cgroupRoot is there, so a machine-wide
+    ``kubepods`` (another kubelet's) is never the node's.
+    """
+    found: list[Path] = []
+    for hierarchy in _cgroup_hierarchies():
+        base = hierarchy / TRACKING_CGROUP
+        if base.is_dir():
+            found.extend(p for p in base.rglob("*") if p.is_dir())
+            found.append(base)
     return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
 
 
@@ -859,22 +1036,39 @@ def _node_mounts() -> list[str]:
 
 
 def _node_netns() -> list[Path]:
-    """The node's namespace and its pods' (containerd names them ``cni-<uuid>``)."""
-    run = Path("/run/netns")
-    return [*run.glob("cni-*"), netns_path()] if run.exists() else []
+    """The node's namespace (its pods' are under NODE_RUN: netns_mounts_under_state_dir)."""
+    return [netns_path()] if netns_path().exists() else []
+
+
+def _stop_forwarder(record: Record) -> None:
+    """SIGTERM the record's forwarder (the lock's holder), if it still is that process."""
+    pid = record.pids.get("forwarder")
+    if pid and _same_process(pid, record.pid_starts.get("forwarder")):
+        _kill({pid}, signal.SIGTERM)
+        _wait_gone({pid}, 10)
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def cleanup(quiet: bool = False) -> None:
     """Remove the node and every trace of it: also what a killed or failed run left.
 
-    Order: kubelet first (it would restart containers), then every process in the node's
-    cgroups (containers, shims, containerd) by PID, the forwarder, then mounts, cgroups, the
-    namespaces, the host's routes, the directories.
+    Only with the lock held (start() and stop() take it): without it, this could be another
+    checkout's node in the middle of its start. Order: kubelet first (it would restart
+    containers), then every process in the node's cgroups (containers, shims, containerd)
+    and the record's (by PID and start time), then the kernel tunables the kubelet changed,
+    mounts, cgroups, the namespaces, the Node object and only once it is gone the host's
+    routes (while it exists the API server may dial the node's address), the directories.
+    The record and the baseline go only when nothing is left.
     """
     record = Record.load()
-    pids = dict(record.pids) if record else {}
+    pids = {
+        name: pid
+        for name, pid in (record.pids if record else {}).items()
+        if _same_process(pid, record.pid_starts.get(name))  # type: ignore[union-attr]
+    }
     kubelet = pids.get("kubelet")
-    if kubelet and _alive(kubelet):
+    if kubelet:
         _kill({kubelet}, signal.SIGTERM)
         _wait_gone({kubelet}, 10)
     for _ in range(50):
@@ -890,24 +1084,42 @@ def cleanup(quiet: bool = False) -> None:
     for pid in pids.values():
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
+    baseline = Baseline.load()
+    _restore_sysctls(baseline)
     for point in _node_mounts():
         _run(["umount", "-l", point], check=False)
     _remove_cgroups()
     for ns in _node_netns():
         if ns.exists():
             _run(["ip", "netns", "del", ns.name], check=False)
-    for dst in record.host_routes if record else _host_blackholes():
-        _run(["ip", "route", "del", "blackhole", dst], check=False)
-    foreign = set(record.foreign_paths) if record else {str(p) for p in HARD_CODED_PATHS}
+    kubeconfig = Path(record.state_dir) / "kubeconfig" if record else localenv.kubeconfig_path()
+    node_gone = _delete_node_object(kubeconfig)
+    if node_gone:
+        for dst in record.host_routes if record else _host_blackholes():
+            _run(["ip", "route", "del", "blackhole", dst], check=False)
+    foreign = _foreign_paths(baseline)
     for path in [NODE_ROOT, NODE_RUN, *HARD_CODED_PATHS]:
         if str(path) not in foreign:
             shutil.rmtree(path, ignore_errors=True)
-    RECORD_FILE.unlink(missing_ok=True)
-    left = leftovers(sorted(foreign))
+    left = leftovers()
     if left:
+        if not node_gone:
+            left.append(
+                f"(the Node {NODE_NAME} may still be in the cluster: the host routes stay "
+                "until it is gone or the cluster stops)"
+            )
         raise RealNodeError("teardown left: " + "; ".join(left))
+    RECORD_FILE.unlink(missing_ok=True)
+    BASELINE_FILE.unlink(missing_ok=True)
     if not quiet:
         _log("removed (processes, mounts, cgroups, namespaces, routes, directories)")
+
+
+def _foreign_paths(baseline: Baseline | None) -> set[str]:
+    """Paths never removed: the baseline's, or every hard-coded one when there is none."""
+    if baseline is None:
+        return {str(p) for p in HARD_CODED_PATHS}
+    return set(baseline.foreign_paths)
 
 
 def _remove_cgroups(timeout: float = 10) -> None:
@@ -933,7 +1145,7 @@ def _wait_gone(pids: set[int], timeout: float) -> None:
         time.sleep(0.1)
 
 
-def leftovers(foreign: Sequence[str] = ()) -> list[str]:
+def leftovers() -> list[str]:
     """Every trace of a node that is still there (empty after a complete teardown)."""
     found = []
     dirs = _cgroup_dirs()
@@ -949,8 +1161,12 @@ def leftovers(foreign: Sequence[str] = ()) -> list[str]:
     ours = {r["dst"] for r in host} & set(_host_blackholes())
     if ours:
         found.append(f"host routes {sorted(ours)}")
-    record = Record.load()
-    foreign = set(foreign) | set(record.foreign_paths if record else [])
+    baseline = Baseline.load()
+    for name, value in (baseline.sysctls if baseline else {}).items():
+        now = read_sysctl(name)
+        if now != value:
+            found.append(f"sysctl {name.replace('/', '.')} = {now} (was {value})")
+    foreign = _foreign_paths(baseline)
     for path in [NODE_ROOT, NODE_RUN, *HARD_CODED_PATHS]:
         if path.exists() and str(path) not in foreign:
             found.append(str(path))
@@ -967,34 +1183,48 @@ def _group_of(binary: str) -> str:
 
 
 def stop(quiet: bool = False) -> None:
-    """Tear the node down if this checkout's state directory owns it (or nobody does).
+    """Tear the node down if this checkout's state directory owns it (or nobody living does).
 
-    No lock taken: the node's forwarder holds it, and stopping the forwarder releases it.
+    A node of another checkout is left alone while it runs, is being started or its
+    forwarder lives (one of a state directory inside this checkout's is this checkout's).
+    Else the forwarder (which holds the lock) is stopped by its verified PID and the
+    teardown runs with the lock held; the lock still taken (a start under way in this
+    checkout) is an error, never a teardown without it.
     """
     record = Record.load()
-    if record is None and not netns_path().exists():
-        return  # never started (the record is written before anything is made)
-    if record and record.state_dir != str(localenv.state_dir()) and is_running():
+    # A node of a state directory inside this one (the test session's, .state/test-session,
+    # left running by a killed pytest) is this checkout's to stop.
+    here = localenv.state_dir()
+    if record and not Path(record.state_dir).is_relative_to(here) and (
+        is_running() or _holder_alive(record)
+    ):
         if not quiet:
             _log(f"the real node belongs to {record.state_dir}; left alone")
         return
-    cleanup(quiet=quiet)
-    _delete_node_object(Path(record.state_dir) / "kubeconfig" if record else None)
+    if record is None and not leftovers():
+        return  # never started, or torn down completely
+    if record is not None:
+        _stop_forwarder(record)
+    with _lock(wait=10):
+        cleanup(quiet=quiet)
 
 
-def _delete_node_object(kubeconfig: Path | None) -> None:
-    """Remove the Node from the cluster, so the pod GC removes the pods that were bound to it."""
-    if (
-        kubeconfig is None
-        or not kubeconfig.exists()
-        or not toolchain.GROUPS["kubernetes"].is_built()
-    ):
-        return
-    _run(
-        [toolchain.bin_path("kubectl"), "--kubeconfig", kubeconfig, "delete", "node", NODE_NAME,
-         "--ignore-not-found", "--wait=false", "--request-timeout=10s"],
-        check=False,
-    )  # fmt: skip
+def _delete_node_object(kubeconfig: Path) -> bool:
+    """Remove the Node from the cluster (the pod GC then removes its pods); True when gone.
+
+    No kubeconfig: the cluster is stopped (tools.cluster removes it after the control plane),
+    so no API server could dial the node. Else the deletion is waited for and checked.
+    """
+    if not kubeconfig.exists():
+        return True
+    if not toolchain.GROUPS["kubernetes"].is_built():
+        return False
+    kubectl = [toolchain.bin_path("kubectl"), "--kubeconfig", kubeconfig, "--request-timeout=10s"]
+    _run([*kubectl, "delete", "node", NODE_NAME, "--ignore-not-found", "--wait=true",
+          "--timeout=30s"], check=False)  # fmt: skip
+    got = _run([*kubectl, "get", "node", NODE_NAME, "--ignore-not-found", "-o", "name"],
+               check=False)  # fmt: skip
+    return got.returncode == 0 and not got.stdout.strip()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1021,9 +1251,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     else:
         running = is_running()
-        print("running" if running else "not running")
+        # A node being started (or one whose record lacks start times) holds the lock.
+        print("running" if running else "in use (lock held)" if lock_held() else "not running")
         return 0 if running else 1
     return 0
+
+
+def lock_held() -> bool:
+    """Whether some process holds the machine's node lock (a node starting or running)."""
+    try:
+        with _lock():
+            return False
+    except RealNodeError:
+        return True
 
 
 if __name__ == "__main__":

@@ -186,6 +186,97 @@ def test_guard_rules_are_in_place_before_the_first_pod_starts(node: realnode.Rec
     )
 
 
+def _guard_rules() -> list[tuple[str, list[Any]]]:
+    """The rules of the node's nftables table as the kernel has them, counters zeroed."""
+    listed = subprocess.run(
+        realnode.in_netns("nft", "-j", "list", "table", "inet", realnode.NFT_TABLE),
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    rules = []
+    for item in json.loads(listed.stdout)["nftables"]:
+        if "rule" in item:
+            expr = [{"counter": None} if "counter" in e else e for e in item["rule"]["expr"]]
+            rules.append((item["rule"]["chain"], expr))
+    return rules
+
+
+def _meta(key: str, value: str) -> dict[str, Any]:
+    return {"match": {"op": "==", "left": {"meta": {"key": key}}, "right": value}}
+
+
+def test_the_guard_is_exactly_the_drop_rules_and_the_routing_policy_is_the_default(
+    node: realnode.Record,
+) -> None:
+    """Read from the kernel, not from guard_problems(): an accept rule added first would show."""
+    bridge = realnode.BRIDGE
+    assert _guard_rules()[:5] == [
+        ("output", [_meta("oif", "lo"), {"accept": None}]),
+        ("output", [_meta("oifname", bridge), {"accept": None}]),
+        ("output", [{"counter": None}]),
+        ("forward", [_meta("iifname", bridge), _meta("oifname", bridge), {"accept": None}]),
+        ("forward", [{"counter": None}]),
+    ]
+    assert [chain for chain, _ in _guard_rules()[5:]] == ["prerouting"]
+    rules = subprocess.run(realnode.in_netns("ip", "-j", "rule", "show"), check=True,
+                           capture_output=True, text=True).stdout  # fmt: skip
+    assert [(r["priority"], r["table"]) for r in json.loads(rules)] == [
+        (0, "local"), (32766, "main"), (32767, "default")
+    ]
+
+
+def _udp_probe(netns: str) -> tuple[int | None, int]:
+    """sendto 10.255.255.53:53 from a thread inside ``netns``: (errno, OutNoRoutes increase).
+
+    The thread checks that it is in that namespace (never the host's) before it sends.
+    """
+    import socket
+    import threading
+
+    box: dict[str, Any] = {}
+    host = os.stat("/proc/thread-self/ns/net").st_ino  # this thread has not moved
+
+    def no_routes() -> int:
+        lines = [x.split() for x in Path("/proc/thread-self/net/snmp").read_text().splitlines()
+                 if x.startswith("Ip:")]  # fmt: skip
+        return int(dict(zip(lines[0], lines[1], strict=True))["OutNoRoutes"])
+
+    def inner() -> None:
+        try:
+            realnode._setns(netns)
+            here = os.stat("/proc/thread-self/ns/net").st_ino
+            assert here == os.stat(netns).st_ino != host
+            before = no_routes()
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+                try:
+                    sock.sendto(b"probe", ("10.255.255.53", 53))
+                    box["errno"] = None
+                except OSError as err:
+                    box["errno"] = err.errno
+            box["no_routes"] = no_routes() - before
+        except BaseException as exc:
+            box["error"] = exc
+
+    thread = threading.Thread(target=inner, daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["errno"], box["no_routes"]
+
+
+def test_a_packet_to_an_outside_address_fails_at_once_in_the_node_and_in_a_pod(
+    deploy: Callable,
+) -> None:
+    import errno
+
+    drv, _ = deploy()
+    (pod, _) = wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "two reporter pods Ready")
+    # The node's namespace: the blackhole default route refuses it in routing.
+    assert _udp_probe(str(realnode.netns_path())) == (errno.EINVAL, 0)
+    # A pod's: no route at all (only the pod range and the Services), counted as such.
+    assert _udp_probe(f"/proc/{_pid(pod)}/ns/net") == (errno.ENETUNREACH, 1)
+
+
 def test_one_real_node_per_machine_a_second_checkout_is_refused(
     node: realnode.Record, tmp_path: Path
 ) -> None:
@@ -523,11 +614,11 @@ def test_a_killed_node_is_cleaned_up_at_the_next_start_and_stop_leaves_nothing(
     for pid in procs:
         os.kill(pid, signal.SIGKILL)
     # What a killed run leaves: pod mounts, cgroups, namespaces, routes.
-    assert realnode.leftovers(record.foreign_paths)
+    assert realnode.leftovers()
     again = realnode.start(images=[(image_tool.build().archive, realnode.REPORTER_IMAGE_BASE)])
     assert realnode.guard_problems() == []
     assert set(again.pids.values()).isdisjoint(procs)
     realnode.stop()
-    assert realnode.leftovers(record.foreign_paths) == []
-    assert not realnode.RECORD_FILE.exists()
+    assert realnode.leftovers() == []  # also: the kernel tunables are the baseline's again
+    assert not realnode.RECORD_FILE.exists() and not realnode.BASELINE_FILE.exists()
     assert not any(Path(f"/proc/{pid}").exists() for pid in again.pids.values())

@@ -82,7 +82,20 @@ def test_guard_rules_drop_what_leaves_by_anything_but_lo_or_the_bridge() -> None
     assert f"dnat ip to {realnode.NODE_IP}:{realnode.FORWARD_PORT}" in rules
     assert set(realnode._netns_blackholes()) == {"default", realnode.SERVICE_CIDR,
                                                  realnode.NODE_CIDR}  # fmt: skip
-    assert set(realnode._host_blackholes()) == {realnode.SERVICE_CIDR, realnode.NODE_CIDR}
+    # kwok's fake pods' addresses too: the API server (kubectl logs of a fake pod's node
+    # address aside) has no reason to send there, and nothing may leave if it tries.
+    assert set(realnode._host_blackholes()) == {realnode.SERVICE_CIDR, realnode.NODE_CIDR,
+                                                KWOK_FAKE_POD_CIDR}  # fmt: skip
+
+
+def test_a_host_route_overlapping_a_blackholed_range_stops_the_start() -> None:
+    # `ip route replace blackhole` would replace a connected route of the same prefix.
+    routes = [{"dst": "default", "dev": "eth0"}, {"dst": "10.0.0.0/16", "dev": "eth1"},
+              {"dst": realnode.NODE_CIDR, "type": "blackhole"}]  # fmt: skip
+    assert realnode._route_conflicts(routes) == [
+        f"a host route to 10.0.0.0/16 (dev eth1) overlaps the range {KWOK_FAKE_POD_CIDR}"
+    ]
+    assert realnode._route_conflicts(routes[:1] + routes[2:]) == []
 
 
 def test_pods_get_a_route_to_the_services_only_and_no_masquerading() -> None:

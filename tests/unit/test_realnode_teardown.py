@@ -1,0 +1,420 @@
+"""The real node's teardown and lock rules, on a fake machine (paths in tmp, commands faked).
+
+Why fakes: the real teardown needs root, a running node and the one lock of the machine;
+these rules (whose node may be torn down, when, what is restored and what is reported) are
+decided by tools/realnode.py alone and are checked here without touching the machine. The
+e2e test tests/e2e/test_real_node.py runs the same code against a real node.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tools import realnode, toolchain
+
+# The values on this kind of machine, and what kubelet 1.36 sets when it starts.
+MACHINE_SYSCTLS = {
+    "kernel/panic": "1",
+    "kernel/panic_on_oops": "0",
+    "vm/overcommit_memory": "0",
+    "vm/panic_on_oom": "0",
+    "kernel/keys/root_maxkeys": "1000000",
+    "kernel/keys/root_maxbytes": "25000000",
+}
+KUBELET_SETS = {"kernel/panic": "10", "kernel/panic_on_oops": "1", "vm/overcommit_memory": "1"}
+
+
+class FakeMachine:
+    """The commands cleanup() runs, against a model of the host's routes and the cluster."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.host_routes: set[str] = set()
+        self.api_up = True
+        self.node_exists = False
+        self.node_deletable = True
+        self.events: list[str] = []
+
+    def run(
+        self, cmd: list[object], check: bool = True, **_: object
+    ) -> subprocess.CompletedProcess[str]:
+        args = [str(c) for c in cmd]
+        rc, out = 0, ""
+        if args[:5] == ["ip", "-j", "route", "show", "type"]:
+            out = json.dumps([{"type": "blackhole", "dst": d} for d in sorted(self.host_routes)])
+        elif args == ["ip", "-j", "route", "show"]:
+            out = json.dumps([{"dst": "default", "gateway": "192.0.2.1", "dev": "eth0"},
+                              {"dst": "192.0.2.0/24", "dev": "eth0"}])  # fmt: skip
+        elif args[:4] == ["ip", "route", "del", "blackhole"]:
+            self.events.append(f"route del {args[4]}")
+            self.host_routes.discard(args[4])
+        elif args[:4] == ["ip", "route", "replace", "blackhole"]:
+            self.host_routes.add(args[4])
+        elif args[:3] == ["ip", "netns", "del"]:
+            (realnode.NETNS_DIR / args[3]).unlink(missing_ok=True)
+        elif Path(args[0]).name == "kubectl":
+            verb = args[args.index("--request-timeout=10s") + 1]
+            if not self.api_up:
+                rc = 1
+            elif verb == "delete":
+                self.events.append("node delete")
+                if self.node_deletable:
+                    self.node_exists = False
+            elif verb == "get":
+                out = f"node/{realnode.NODE_NAME}\n" if self.node_exists else ""
+        elif args[0] == "pgrep":
+            rc = 1
+        elif args[0] != "umount":
+            raise AssertionError(f"unexpected command {args}")
+        if check and rc:
+            raise realnode.RealNodeError(f"{args} failed")
+        return subprocess.CompletedProcess(args, rc, out, "")
+
+    # What a node leaves on the machine.
+    def make_node_traces(self) -> None:
+        realnode.NETNS_DIR.mkdir(parents=True, exist_ok=True)
+        realnode.netns_path().write_text("")
+        realnode.NODE_RUN.mkdir(parents=True, exist_ok=True)
+        realnode.NODE_ROOT.mkdir(parents=True, exist_ok=True)
+        self.host_routes.update(realnode._host_blackholes())
+        self.node_exists = True
+
+    def node_traces(self) -> list[str]:
+        found = [str(p) for p in (realnode.netns_path(), realnode.NODE_RUN, realnode.NODE_ROOT)
+                 if p.exists()]  # fmt: skip
+        return found + sorted(self.host_routes)
+
+
+@pytest.fixture
+def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMachine]:
+    fake = FakeMachine(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.setattr(realnode, "RECORD_FILE", run / "node.json")
+    monkeypatch.setattr(realnode, "LOCK_FILE", run / "node.lock")
+    monkeypatch.setattr(realnode, "BASELINE_FILE", tmp_path / "var-lib" / "baseline.json")
+    (tmp_path / "var-lib").mkdir()
+    monkeypatch.setattr(realnode, "NETNS_DIR", run / "netns")
+    monkeypatch.setattr(realnode, "SYSCTL_ROOT", tmp_path / "proc-sys")
+    monkeypatch.setattr(realnode, "NODE_ROOT", tmp_path / "var-lib" / "node")
+    monkeypatch.setattr(realnode, "NODE_RUN", run / "node")
+    monkeypatch.setattr(realnode, "CGROUP_ROOT", tmp_path / "cgroup")
+    monkeypatch.setattr(
+        realnode, "HARD_CODED_PATHS", (tmp_path / "var-lib" / "kubelet", run / "containerd")
+    )
+    monkeypatch.setattr(realnode, "_run", fake.run)
+    monkeypatch.setattr(toolchain.Group, "is_built", lambda self: True)
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "kubeconfig").write_text("{}")
+    monkeypatch.setenv("PMEM_CSI_STATE_DIR", str(state))
+    for name, value in MACHINE_SYSCTLS.items():
+        path = tmp_path / "proc-sys" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(value + "\n")
+    yield fake
+
+
+def _sysctls() -> dict[str, str]:
+    return {name: realnode.read_sysctl(name) for name in MACHINE_SYSCTLS}
+
+
+@pytest.fixture
+def process() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process that is none of the node's (a stand-in for a PID reused)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# --------------------------------------------------------------------------- sysctls (2)
+
+
+def test_the_kernel_tunables_the_kubelet_changes_are_reported_and_restored(
+    machine: FakeMachine,
+) -> None:
+    machine.api_up = False
+    baseline = realnode.Baseline.take()  # what start() does before anything is made
+    assert baseline.sysctls == MACHINE_SYSCTLS
+    assert set(realnode.KUBELET_SYSCTLS) == set(MACHINE_SYSCTLS)
+    for name, value in KUBELET_SETS.items():  # what the kubelet does at its start
+        (realnode.SYSCTL_ROOT / name).write_text(value + "\n")
+    left = realnode.leftovers()
+    assert "sysctl kernel.panic = 10 (was 1)" in left
+    assert "sysctl vm.overcommit_memory = 1 (was 0)" in left
+    realnode.cleanup(quiet=True)
+    assert _sysctls() == MACHINE_SYSCTLS
+    assert realnode.leftovers() == []
+
+
+# --------------------------------------------------------------------------- lock (1)
+
+
+def test_a_node_of_another_checkout_being_started_is_never_torn_down(
+    machine: FakeMachine, process: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    """Mid-start (record saved, no component yet): is_running() is False, its starter lives."""
+    machine.make_node_traces()
+    realnode.Record(
+        state_dir=str(tmp_path / "other-checkout"),
+        starter_pid=process.pid,
+        starter_start=realnode.process_start_boottime(process.pid),
+        host_routes=realnode._host_blackholes(),
+    ).save()
+    assert not realnode.is_running()
+    realnode.stop(quiet=True)  # what every fresh tools.cluster start does
+    assert len(machine.node_traces()) == 3 + len(realnode._host_blackholes())
+    assert realnode.RECORD_FILE.exists()
+    assert process.poll() is None
+
+
+def test_no_teardown_without_the_lock(machine: FakeMachine) -> None:
+    """This checkout's record, its starter dead; but the lock is held: stop refuses."""
+    machine.make_node_traces()
+    realnode.Record(state_dir=str(realnode.localenv.state_dir()), starter_pid=_dead_pid(),
+                    starter_start=1.0, host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    holder = os.open(realnode.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(realnode.RealNodeError, match="in use"):
+            realnode.stop(quiet=True)
+    finally:
+        os.close(holder)
+    assert len(machine.node_traces()) == 3 + len(realnode._host_blackholes())
+
+
+def test_a_node_whose_starter_and_forwarder_are_dead_is_reaped(
+    machine: FakeMachine, tmp_path: Path
+) -> None:
+    machine.make_node_traces()
+    realnode.Record(state_dir=str(tmp_path / "other-checkout"), starter_pid=_dead_pid(),
+                    starter_start=1.0, pids={"forwarder": _dead_pid()},
+                    pid_starts={"forwarder": 1.0},
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    (tmp_path / "other-checkout").mkdir()
+    realnode.stop(quiet=True)
+    assert machine.node_traces() == []
+    assert not realnode.RECORD_FILE.exists()
+
+
+def test_a_running_node_is_reused_only_while_its_guard_holds(
+    machine: FakeMachine, process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine.make_node_traces()
+    start = realnode.process_start_boottime(process.pid)
+    realnode.Record(state_dir=str(realnode.localenv.state_dir()),
+                    pids={"containerd": process.pid}, pid_starts={"containerd": start},
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    assert realnode.is_running()
+    monkeypatch.setattr(realnode, "_kubelet_kubeconfig", lambda: ({}, "127.0.0.1", 1))
+    monkeypatch.setattr(realnode, "cluster_problems", lambda port: [])
+    monkeypatch.setattr(realnode, "guard_problems", lambda: ["no blackhole route default"])
+    with pytest.raises(realnode.RealNodeError, match="no blackhole route default"):
+        realnode.start()
+    # The node whose guard broke is gone, not handed out.
+    assert process.wait(timeout=10) is not None
+    assert machine.node_traces() == []
+
+
+# --------------------------------------------------------------------------- PIDs (6)
+
+
+def test_a_recorded_pid_now_used_by_another_process_is_not_killed(
+    machine: FakeMachine, process: subprocess.Popen[bytes]
+) -> None:
+    machine.api_up = False
+    start = realnode.process_start_boottime(process.pid)
+    realnode.Record(state_dir=str(realnode.localenv.state_dir()),
+                    pids={"containerd": process.pid},
+                    pid_starts={"containerd": start - 100}).save()  # fmt: skip
+    assert not realnode.is_running()
+    realnode.cleanup(quiet=True)
+    assert process.poll() is None
+
+
+# --------------------------------------------------------------------------- routes (3)
+
+
+def test_host_routes_stay_until_the_node_object_is_gone(machine: FakeMachine) -> None:
+    machine.make_node_traces()
+    realnode.Record(state_dir=str(realnode.localenv.state_dir()),
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    machine.node_deletable = False  # e.g. the API server times out
+    with pytest.raises(realnode.RealNodeError, match="host routes"):
+        realnode.cleanup(quiet=True)
+    assert machine.host_routes == set(realnode._host_blackholes())
+    machine.node_deletable = True
+    realnode.cleanup(quiet=True)
+    routes_deleted = [f"route del {d}" for d in realnode._host_blackholes()]
+    assert machine.events[-1 - len(routes_deleted) :] == ["node delete", *routes_deleted]
+    assert not machine.node_exists and machine.host_routes == set()
+
+
+def test_with_the_cluster_stopped_the_host_routes_go(machine: FakeMachine) -> None:
+    machine.make_node_traces()
+    realnode.Record(state_dir=str(realnode.localenv.state_dir()),
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    machine.api_up = False
+    realnode.localenv.kubeconfig_path().unlink()  # what tools.cluster.stop does
+    realnode.cleanup(quiet=True)
+    assert machine.host_routes == set()
+
+
+# --------------------------------------------------------------------------- half-done (4)
+
+
+def test_a_teardown_that_fails_half_way_keeps_what_it_needs_to_finish(
+    machine: FakeMachine,
+) -> None:
+    machine.api_up = False
+    realnode.localenv.kubeconfig_path().unlink()
+    realnode.Baseline.take()  # before the node: the kubelet's paths do not exist
+    kubelet_dir = realnode.HARD_CODED_PATHS[0]
+    kubelet_dir.mkdir()
+    machine.make_node_traces()
+    realnode.Record(state_dir=str(realnode.localenv.state_dir()),
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    busy = realnode.CGROUP_ROOT / "pids" / realnode.TRACKING_CGROUP
+    busy.mkdir(parents=True)
+    (busy / "stuck").write_text("")  # a cgroup the kernel does not let go (yet)
+    with pytest.raises(realnode.RealNodeError, match="teardown left"):
+        realnode.cleanup(quiet=True)
+    assert realnode.RECORD_FILE.exists() and realnode.BASELINE_FILE.exists()
+    # The next start takes the first baseline: the old node's paths are not the machine's.
+    assert str(kubelet_dir) not in realnode.Baseline.take().foreign_paths
+    (busy / "stuck").unlink()
+    realnode.stop(quiet=True)
+    assert not kubelet_dir.exists() and realnode.leftovers() == []
+    assert not realnode.RECORD_FILE.exists() and not realnode.BASELINE_FILE.exists()
+
+
+def test_stop_without_a_record_still_removes_what_is_left(machine: FakeMachine) -> None:
+    machine.host_routes.update(realnode._host_blackholes())
+    assert realnode.leftovers() == [f"host routes {sorted(realnode._host_blackholes())}"]
+    realnode.stop(quiet=True)
+    assert machine.host_routes == set()
+
+
+# --------------------------------------------------------------------------- machine-wide (5)
+
+
+def test_the_teardown_claims_only_the_nodes_own_cgroups_and_namespaces(
+    machine: FakeMachine,
+) -> None:
+    """Another kubelet's ``kubepods`` and another runtime's ``cni-*`` namespace stay."""
+    machine.api_up = False
+    realnode.localenv.kubeconfig_path().unlink()
+    # The node's pods: in cgroups under the kubelet's own cgroupRoot, their namespaces under
+    # containerd's state directory (removed with it), not in /run/netns.
+    assert realnode._kubelet_config()["cgroupRoot"] == f"/{realnode.TRACKING_CGROUP}"
+    assert "netns_mounts_under_state_dir = true" in realnode._containerd_config()
+    theirs = realnode.CGROUP_ROOT / "memory" / "kubepods" / "pod-theirs"
+    ours = realnode.CGROUP_ROOT / "memory" / realnode.TRACKING_CGROUP / "kubepods" / "pod-ours"
+    theirs.mkdir(parents=True)
+    ours.mkdir(parents=True)
+    machine.make_node_traces()
+    other_netns = realnode.NETNS_DIR / "cni-0b5e-theirs"
+    other_netns.write_text("")
+    assert set(realnode._cgroup_dirs()) == {ours, ours.parent, ours.parent.parent}
+    assert realnode._node_netns() == [realnode.netns_path()]
+    realnode.Record(state_dir=str(realnode.localenv.state_dir()),
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    realnode.cleanup(quiet=True)
+    assert theirs.is_dir() and other_netns.exists()
+    assert not ours.parent.parent.exists()
+
+
+def test_a_guard_broken_while_the_node_started_fails_the_start(
+    machine: FakeMachine, process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard is checked before containerd and again once the Node is Ready."""
+    checks = iter([[], ["a default route in pmem-csi-node: {'dst': 'default'}"]])
+    monkeypatch.setattr(realnode, "guard_problems", lambda: next(checks))
+    monkeypatch.setattr(realnode, "cluster_problems", lambda port: [])
+    monkeypatch.setattr(realnode, "_make_netns", lambda: None)
+    monkeypatch.setattr(realnode, "_spawn", lambda *a, **k: process)
+    monkeypatch.setattr(realnode, "_wait", lambda *a, **k: None)
+    monkeypatch.setattr(realnode, "import_image", lambda *a: None)
+    monkeypatch.setattr(realnode, "_kubelet_kubeconfig", lambda: ({}, "127.0.0.1", 1))
+    record = realnode.Record(state_dir=str(realnode.localenv.state_dir()))
+    with pytest.raises(realnode.RealNodeError, match="broke while it started: a default route"):
+        realnode._start_locked(record, -1, "127.0.0.1", 1, (), 1)
+    assert set(record.pids) == {"containerd", "forwarder", "kubelet"}
+
+
+# --------------------------------------------------------------------------- others (11, 12)
+
+
+def test_a_start_while_the_lock_is_held_is_refused_and_changes_nothing(
+    machine: FakeMachine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No record to name an owner (it is being written): the lock alone refuses the start."""
+    monkeypatch.setattr(realnode, "ensure_node_packages", lambda: None)
+    monkeypatch.setattr(realnode.toolchain, "build_all", lambda groups: None)
+    monkeypatch.setattr(realnode, "_kubelet_kubeconfig", lambda: ({}, "127.0.0.1", 1))
+    monkeypatch.setattr(realnode, "cluster_problems", lambda port: [])
+    holder = os.open(realnode.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(realnode.RealNodeError, match=r"in use \(by another process\)"):
+            realnode.start()
+    finally:
+        os.close(holder)
+    assert not realnode.RECORD_FILE.exists() and not realnode.BASELINE_FILE.exists()
+    assert machine.host_routes == set()
+
+
+def test_the_checkout_stops_the_node_its_killed_test_session_left_running(
+    machine: FakeMachine, process: subprocess.Popen[bytes]
+) -> None:
+    """`make cluster-stop` in .state: a node of .state/test-session (pytest killed) is its own."""
+    machine.make_node_traces()
+    session = realnode.localenv.state_dir() / "test-session"
+    session.mkdir()
+    realnode.Record(state_dir=str(session), starter_pid=_dead_pid(), starter_start=1.0,
+                    pids={"forwarder": process.pid},
+                    pid_starts={"forwarder": realnode.process_start_boottime(process.pid)},
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    realnode.stop(quiet=True)
+    assert process.wait(timeout=10) is not None
+    assert machine.node_traces() == [] and not realnode.RECORD_FILE.exists()
+
+
+def test_a_node_of_another_checkout_whose_forwarder_lives_is_left_alone(
+    machine: FakeMachine, process: subprocess.Popen[bytes], tmp_path: Path
+) -> None:
+    machine.make_node_traces()
+    realnode.Record(state_dir=str(tmp_path / "other-checkout"), starter_pid=_dead_pid(),
+                    starter_start=1.0, pids={"forwarder": process.pid},
+                    pid_starts={"forwarder": realnode.process_start_boottime(process.pid)},
+                    host_routes=realnode._host_blackholes()).save()  # fmt: skip
+    realnode.stop(quiet=True)
+    assert process.poll() is None and len(machine.node_traces()) == 6
+
+
+def test_status_says_in_use_while_the_lock_is_held(
+    machine: FakeMachine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert realnode.main(["status"]) == 1 and capsys.readouterr().out == "not running\n"
+    holder = os.open(realnode.LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert realnode.main(["status"]) == 1
+        assert capsys.readouterr().out == "in use (lock held)\n"
+    finally:
+        os.close(holder)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import socket
@@ -67,6 +68,33 @@ def min_lease_duration() -> int:
     while RENEW_DEADLINE_SHARE * shortest <= JITTER_FACTOR * RENEW_PERIOD:
         shortest += 1
     return shortest
+
+
+def seconds(value: str) -> float:
+    """A period flag: a positive, finite number of seconds.
+
+    Why: 0 for ``--message-interval`` divided 0/0 on every reconcile (no status was ever
+    written), a negative ``--progress-deadline-seconds`` made every Progressing deployment
+    Failed at once, and ``nan`` for ``--resync-seconds`` never resynced.
+    """
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive, finite number of seconds")
+    return number
+
+
+def port(value: str) -> int:
+    """``--metrics-port``: a TCP port, or 0 for a free one."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number from 0 to 65535")
+    return number
 
 
 def lease_duration(value: str) -> int:
@@ -137,14 +165,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--identity", default=None, help="leader election identity (default: host_pid)")
     p.add_argument(
         "--metrics-port",
-        type=int,
+        type=port,
         default=8080,
         help="port of /healthz, /readyz and /metrics; 0 picks a free one and prints it",
     )
-    p.add_argument("--resync-seconds", type=float, default=60.0, help="full recompute period")
+    p.add_argument("--resync-seconds", type=seconds, default=60.0, help="full recompute period")
     p.add_argument(
         "--message-interval",
-        type=float,
+        type=seconds,
         default=10.0,
         help="non-urgent status writes of one CR (Running<->Progressing, counts in messages) "
         "are limited to 3 at once, then one per this many seconds; failures and condition "
@@ -152,7 +180,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--progress-deadline-seconds",
-        type=float,
+        type=seconds,
         default=600.0,
         help="how long a deployment may be Progressing without progress before it is Failed",
     )

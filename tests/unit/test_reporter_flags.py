@@ -39,3 +39,31 @@ def test_valid_lease_durations_are_accepted_as_integers() -> None:
 def test_the_elector_refuses_a_fractional_lease_too() -> None:
     with pytest.raises(ValueError, match="whole number of seconds"):
         LeaderElector(None, "ns", "l", "me", lease_duration=4.9, renew_deadline=3.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "flag", ["--resync-seconds", "--message-interval", "--progress-deadline-seconds"]
+)
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
+def test_a_period_that_is_not_a_positive_number_of_seconds_is_refused(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str
+) -> None:
+    """0 for --message-interval divided 0/0 on every reconcile (no status ever written), a
+    negative deadline made every Progressing deployment Failed at once, nan never resynced."""
+    err = refused(capsys, flag, value)
+    assert flag in err and "positive, finite number of seconds" in err
+
+
+@pytest.mark.parametrize("value", ["-1", "65536", "99999"])
+def test_a_metrics_port_outside_the_tcp_range_is_refused(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    err = refused(capsys, "--metrics-port", value)
+    assert "--metrics-port" in err and "0 to 65535" in err
+
+
+def test_valid_periods_and_ports_are_accepted() -> None:
+    args = parse_args(
+        ["--resync-seconds", "2.5", "--message-interval", "1", "--metrics-port", "65535"]
+    )
+    assert (args.resync_seconds, args.message_interval, args.metrics_port) == (2.5, 1.0, 65535)

@@ -222,7 +222,7 @@ def load_files(files: list[str]) -> _Config:
         except OSError as err:
             raise TargetError(f"KUBECONFIG: cannot read {name} ({err.strerror})") from None
         config = parse(text, f"KUBECONFIG file {name}")
-        _resolve_paths(config, path.resolve().parent)
+        _resolve_paths(config, Path(os.path.abspath(name)).parent)
         for key, _ in _LISTS:
             into: dict[str, dict[str, Any]] = getattr(merged, key)
             for entry, value in getattr(config, key).items():

@@ -279,6 +279,27 @@ def test_relative_paths_in_a_kubeconfig_file_are_resolved_against_its_directory(
     assert target.config["clusters"][0]["cluster"]["certificate-authority"] == str(sub / "ca.crt")
 
 
+def test_relative_paths_of_a_symlinked_kubeconfig_count_from_the_links_directory(
+    tmp_path: Path,
+) -> None:
+    """client-go takes the directory of the path as given (filepath.Abs), not of the file a
+    symlink points to: ``~/.kube/config`` linked into a dotfiles repository reads
+    ``~/.kube/ca.crt`` (review of issue 14: the program read the linked directory's CA)."""
+    real, kube = tmp_path / "real", tmp_path / "kube"
+    real.mkdir()
+    kube.mkdir()
+    (real / "config").write_text(
+        as_yaml(kubeconfig({"prod": PROD}, {"prod": "prod"}, "prod", ca={"prod": "ca.crt"}))
+    )
+    (kube / "config").symlink_to(real / "config")
+    target = kubetarget.resolve(
+        ProviderSettings(), Environment(kubeconfig=str(kube / "config"), home=str(tmp_path))
+    )
+    assert target.config["clusters"][0]["cluster"]["certificate-authority"] == str(
+        kube / "ca.crt"
+    )
+
+
 def test_relative_paths_in_kubernetes_kubeconfig_stay_as_written(tmp_path: Path) -> None:
     """The provider reads the file and parses its content: no path resolution."""
     (tmp_path / "a").write_text(

@@ -39,6 +39,7 @@ import base64
 import binascii
 import copy
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple
@@ -770,15 +771,36 @@ def _carry_condition_times(conditions: list[Obj], old: Obj, now_s: str) -> None:
             cond["lastTransitionTime"] = now_s
 
 
+# A pod's part of a component's reason (``_describe_pods``): "<pod> on <node>[ (node not
+# ready)]: <problem>" or "<pod> (not scheduled): <problem>".
+_POD_PART = re.compile(r"^(\S+(?: on \S+| \(not scheduled\))(?: \(node not ready\))?): ")
+
+
+def _progress_key(reason: str) -> str:
+    """The reason without each pod's problem text: what progress is measured on.
+
+    Why: a broken pod's problem alternates by itself (ErrImagePull and ImagePullBackOff,
+    CrashLoopBackOff and Error, as the kubelet backs off). Counted as progress, that kept a
+    stuck rollout or a crash loop Progressing for ever; a pod that becomes ready, a count
+    that changes, a pod on another node still do count.
+    """
+    parts = []
+    for part in reason.split("; "):
+        match = _POD_PART.match(part)
+        parts.append(match.group(1) if match else part)
+    return "; ".join(parts)
+
+
 def _component(component: str, state: ComponentState, old: Obj, now_s: str) -> Obj:
-    """A driverComponents entry; lastUpdated only moves when status or reason changed."""
+    """A driverComponents entry; lastUpdated only moves when the status or the reason changed,
+    a pod's problem text aside (``_progress_key``): the progress deadline is measured on it."""
     status, reason = state.status, state.reason
     entry: Obj = {"component": component, "status": status, "reason": reason}
     for prev in old.get("driverComponents") or []:
         if (
             prev.get("component") == component
             and prev.get("status") == status
-            and prev.get("reason") == reason
+            and _progress_key(str(prev.get("reason", ""))) == _progress_key(reason)
             and prev.get("lastUpdated")
         ):
             entry["lastUpdated"] = prev["lastUpdated"]

@@ -117,6 +117,45 @@ def test_a_stuck_rollout_fails_after_the_deadline_and_a_moving_one_does_not() ->
     assert late["reason"].startswith("No progress for more than 10 minute(s)")
 
 
+@pytest.mark.parametrize(
+    "cycle",
+    [
+        ["ErrImagePull", "ImagePullBackOff"],
+        ["CrashLoopBackOff", "Error", "CrashLoopBackOff"],
+    ],
+    ids=["image-pull", "crash-loop"],
+)
+def test_a_pod_whose_problem_text_keeps_changing_is_no_progress(cycle: list[str]) -> None:
+    """A broken pod's waiting reason alternates by itself (the kubelet's back-off): that is
+    not progress, so the deadline still fires (review of issue 16: it stayed Progressing for
+    hours, as each new text moved lastUpdated)."""
+    objects, _ = cluster(3, {2: PULL})
+    status: dict = {}
+    now = NOW
+    phases = []
+    for step in range(8):
+        waiting = cycle[step % len(cycle)]
+        pods = [node_pod(i) for i in range(2)] + [node_pod(2, ready=False, waiting=waiting)]
+        status = st.compute_status(observed(objects, nodepods=pods, status=status), now)
+        phases.append(status["phase"])
+        now += DEADLINE / 4
+    assert phases[:4] == ["Progressing"] * 4
+    assert phases[-1] == "Failed", phases
+    assert status["reason"].startswith("No progress for more than 10 minute(s)")
+
+
+def test_a_pod_that_becomes_ready_is_progress() -> None:
+    objects, pods = cluster(3, {1: PULL, 2: PULL})
+    first = st.compute_status(observed(objects, nodepods=pods), NOW)
+    healed_one = [node_pod(0), node_pod(1), node_pod(2, **PULL)]
+    later = NOW + DEADLINE
+    s = st.compute_status(
+        observed(with_changes(ds=daemonset(3, 2)), nodepods=healed_one, status=first), later
+    )
+    assert s["phase"] == "Progressing"
+    assert comp(s, "Node")["lastUpdated"] == later.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def test_beyond_the_tolerance_an_unchanged_outage_fails_after_the_deadline() -> None:
     objects, pods = cluster(5000, {i: NODE_DOWN for i in range(60)})
     first = st.compute_status(observed(objects, nodepods=pods), NOW)

@@ -945,9 +945,13 @@ def snapshot_without_cr(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentCo
             continue
         live = kube.get(obj)
         assert live is not None, f"{obj['kind']} {obj['metadata']['name']} missing"
-        out[f"{obj['kind']}/{obj['metadata']['name']}"] = (
-            live["metadata"]["uid"],
-            live["metadata"]["resourceVersion"],
+        meta = live["metadata"]
+        # Workloads by their generation: when the CR spec changes, the program stamps them with
+        # its new digest (names.SPEC_DIGEST_ANNOTATION), a metadata write that changes nothing
+        # they run; their spec and pods (below) must stay.
+        out[f"{obj['kind']}/{meta['name']}"] = (
+            meta["uid"],
+            str(meta.get("generation") or meta["resourceVersion"]),
         )
     out["pods"] = pod_uids(core, cfg)
     return out

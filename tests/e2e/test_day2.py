@@ -937,8 +937,16 @@ def test_device_mode_guard_holds_when_the_cr_and_the_crd_are_gone(
         dispose(stack)
 
 
-def snapshot_without_cr(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentConfig) -> Any:
-    """:func:`snapshot` of everything but the Deployment CR (deleted by the test)."""
+def snapshot_without_cr(
+    kube: Cluster, core: client.CoreV1Api, cfg: DeploymentConfig, *, by_generation: bool = False
+) -> Any:
+    """:func:`snapshot` of everything but the Deployment CR (deleted by the test).
+
+    ``by_generation``: objects that have a generation by it, not by resourceVersion -- for an
+    update that changes the CR spec, after which the program stamps the workloads with the
+    spec's new digest (names.SPEC_DIGEST_ANNOTATION), a metadata write that changes nothing
+    they run (their pods are compared too).
+    """
     out: dict[str, Any] = {}
     for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
         if obj["kind"] == names.CRD_KIND and obj["apiVersion"] == CR_API:
@@ -946,13 +954,8 @@ def snapshot_without_cr(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentCo
         live = kube.get(obj)
         assert live is not None, f"{obj['kind']} {obj['metadata']['name']} missing"
         meta = live["metadata"]
-        # Workloads by their generation: when the CR spec changes, the program stamps them with
-        # its new digest (names.SPEC_DIGEST_ANNOTATION), a metadata write that changes nothing
-        # they run; their spec and pods (below) must stay.
-        out[f"{obj['kind']}/{meta['name']}"] = (
-            meta["uid"],
-            str(meta.get("generation") or meta["resourceVersion"]),
-        )
+        version = meta.get("generation") if by_generation else None
+        out[f"{obj['kind']}/{meta['name']}"] = (meta["uid"], str(version or meta["resourceVersion"]))
     out["pods"] = pod_uids(core, cfg)
     return out
 
@@ -1069,7 +1072,7 @@ def test_a_namespace_still_used_is_kept_when_its_creator_stops_creating_it(
         assert live.metadata.labels["pod-security.kubernetes.io/enforce"] == "privileged"
         ns_uid = live.metadata.uid
         # The CR records the config (createNamespace); everything else stays as it is.
-        before = snapshot_without_cr(kube, core, cfg)
+        before = snapshot_without_cr(kube, core, cfg, by_generation=True)
 
         _write_config(stack, config({**raw, "createNamespace": False}))
         result = up(stack, "namespace: no longer created")
@@ -1077,14 +1080,14 @@ def test_a_namespace_still_used_is_kept_when_its_creator_stops_creating_it(
         live = core.read_namespace(cfg.namespace)
         assert live.metadata.uid == ns_uid and live.status.phase == "Active"
         assert names.STACK_ANNOTATION not in (live.metadata.annotations or {})
-        assert snapshot_without_cr(kube, core, cfg) == before
+        assert snapshot_without_cr(kube, core, cfg, by_generation=True) == before
 
         # The next update drops the released namespace from the state and leaves it.
         result = up(stack, "namespace: released")
         assert result.summary.result == "succeeded"
         live = core.read_namespace(cfg.namespace)
         assert live.metadata.uid == ns_uid and live.status.phase == "Active"
-        assert snapshot_without_cr(kube, core, cfg) == before
+        assert snapshot_without_cr(kube, core, cfg, by_generation=True) == before
         resources = stack.export_stack().deployment["resources"]
         assert not [r for r in resources if r["type"] == "kubernetes:core/v1:Namespace"]
     finally:

@@ -955,7 +955,8 @@ def snapshot_without_cr(
         assert live is not None, f"{obj['kind']} {obj['metadata']['name']} missing"
         meta = live["metadata"]
         version = meta.get("generation") if by_generation else None
-        out[f"{obj['kind']}/{meta['name']}"] = (meta["uid"], str(version or meta["resourceVersion"]))
+        key = f"{obj['kind']}/{meta['name']}"
+        out[key] = (meta["uid"], str(version or meta["resourceVersion"]))
     out["pods"] = pod_uids(core, cfg)
     return out
 

@@ -28,6 +28,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from pmem_components.manifests import bundle
+from pmem_components.manifests import reporter as reporter_manifests
 from pmem_components.manifests.crd import load_crd
 from pmem_components.patches import PatchEntry
 from reporter.kubeapi import RawApi, Resource
@@ -333,7 +334,8 @@ def test_reporter_pods_under_the_kubelet_reach_all_conditions_true(
     assert sorted(r["dst"] for r in routes) == sorted([realnode.POD_CIDR, realnode.SERVICE_CIDR])
     # The memory limit is the container's cgroup's.
     limit = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"]
-    assert limit == "256Mi" and _memory_limit(pid) == 256 * 2**20
+    assert limit == reporter_manifests.LIMITS["memory"] == "384Mi"
+    assert _memory_limit(pid) == 384 * 2**20
     # The credentials are the projected token of the pod's ServiceAccount, bound to the pod.
     token = Path(f"/proc/{pid}/root/var/run/secrets/kubernetes.io/serviceaccount/token")
     claims = _jwt_claims(token.read_text())

@@ -124,6 +124,11 @@ class Scenario:
         return f"intr-{self.suffix}"
 
     @property
+    def gate_value(self) -> str:
+        """The gate label's value: never all digits (`config set --path` would store a number)."""
+        return f"g{self.suffix}"
+
+    @property
     def cfg(self) -> DeploymentConfig:
         name = f"{self.namespace}.pmem-csi.intel.com"
         return DeploymentConfig(name=name, namespace=self.namespace)
@@ -188,7 +193,7 @@ def scenario(admin: Admin, request: pytest.FixtureRequest) -> Iterator[Scenario]
         f"pulumi config set --path 'pmem-csi:deployments[0].name' {sc.cfg.name}",
         f"pulumi config set --path 'pmem-csi:deployments[0].namespace' {sc.namespace}",
         f"pulumi config set --path '{patch}.kind' StatefulSet",
-        f"pulumi config set --path '{gate}' {sc.suffix}",
+        f"pulumi config set --path '{gate}' {sc.gate_value}",
     ):
         admin.run(line)
     try:
@@ -247,7 +252,7 @@ def _end_session(proc: subprocess.Popen[str]) -> None:
 def _open_gate(admin: Admin, sc: Scenario) -> None:
     """Label one node so the controller pod can schedule: the held-back creation completes."""
     node = admin.kubectl("get", "nodes", "-o", "name").stdout.split()[0]
-    admin.kubectl("label", "--overwrite", node, f"{GATE_LABEL}={sc.suffix}")
+    admin.kubectl("label", "--overwrite", node, f"{GATE_LABEL}={sc.gate_value}")
 
 
 def _wait_at_the_gate(

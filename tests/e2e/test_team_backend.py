@@ -200,7 +200,7 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
     first.run(f"pulumi config set --path 'pmem-csi:deployments[0].reporter.image' {image}")
     first.run(f"pulumi config set --path '{patch}.kind' Deployment")
     first.run(f"pulumi config set --path '{patch}.apiVersion' apps/v1")  # not the CR's kind
-    first.run(f"pulumi config set --path '{gate}' {team.suffix}")
+    first.run(f"pulumi config set --path '{gate}' g{team.suffix}")
     # Its output goes to a file: a pipe nobody reads while it waits could fill and block it.
     first_log = first.cwd.parent / f"{first.cwd.name}-held-up.log"
     with first_log.open("w") as log:
@@ -237,7 +237,7 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
 
         # ---- the gate opens, the first update completes and releases the lock.
         node = team.kubectl("get", "nodes", "-o", "name").stdout.split()[0]
-        team.kubectl("label", "--overwrite", node, f"{GATE_LABEL}={team.suffix}")
+        team.kubectl("label", "--overwrite", node, f"{GATE_LABEL}=g{team.suffix}")
         running.wait(timeout=600)
         assert running.returncode == 0, first_log.read_text()
     finally:

@@ -56,8 +56,10 @@ def doc_of(heading: str) -> Path:
         doc for doc in doc_files() for _, line in _headings(doc.read_text()) if line == heading
     ]
     if len(having) != 1:
-        names = ", ".join(str(doc.relative_to(toolchain.PROJECT_DIR)) for doc in having)
-        raise LookupError(f"heading {heading!r} is in {len(having)} documents, not 1: {names}")
+        names = ", ".join(
+            sorted({str(doc.relative_to(toolchain.PROJECT_DIR)) for doc in having})
+        )
+        raise LookupError(f"heading {heading!r} appears {len(having)} times, not once: {names}")
     return having[0]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import readme
 from tests.e2e.readme import doc_files, doc_of, sh_blocks
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -83,9 +84,21 @@ def test_each_heading_a_test_runs_is_in_one_document_with_its_blocks(
         )
 
 
-def test_a_heading_in_no_document_or_in_two_is_refused() -> None:
-    with pytest.raises(LookupError, match="in 0 documents"):
+def test_a_heading_in_no_document_or_in_two_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(LookupError, match="appears 0 times"):
         doc_of("## No such section")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for name in ("a.md", "b.md"):
+        (docs / name).write_text("# Title\n\n## Twice\n\n```sh\necho hi\n```\n")
+    monkeypatch.setattr(readme.toolchain, "PROJECT_DIR", tmp_path)
+    monkeypatch.setattr(readme, "doc_files", lambda: sorted(docs.glob("*.md")))
+    with pytest.raises(LookupError, match=r"appears 2 times, not once: docs/a.md, docs/b.md"):
+        doc_of("## Twice")
+    (docs / "b.md").write_text("# Other\n")
+    assert doc_of("## Twice") == docs / "a.md"
 
 
 def _anchors(text: str) -> set[str]:

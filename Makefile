@@ -21,7 +21,7 @@ tools: $(VENV)/.installed
 
 # The reporter's OCI image (layout + oci-archive) in ~/.cache/pmem-csi-pulumi/image, rebuilt
 # only when its inputs change; installs mmdebstrap, umoci, skopeo and runc with apt-get when
-# missing. See README.md, "The reporter image".
+# missing. See docs/reporter.md, "The reporter image".
 image: $(VENV)/.installed
 	$(PY) -m tools.image build
 
@@ -52,7 +52,8 @@ cluster-stop: $(VENV)/.installed
 	$(PY) -m tools.cluster stop
 
 # A local PostgreSQL server as a team's state backend (Debian's postgresql, installed with
-# apt-get when missing); prints the `pulumi login` URL. See README.md, "Choosing a state backend".
+# apt-get when missing); prints the `pulumi login` URL. See docs/configuration.md,
+# "Choosing a state backend".
 postgres-start: $(VENV)/.installed
 	$(PY) -m tools.postgres start
 

@@ -54,8 +54,9 @@ DEFAULT_MEMORY = "250Mi"
 DEFAULT_NODE_SELECTOR: dict[str, str] = {"storage": "pmem"}
 
 # The status reporter is this project's replacement for the operator's status updates. It has
-# no default image: no public one exists; `make image` builds it and README.md says how to push
-# it. Without ``reporter.image`` the reporter is not deployed (see ``Reporter``).
+# no default image: no public one exists; `make image` builds it and docs/reporter.md ("The
+# reporter image") says how to push it. Without ``reporter.image`` the reporter is not
+# deployed (see ``Reporter``).
 DEFAULT_REPORTER_REPLICAS = 2
 DEFAULT_REPORTER_LOG_LEVEL = 3
 
@@ -263,7 +264,7 @@ class DeploymentConfig(_Model):
     certificates: Certificates = Field(default_factory=Certificates)
     patches: list[Patch] = Field(default_factory=list)
     reporter: Reporter = Field(default_factory=Reporter)
-    # Day-2 safety switches; see README "Day-2 operations". All default to the safe choice.
+    # Day-2 safety switches; see docs/day2.md. All default to the safe choice.
     adopt_namespace: bool = False
     adopt_existing: bool = False
     allow_reinstall: bool = False
@@ -310,8 +311,8 @@ class StackConfig(_Model):
     # Read the cluster before registering anything (adoption, renames, operator migration).
     preflight: bool = True
     # On `pulumi up`, take over fields of the deployments' objects that other field managers
-    # own, so the declared state wins (pmem_components/takeover.py; README: "Changed behind
-    # Pulumi's back"). False leaves such fields to their owners (and `up` may then fail with
+    # own, so the declared state wins (pmem_components/takeover.py; docs/day2.md: "Changed
+    # behind Pulumi's back"). False leaves such fields to their owners (and `up` may then fail with
     # a server-side apply conflict).
     take_over_fields: bool = True
     # What other field managers may own without it being drift, on top of the built-in
@@ -564,8 +565,8 @@ def _check_reporter(reporter: Any, path: tuple[str | int, ...], problems: list[s
     if reporter.get("enabled") is True and reporter.get("image") is None:
         problems.append(
             f"{key_path((*path, 'image'))}: is required when reporter.enabled is true: there is "
-            "no public reporter image; build it with `make image`, push it (see README.md) and "
-            "set its name here, or leave enabled unset"
+            "no public reporter image; build it with `make image`, push it (see docs/reporter.md, "
+            "The reporter image) and set its name here, or leave enabled unset"
         )
 
 

@@ -53,7 +53,7 @@ from pmem_components.config import DEVICE_MODE_ALIASES, DeploymentConfig, StackC
 from pmem_components.manifests import bundle
 
 OPERATOR_GROUP = names.CRD_GROUP
-RUNBOOK = "see README, Day-2 operations: migrate from the operator"
+RUNBOOK = "see docs/day2.md: migrate from the PMEM-CSI operator"
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,7 @@ def pair(
         # The engine's most verbose display a user gets without asking for secrets, plus its
         # own log at -v=8. From -v=9 on the engine logs the raw gRPC payloads it exchanges
         # with providers, secrets in plaintext included (Pulumi's behaviour, measured here:
-        # the generated keys appear), so that level is not one to share; see the README.
+        # the generated keys appear), so that level is not one to share; see docs/faults.md.
         result = stack.up(
             on_output=ps.printer("[leak up] "),
             debug=True,

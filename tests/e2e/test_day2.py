@@ -2,7 +2,7 @@
 nothing is lost (the real engine and provider against the local cluster).
 
 Each scenario is one stack that the tests of a section change step by step, in file order
-(pytest keeps it), as the README's "Day-2 operations" section describes:
+(pytest keeps it), as docs/day2.md describes:
 
 * Namespaces and the CRD belong to the stack: an existing namespace is adopted only when
   asked; removing the deployment that named a shared namespace first leaves the namespace

@@ -7,7 +7,7 @@ process per deployment here (a stand-in for the stack's one reporter, so that A'
 stopped while B's runs), with the administrator's credentials, because the stack reporter's
 RBAC grants exactly one Lease. Where the operator
 restored state by itself, the Pulumi way is ``pulumi up --refresh`` after the reporter has made
-the drift visible in the CR. The README's "The operator's e2e scenarios, mirrored" maps every
+the drift visible in the CR. "The operator's e2e scenarios, mirrored" in docs/faults.md maps every
 scenario to a test, here or in the other e2e modules.
 
 Item 6 (least privilege) is shown here too, with the stack reporter's own token (the

@@ -60,7 +60,7 @@ SERVICE = Resource("Service", "v1", "services", True)
 # Pod start (the image is local) plus the reporter's start, list and first write, on a machine
 # whose two cores are shared.
 READY_TIMEOUT = 240.0
-# Lease duration 10 s plus a retry period (README, "leader election").
+# Lease duration 10 s plus a retry period (docs/reporter.md, "leader election").
 TAKEOVER_TIMEOUT = 60.0
 # Three failed liveness probes, 10 s apart, 3 s timeout each; then the kubelet's restart.
 LIVENESS_TIMEOUT = 120.0

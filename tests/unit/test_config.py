@@ -127,7 +127,7 @@ def test_reporter_enabled_without_image_is_caught_for_models_built_in_code() -> 
     assert c.deployment_problems(dep) == [
         "pmem-csi:deployments[0].reporter.image: is required when reporter.enabled is true: "
         "there is no public reporter image; build it with `make image`, push it (see "
-        "README.md) and set its name here, or leave enabled unset"
+        "docs/reporter.md, The reporter image) and set its name here, or leave enabled unset"
     ]
 
 

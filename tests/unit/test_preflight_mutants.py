@@ -15,7 +15,7 @@ from test_preflight import ME, cr, ns, stack
 from pmem_components import names, preflight
 from pmem_components.preflight import Observed, ObservedObject, Previous, plan
 
-RUNBOOK = "see README, Day-2 operations: migrate from the operator"
+RUNBOOK = "see docs/day2.md: migrate from the PMEM-CSI operator"
 OURS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 DRIVER = "pmem-csi.intel.com"
 

@@ -39,8 +39,12 @@ mutate: $(VENV)/.installed
 
 # The whole suite: unit tests, then the end-to-end tests on a local cluster with the real
 # Pulumi engine. PMEM_CSI_REQUIRE_CLUSTER makes a missing tool a failure, never a skip.
+# TEST_WORKERS pytest-xdist workers, each with a cluster of its own; a test module runs whole on
+# one worker, the tests that use the real node all on the same one (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed lint tools image
-	PMEM_CSI_REQUIRE_CLUSTER=1 $(PY) -m pytest tests -v --timeout=900 --durations=15
+	PMEM_CSI_REQUIRE_CLUSTER=1 $(PY) -m pytest tests -v -n $(TEST_WORKERS) --dist loadscope \
+		--no-loadscope-reorder --timeout=900 --durations=15
 
 demo: $(VENV)/.installed tools
 	$(PY) -m tools.demo
@@ -62,6 +66,7 @@ postgres-stop: $(VENV)/.installed
 
 # Also the cluster a test session left running with PMEM_CSI_KEEP_CLUSTER=1.
 clean-state: cluster-stop postgres-stop
-	PMEM_CSI_STATE_DIR="$${PMEM_CSI_STATE_DIR:-.state}/test-session" $(PY) -m tools.cluster stop
-	PMEM_CSI_STATE_DIR="$${PMEM_CSI_STATE_DIR:-.state}/test-session" $(PY) -m tools.postgres stop
+	for d in "$${PMEM_CSI_STATE_DIR:-.state}"/test-session "$${PMEM_CSI_STATE_DIR:-.state}"/test-session/gw*; do \
+		if [ -d "$$d" ]; then PMEM_CSI_STATE_DIR="$$d" $(PY) -m tools.cluster stop && \
+			PMEM_CSI_STATE_DIR="$$d" $(PY) -m tools.postgres stop; fi; done
 	rm -rf .state

@@ -82,7 +82,7 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_QUANTITY = re.compile(
+QUANTITY = re.compile(
     r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(\d+(\.\d*)?|\.\d+)))?$"
 )
 
@@ -336,12 +336,21 @@ STACK_KEYS = (
 
 def key_path(loc: Iterable[str | int]) -> str:
     """``('deployments', 0, 'labels', 'a/b')`` -> ``pmem-csi:deployments[0].labels["a/b"]``."""
-    out = f"{CONFIG_NAMESPACE}:"
-    first = True
+    return f"{CONFIG_NAMESPACE}:" + sub_path(loc, first=True)
+
+
+def sub_path(loc: Iterable[str | int], *, first: bool = False) -> str:
+    """``(0, 'nodeSelector', 'interrupt-gate')`` -> ``[0].nodeSelector.interrupt-gate``.
+
+    The syntax of ``pulumi config set --path``, so that a message's key can be pasted there:
+    plain names (hyphens included, as in ``a.interrupt-gate``), ``[i]`` for list items and
+    ``["..."]`` for keys with dots, slashes or other characters the path syntax reserves.
+    """
+    out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", part):
             out += part if first else f".{part}"
         else:
             out += f'["{part}"]'
@@ -358,6 +367,21 @@ def _show(value: Any) -> str:
         return "true" if value else "false"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def string_fix(key: str, value: Any, *, exact: bool = True, secret: bool = False) -> str:
+    """How to store ``value`` (a number or boolean) under ``key`` as the string it should be.
+
+    ``pulumi config set --path`` stores ``253578`` as a number and ``true`` as a boolean, and
+    so does YAML; turning them into strings here would be lossy (``true`` is not "True", a
+    YAML ``1.50`` is not "1.50"), so the value is refused and the message says how to write
+    it. ``exact``: ``key`` is the value's own key, so the command can name it.
+    """
+    text = "<value>" if secret else _show(value)
+    hint = "quote it" + ("" if secret else f' ("{text}")') + " in Pulumi.<stack>.yaml"
+    if exact:
+        hint += f", or set it with pulumi config set --type string --path '{key}' {text}"
+    return hint
 
 
 def _quiet(loc: Sequence[str | int]) -> bool:
@@ -405,7 +429,18 @@ def _pydantic_problems(exc: ValidationError, prefix: tuple[str | int, ...]) -> l
         # Union members add their type name to loc ("str", "int"); drop those.
         loc = tuple(p for p in err["loc"] if p not in ("str", "int", "function-after[...]"))
         described = _describe(err)
-        texts = by_key.setdefault(key_path(prefix + loc), [])
+        key = key_path(prefix + loc)
+        value = err.get("input")
+        # A number or a boolean where only a string will do (not a "str | int" member):
+        # `pulumi config set --path` stored it so; say how to store a string instead.
+        if (
+            err["type"] == "string_type"
+            and "str" not in err["loc"]
+            and isinstance(value, int | float)
+            and not _quiet(loc)
+        ):
+            described += "; " + string_fix(key, value)
+        texts = by_key.setdefault(key, [])
         if described not in texts:
             texts.append(described)
     return [f"{key}: {_join_alternatives(texts)}" for key, texts in by_key.items()]
@@ -454,7 +489,7 @@ def _check_resources(res: Any, path: tuple[str | int, ...], problems: list[str])
         for key, value in _dict_or_empty(_dict_or_empty(res).get(part)).items():
             # pydantic takes true for 1; as a quantity it would reach the cluster as "True".
             if isinstance(value, bool) or (
-                isinstance(value, str | int) and not _QUANTITY.match(str(value))
+                isinstance(value, str | int) and not QUANTITY.match(str(value))
             ):
                 problems.append(
                     f"{key_path((*path, part, key))}: is not a Kubernetes quantity "

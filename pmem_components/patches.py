@@ -31,6 +31,8 @@ import jsonpatch
 import pulumi
 from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret, wrap_rpc_secret
 
+from pmem_components import patchtypes
+
 DEFAULT_WHERE = "pmem-csi:patches"
 
 
@@ -337,23 +339,60 @@ class PatchSet:
                     f"{entry.label}: kind {entry.kind!r} selects objects of several "
                     f"apiVersions ({', '.join(versions)}); add apiVersion to choose"
                 )
+        # A wrong type in an entry that selects several objects is one mistake: one line.
+        typed: dict[tuple[str, bool, patchtypes.Mismatch, bool], list[str]] = {}
         for obj in objs:
-            current: Mapping[str, Any] = obj
-            kind = kind_of("", obj)
-            for entry in self.entries:
-                if entry.selects(kind, current):
-                    try:
-                        before, current = current, entry.apply(current)
-                    except PatchError as e:
-                        problems.append(str(e))
-                        break
-                    problems += [
-                        f"{entry.label}: {p}" for p in fixed_field_changes(before, current)
-                    ]
+            found, mismatched = self._object_problems(obj)
+            problems += found
+            for key, exact, m, secret in mismatched:
+                typed.setdefault((key, exact, m, secret), []).append(patchtypes.object_ref(obj))
+        problems += [
+            patchtypes.problem(key, exact, ", ".join(refs), m, secret)
+            for (key, exact, m, secret), refs in typed.items()
+        ]
         if problems:
             # One line per mistake, not per object it hits (an entry may select several).
             problems = list(dict.fromkeys(problems))
             raise PatchError("patches cannot be applied:\n  " + "\n  ".join(problems))
+
+    def _object_problems(
+        self, obj: Mapping[str, Any]
+    ) -> tuple[list[str], list[tuple[str, bool, patchtypes.Mismatch, bool]]]:
+        """What the entries selecting ``obj`` do wrong to it: failed applies and changed fixed
+        fields (as lines), values of the wrong type (:mod:`pmem_components.patchtypes`) as
+        (config key, key is exact, mismatch, object is a Secret).
+
+        A wrong type is blamed on the entry after which it appeared and is reported only if
+        the final object still has it (a later entry may repair it). The builders' own
+        output type-checks (a unit test says so); whatever it had is not the patches' doing.
+        """
+        problems: list[str] = []
+        current: Mapping[str, Any] = obj
+        kind = kind_of("", obj)
+        baseline = set(patchtypes.mismatches(obj))
+        blame: dict[patchtypes.Mismatch, PatchEntry] = {}
+        for entry in self.entries:
+            if not entry.selects(kind, current):
+                continue
+            try:
+                before, current = current, entry.apply(current)
+            except PatchError as e:
+                return [*problems, str(e)], []
+            problems += [f"{entry.label}: {p}" for p in fixed_field_changes(before, current)]
+            blame = {
+                m: blame.get(m, entry)
+                for m in patchtypes.mismatches(current)
+                if m not in baseline
+            }
+        mismatched = [
+            (
+                *patchtypes.source_key(entry.label, entry.merge_patch, entry.json_patch, m.path),
+                m,
+                kind == "Secret",
+            )
+            for m, entry in blame.items()
+        ]
+        return problems, mismatched
 
     # -- during registration ----------------------------------------------------------------
 

@@ -23,10 +23,12 @@ so :data:`QUANTITY_FIELDS` names them); an integral float for an integer (Pulumi
 number as a double: ``2.0`` reaches the API server as ``2``); ``null`` anywhere (a merge
 patch's ``null`` deletes the key; a JSON patch's ``null`` leaves the field unset).
 
-Not checked here: fields the client's model does not know (a newer API server may know
-them, and refusing them would refuse valid input; the API server's server-side apply refuses
-truly unknown fields itself, and the preflight's dry run covers live objects), kinds with no
-model, and values (enums, patterns, ranges): the API server's validation owns those.
+Not checked here: fields the client's model does not know. The API server's server-side
+apply refuses a field it does not know ("field not declared in schema", during ``pulumi up``),
+but an API server newer than the client (37.0.2, Kubernetes 1.37) may know fields the model
+lacks, and refusing them here would refuse valid input with no way around it; the
+preflight's dry run catches them for objects that exist live. Nor kinds with no model, nor
+values (enums, patterns, ranges): the API server's validation owns those.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ from pmem_components import names
 from pmem_components.config import QUANTITY, string_fix, sub_path
 
 # Quantities (resource.Quantity): a string such as "100m" or a number. The client's models
-# type them as plain strings, hence this list (of the models our kinds can contain; a test
-# checks it against a real API server's OpenAPI document).
+# type them as plain strings, hence this list (of the models our kinds can contain; unit tests
+# check that each names a field of the client's models, e2e ones that the API server accepts
+# numbers there).
 QUANTITY_FIELDS = frozenset(
     {
         ("V1ResourceRequirements", "limits"),

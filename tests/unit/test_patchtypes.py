@@ -187,6 +187,15 @@ def test_the_builders_output_type_checks() -> None:
             assert patchtypes.mismatches(obj) == [], obj["kind"]
 
 
+@pytest.mark.parametrize(("model", "attr"), sorted(patchtypes.QUANTITY_FIELDS))
+def test_each_quantity_field_is_a_string_field_of_the_clients_models(model: str, attr: str) -> None:
+    """The list is by name: a renamed model or field would silently stop accepting numbers."""
+    import kubernetes.client
+
+    types = getattr(kubernetes.client, model).openapi_types
+    assert types[attr] in ("str", "Dict[str, str]"), types.get(attr)
+
+
 def test_a_later_patch_that_repairs_a_value_leaves_nothing_to_report() -> None:
     gate = {"nodeSelector": {"gate": 1}}
     repaired = {"nodeSelector": {"gate": "1"}}

@@ -380,7 +380,8 @@ def string_fix(key: str, value: Any, *, exact: bool = True, secret: bool = False
     text = "<value>" if secret else _show(value)
     hint = "quote it" + ("" if secret else f' ("{text}")') + " in Pulumi.<stack>.yaml"
     if exact:
-        hint += f", or set it with pulumi config set --type string --path '{key}' {text}"
+        # "--": a negative number would be read as an option ("unknown shorthand flag").
+        hint += f", or set it with pulumi config set --type string --path '{key}' -- {text}"
     return hint
 
 
@@ -421,13 +422,35 @@ def _describe(err: Mapping[str, Any]) -> str:
     return f"{err.get('msg', 'is invalid')}{got}"
 
 
-def _pydantic_problems(exc: ValidationError, prefix: tuple[str | int, ...]) -> list[str]:
+def _real_loc(loc: Sequence[Any], data: Any) -> tuple[tuple[str | int, ...], set[str]]:
+    """``loc`` without the union members' tags ("str", "int") pydantic adds to it, and the
+    tags. Walked along ``data`` (the validated input), so that a key named "str" is kept.
+    """
+    out: list[str | int] = []
+    tags: set[str] = set()
+    node = data
+    for part in loc:
+        in_map = isinstance(node, Mapping) and part in node
+        if in_map or (isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)):
+            node = node[part]
+        elif part in ("str", "int", "function-after[...]"):
+            tags.add(part)
+            continue
+        else:
+            node = None  # past the input (a model's default): keep the rest as it is
+        out.append(part)
+    return tuple(out), tags
+
+
+def _pydantic_problems(
+    exc: ValidationError, prefix: tuple[str | int, ...], data: Any = None
+) -> list[str]:
     # One line per key: a value that fits no member of a union ("str | int") fails once per
     # member; those become one "must be a string or an integer" line, not two problems.
     by_key: dict[str, list[str]] = {}
     for err in exc.errors(include_url=False):
         # Union members add their type name to loc ("str", "int"); drop those.
-        loc = tuple(p for p in err["loc"] if p not in ("str", "int", "function-after[...]"))
+        loc, tags = _real_loc(err["loc"], data)
         described = _describe(err)
         key = key_path(prefix + loc)
         value = err.get("input")
@@ -435,7 +458,7 @@ def _pydantic_problems(exc: ValidationError, prefix: tuple[str | int, ...]) -> l
         # `pulumi config set --path` stored it so; say how to store a string instead.
         if (
             err["type"] == "string_type"
-            and "str" not in err["loc"]
+            and "str" not in tags
             and isinstance(value, int | float)
             and not _quiet(loc)
         ):
@@ -777,7 +800,7 @@ def load_config(
             try:
                 model = DeploymentConfig.model_validate(dep)
             except ValidationError as exc:
-                dep_problems = _pydantic_problems(exc, path) + dep_problems
+                dep_problems = _pydantic_problems(exc, path, dep) + dep_problems
             else:
                 parsed.append(model)
                 if check_certificates and not dep_problems:
@@ -798,7 +821,7 @@ def load_config(
     try:
         stack = StackConfig.model_validate({**top, "deployments": []})
     except ValidationError as exc:
-        problems.extend(_pydantic_problems(exc, ()))
+        problems.extend(_pydantic_problems(exc, (), {**top, "deployments": []}))
 
     if problems:
         raise ConfigError(problems)

@@ -28,6 +28,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -194,16 +195,19 @@ def test_a_number_for_a_string_in_a_patch_fails_up_and_creates_nothing(
         assert '"interrupt-gate":253578' in stored.replace(" ", ""), stored  # a number
         text = _expect_up_error(stack, key)
         assert "must be a string, not the number 253578" in text, text
-        assert f"pulumi config set --type string --path '{key}' 253578" in text, text
+        assert f"pulumi config set --type string --path '{key}' -- 253578" in text, text
         ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": raw["namespace"]}}
         assert kube.get(ns) is None
         assert leftovers(kube, DeploymentConfig(name=raw["name"], namespace=raw["namespace"])) == []
         resources = stack.export_stack().deployment.get("resources") or []
         assert [r["type"] for r in resources if r["type"] != "pulumi:pulumi:Stack"] == []
-        # The fix the message gives works: with --type string the preview passes the checks.
+        # The fix the message gives works, run as given (--type string, and "--" before the
+        # value): the preview passes the checks.
+        suggested = shlex.split(text.split("pulumi config set ", 1)[1].splitlines()[0])
+        assert suggested == ["--type", "string", "--path", key, "--", "253578"], suggested
         subprocess.run(
             [str(toolchain.bin_path("pulumi")), "config", "set", "--stack", stack.name,
-             "--type", "string", "--path", key, "253578"],
+             *suggested],
             cwd=stack.workspace.work_dir,
             env={**os.environ, **(stack.workspace.env_vars or {})},
             check=True,

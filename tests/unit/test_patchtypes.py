@@ -47,7 +47,7 @@ def test_a_number_in_a_node_selector_is_refused_naming_the_key_and_the_fix() -> 
     assert STS in line
     assert "spec.template.spec.nodeSelector.interrupt-gate" in line.removeprefix(key)
     assert "must be a string" in line and "253578" in line
-    assert f"pulumi config set --type string --path '{key}' 253578" in line
+    assert f"pulumi config set --type string --path '{key}' -- 253578" in line
     assert '"253578"' in line  # or quote it in the YAML
 
 
@@ -66,7 +66,7 @@ def test_a_number_as_an_env_value_is_refused() -> None:
         "not the number 3 (DaemonSet pmem-csi/pmem-csi-intel-com-node, field "
         "spec.template.spec.containers[0].env[0].value); quote it (\"3\") in "
         "Pulumi.<stack>.yaml, or set it with pulumi config set --type string --path "
-        f"'{P0}.mergePatch.spec.template.spec.containers[0].env[0].value' 3"
+        f"'{P0}.mergePatch.spec.template.spec.containers[0].env[0].value' -- 3"
     ]
 
 
@@ -222,7 +222,7 @@ def test_a_number_for_a_string_setting_is_refused_with_the_fix(
     (line,) = err.value.problems
     full = f"pmem-csi:deployments[0].{key}"
     assert line.startswith(f"{full}: must be a string"), line
-    assert f"pulumi config set --type string --path '{full}' {shown}" in line, line
+    assert f"pulumi config set --type string --path '{full}' -- {shown}" in line, line
 
 
 def test_true_for_a_string_setting_is_refused_not_turned_into_true() -> None:
@@ -230,3 +230,19 @@ def test_true_for_a_string_setting_is_refused_not_turned_into_true() -> None:
         load_config({"deployments": [{"nodeSelector": {"ssd": True}}]})
     (line,) = err.value.problems
     assert "must be a string" in line and '("true")' in line, line
+
+
+# --------------------------------------------------------------------------- review fixes
+
+
+def test_the_suggested_command_ends_options_before_a_negative_number() -> None:
+    (line,) = problems({"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"a-b": -5}}}})
+    key = f"{P0}.mergePatch.metadata.labels.a-b"
+    assert f"pulumi config set --type string --path '{key}' -- -5" in line, line
+
+
+def test_a_label_named_str_keeps_its_key() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config({"deployments": [{"labels": {"str": 7, "int": 8}}]})
+    keys = sorted(line.split(": ", 1)[0] for line in err.value.problems)
+    assert keys == ["pmem-csi:deployments[0].labels.int", "pmem-csi:deployments[0].labels.str"]

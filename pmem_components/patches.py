@@ -23,6 +23,7 @@ a property that held a secret before patching is secret after it.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,6 +153,89 @@ def _describe(err: Exception) -> str:
     for marker in (" in {", " in ["):
         text = text.split(marker, 1)[0]
     return text[:200]
+
+
+def _steps(
+    obj: Mapping[str, Any], entries: Sequence[PatchEntry]
+) -> list[tuple[PatchEntry | None, int | None, list[patchtypes.Mismatch]]]:
+    """The mismatches of ``obj`` and after each entry (each operation of a JSON patch):
+    (entry, operation index or None, mismatches after it); the first is (None, None, ...)."""
+    out: list[tuple[PatchEntry | None, int | None, list[patchtypes.Mismatch]]] = [
+        (None, None, patchtypes.mismatches(obj))
+    ]
+    current: Any = obj
+    for entry in entries:
+        if entry.merge_patch is not None:
+            current = merge_patch(current, entry.merge_patch)
+            out.append((entry, None, patchtypes.mismatches(current)))
+            continue
+        current = _plain_copy(current)
+        for k, op in enumerate(entry.json_patch or []):
+            current = jsonpatch.JsonPatch([copy.deepcopy(op)]).apply(current, in_place=True)
+            out.append((entry, k, patchtypes.mismatches(current)))
+    return out
+
+
+def _blame(
+    obj: Mapping[str, Any], entries: Sequence[PatchEntry], final: list[patchtypes.Mismatch]
+) -> list[tuple[patchtypes.Mismatch, patchtypes.Source]]:
+    """Each mismatch of the final object with the entry (operation) that wrote its value.
+
+    A later patch may shift list items (an insert or a remove before them), so a value is
+    followed by its :func:`patchtypes.shape` (path without list indices, type, value), not by
+    its path: it was written by the step after which one more mismatch of that shape exists
+    than before. Mismatches the builders' output had already are not the patches' (a unit
+    test says there are none).
+    """
+    steps = _steps(obj, entries)
+    counts = [Counter(patchtypes.shape(m) for m in ms) for _e, _k, ms in steps]
+    out: list[tuple[patchtypes.Mismatch, patchtypes.Source]] = []
+    groups: dict[tuple[Any, ...], list[patchtypes.Mismatch]] = {}
+    for m in final:
+        groups.setdefault(patchtypes.shape(m), []).append(m)
+    for sh, members in groups.items():
+        intros = [
+            s
+            for s in range(1, len(steps))
+            for _ in range(counts[s][sh] - counts[s - 1][sh])
+        ]
+        # The newest writes are the ones that survive; fewer than the members: the rest
+        # were there before any patch.
+        intros = intros[-len(members) :]
+        for m, s in zip(members[len(members) - len(intros) :], intros, strict=True):
+            entry, k, ms = steps[s]
+            assert entry is not None
+            out.append((m, _step_source(entry, k, ms, steps[s - 1][2], sh)))
+    return sorted(out, key=lambda pair: final.index(pair[0]))
+
+
+def _step_source(
+    entry: PatchEntry,
+    k: int | None,
+    after: list[patchtypes.Mismatch],
+    before: list[patchtypes.Mismatch],
+    sh: tuple[Any, ...],
+) -> patchtypes.Source:
+    """Where in ``entry`` (its operation ``k``) the value of shape ``sh`` was written."""
+    old = {m.path for m in before if patchtypes.shape(m) == sh}
+    cands = [m for m in after if patchtypes.shape(m) == sh]
+    cands = [m for m in cands if m.path not in old] or cands
+    found: list[patchtypes.Source] = []
+    for m in cands:
+        if k is None:
+            found.append(patchtypes.merge_source(entry.label, entry.merge_patch or {}, m.path))
+        else:
+            src = patchtypes.op_source(entry.label, k, (entry.json_patch or [])[k], m.path)
+            if src is not None:
+                found.append(src)
+    exact = [f for f in found if f.exact]
+    if exact or found:
+        return (exact or found)[0]
+    return patchtypes.Source(
+        entry.label if k is None else f"{entry.label}.jsonPatch[{k}]",
+        False,
+        "the value came from an earlier patch",
+    )
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -340,15 +424,15 @@ class PatchSet:
                     f"apiVersions ({', '.join(versions)}); add apiVersion to choose"
                 )
         # A wrong type in an entry that selects several objects is one mistake: one line.
-        typed: dict[tuple[str, bool, patchtypes.Mismatch, bool], list[str]] = {}
+        typed: dict[tuple[patchtypes.Source, patchtypes.Mismatch, bool], list[str]] = {}
         for obj in objs:
             found, mismatched = self._object_problems(obj)
             problems += found
-            for key, exact, m, secret in mismatched:
-                typed.setdefault((key, exact, m, secret), []).append(patchtypes.object_ref(obj))
+            for src, m, secret in mismatched:
+                typed.setdefault((src, m, secret), []).append(patchtypes.object_ref(obj))
         problems += [
-            patchtypes.problem(key, exact, ", ".join(refs), m, secret)
-            for (key, exact, m, secret), refs in typed.items()
+            patchtypes.problem(src, ", ".join(refs), m, secret)
+            for (src, m, secret), refs in typed.items()
         ]
         if problems:
             # One line per mistake, not per object it hits (an entry may select several).
@@ -357,20 +441,18 @@ class PatchSet:
 
     def _object_problems(
         self, obj: Mapping[str, Any]
-    ) -> tuple[list[str], list[tuple[str, bool, patchtypes.Mismatch, bool]]]:
+    ) -> tuple[list[str], list[tuple[patchtypes.Source, patchtypes.Mismatch, bool]]]:
         """What the entries selecting ``obj`` do wrong to it: failed applies and changed fixed
         fields (as lines), values of the wrong type (:mod:`pmem_components.patchtypes`) as
-        (config key, key is exact, mismatch, object is a Secret).
+        (where the value was written, mismatch, object is a Secret).
 
-        A wrong type is blamed on the entry after which it appeared and is reported only if
-        the final object still has it (a later entry may repair it). The builders' own
-        output type-checks (a unit test says so); whatever it had is not the patches' doing.
+        Only the final object's types are checked (a later entry may repair a value). Only
+        when something is wrong are the entries replayed, see :meth:`_blame`.
         """
         problems: list[str] = []
         current: Mapping[str, Any] = obj
         kind = kind_of("", obj)
-        baseline = set(patchtypes.mismatches(obj))
-        blame: dict[patchtypes.Mismatch, PatchEntry] = {}
+        applied: list[PatchEntry] = []
         for entry in self.entries:
             if not entry.selects(kind, current):
                 continue
@@ -378,21 +460,12 @@ class PatchSet:
                 before, current = current, entry.apply(current)
             except PatchError as e:
                 return [*problems, str(e)], []
+            applied.append(entry)
             problems += [f"{entry.label}: {p}" for p in fixed_field_changes(before, current)]
-            blame = {
-                m: blame.get(m, entry)
-                for m in patchtypes.mismatches(current)
-                if m not in baseline
-            }
-        mismatched = [
-            (
-                *patchtypes.source_key(entry.label, entry.merge_patch, entry.json_patch, m.path),
-                m,
-                kind == "Secret",
-            )
-            for m, entry in blame.items()
-        ]
-        return problems, mismatched
+        final = patchtypes.mismatches(current) if applied else []
+        if not final:
+            return problems, []
+        return problems, [(src, m, kind == "Secret") for m, src in _blame(obj, applied, final)]
 
     # -- during registration ----------------------------------------------------------------
 

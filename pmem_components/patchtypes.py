@@ -34,6 +34,7 @@ values (enums, patterns, ranges): the API server's validation owns those.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import typing
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kubernetes.client
+import pulumi.runtime.config as pulumi_config
 from pydantic import BaseModel
 
 from pmem_components import names
@@ -224,6 +226,11 @@ def _add(out: list[Mismatch], path: tuple[str | int, ...], expected: str, value:
     out.append(Mismatch(path, expected, value, repr(value)[:80]))
 
 
+def shape(m: Mismatch) -> tuple[Any, ...]:
+    """The mismatch without its list indices: what stays when a patch shifts a list."""
+    return (m.expected, m.shown, tuple("*" if isinstance(p, int) else p for p in m.path))
+
+
 def _walk(
     value: Any, spec: tuple[Any, ...], path: tuple[str | int, ...], out: list[Mismatch]
 ) -> None:
@@ -302,18 +309,33 @@ def _walk_schema(
 
 
 def describe_value(value: Any, secret: bool) -> str:
-    """``the number 253578``, ``the string "3"``, ``true``; for a Secret only the type."""
+    """``the number 253578``, ``the string "3"``, ``true``; for a Secret only the type.
+
+    Strings are JSON-escaped: a newline in one must not split the problem's line.
+    """
     if isinstance(value, bool):
         return "a boolean" if secret else ("true" if value else "false")
     if isinstance(value, int | float):
         return "a number" if secret else f"the number {value}"
     if isinstance(value, str):
-        return "a string" if secret else f'the string "{value[:60]}"'
+        return "a string" if secret else f"the string {json.dumps(value[:60])}"
     if isinstance(value, Mapping):
         return "an object"
     if isinstance(value, list):
         return "a list"
     return type(value).__name__
+
+
+def _parses_as(text: str, expected: str) -> bool:
+    """``text`` written without quotes would be a value of the ``expected`` type."""
+    t = text.strip()
+    if expected == BOOLEAN:
+        return t in ("true", "false")
+    if expected in (INTEGER, INT_OR_STRING):
+        return re.fullmatch(r"[+-]?\d+", t) is not None
+    if expected == NUMBER:
+        return re.fullmatch(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?", t) is not None
+    return False
 
 
 def fix_hint(m: Mismatch, key: str, exact: bool, secret: bool) -> str:
@@ -323,9 +345,10 @@ def fix_hint(m: Mismatch, key: str, exact: bool, secret: bool) -> str:
     (then ``pulumi config set --path`` can be given it).
     """
     given = m.value
-    if m.expected == STRING and isinstance(given, int | float):
+    if m.expected in (STRING, INT_OR_STRING) and isinstance(given, int | float):
+        # INT_OR_STRING: a fraction (0.5) or a boolean; as a string the API takes it.
         return string_fix(key, given, exact=exact, secret=secret)
-    if m.expected in (INTEGER, NUMBER, BOOLEAN, INT_OR_STRING) and isinstance(given, str):
+    if isinstance(given, str) and _parses_as(given, m.expected):
         return (
             "write it without quotes in Pulumi.<stack>.yaml (pulumi config set --path stores "
             "digits as a number and true/false as a boolean)"
@@ -333,13 +356,24 @@ def fix_hint(m: Mismatch, key: str, exact: bool, secret: bool) -> str:
     return ""
 
 
-def problem(key: str, exact: bool, what: str, m: Mismatch, secret: bool) -> str:
+def config_secret(key: str) -> bool:
+    """``key`` (``pmem-csi:deployments[0]...``) lies in a secret stack-config value.
+
+    Pulumi marks a whole top-level key secret when any part of it is (``config set --secret
+    --path``); the program then knows only that, so every value under it is treated as secret.
+    """
+    top = re.match(r"[^.\[]+", key)
+    return top is not None and pulumi_config.is_config_secret(top.group(0))
+
+
+def problem(src: Source, what: str, m: Mismatch, secret: bool) -> str:
     """One line: ``<key>: must be a string, not the number 3 (<what>, field <path>); <fix>``."""
+    secret = secret or config_secret(src.key)
     line = (
-        f"{key}: must be {m.expected}, not {describe_value(m.value, secret)} "
+        f"{src.key}: must be {m.expected}, not {describe_value(m.value, secret)} "
         f"({what}, field {m.field_path})"
     )
-    hint = fix_hint(m, key, exact, secret)
+    hint = src.note or fix_hint(m, src.key, src.exact, secret)
     return f"{line}; {hint}" if hint else line
 
 
@@ -368,34 +402,42 @@ def _walk_value(node: Any, rest: Sequence[str | int]) -> tuple[list[str | int], 
     return walked, node
 
 
-def source_key(
-    label: str,
-    merge: Mapping[str, Any] | None,
-    ops: Sequence[Mapping[str, Any]] | None,
-    path: tuple[str | int, ...],
-) -> tuple[str, bool]:
-    """The stack-config key of the patch entry ``label`` that put the value at ``path``.
+@dataclass(frozen=True)
+class Source:
+    """Where a wrong value was written: the stack-config ``key`` (``exact`` when it is the
+    value's own key, so ``pulumi config set --path`` can be given it) and a ``note`` that
+    replaces the fix hint (a copied value is not in the YAML; its source is)."""
 
-    A merge patch holds the value at the same path (it replaces lists whole, so even list
-    indices agree); a JSON patch holds it in the ``value`` of the last add/replace whose path
-    covers it. ``exact`` is False when only a part of the path is found (then the key is the
-    nearest enclosing one).
-    """
-    if merge is not None:
-        walked, _ = _walk_value(merge, path)
-        return f"{label}.mergePatch{sub_path(walked)}", len(walked) == len(path)
-    for k in reversed(range(len(ops or []))):
-        op = (ops or [])[k]
-        if op.get("op") not in ("add", "replace", "copy", "move"):
-            continue
-        pointer = _pointer(str(op.get("path", "")))
-        if len(pointer) > len(path) or not all(
-            p == "-" or p == str(q) for p, q in zip(pointer, path, strict=False)
-        ):
-            continue
-        if op.get("op") in ("copy", "move"):
-            return f"{label}.jsonPatch[{k}]", False
-        rest = path[len(pointer) :]
-        walked, _ = _walk_value(op.get("value"), rest)
-        return f"{label}.jsonPatch[{k}].value{sub_path(walked)}", len(walked) == len(rest)
-    return label, False
+    key: str
+    exact: bool
+    note: str = ""
+
+
+def merge_source(label: str, merge: Mapping[str, Any], path: tuple[str | int, ...]) -> Source:
+    """A merge patch holds the value at the same path (it replaces lists whole, so even list
+    indices agree); ``exact`` is False when only a part of the path is found."""
+    walked, _ = _walk_value(merge, path)
+    return Source(f"{label}.mergePatch{sub_path(walked)}", len(walked) == len(path))
+
+
+def op_source(
+    label: str, k: int, op: Mapping[str, Any], path: tuple[str | int, ...]
+) -> Source | None:
+    """The key in operation ``k`` (which wrote the value at ``path``, in the object right
+    after it); None when the operation's path does not cover ``path``."""
+    pointer = _pointer(str(op.get("path", "")))
+    # "-" (append) is the index the item got: any index, as this one operation wrote it.
+    if len(pointer) > len(path) or not all(
+        p == str(q) or (p == "-" and isinstance(q, int))
+        for p, q in zip(pointer, path, strict=False)
+    ):
+        return None
+    kind = op.get("op")
+    if kind in ("copy", "move"):
+        verb = "copied" if kind == "copy" else "moved"
+        return Source(f"{label}.jsonPatch[{k}]", False, f"{verb} from {op.get('from')}")
+    if kind not in ("add", "replace"):
+        return None
+    rest = path[len(pointer) :]
+    walked, _ = _walk_value(op.get("value"), rest)
+    return Source(f"{label}.jsonPatch[{k}].value{sub_path(walked)}", len(walked) == len(rest))

@@ -234,11 +234,135 @@ def test_true_for_a_string_setting_is_refused_not_turned_into_true() -> None:
 
 # --------------------------------------------------------------------------- review fixes
 
+ENV = "/spec/template/spec/containers/0/env"
+DS_NODE = "DaemonSet pmem-csi/pmem-csi-intel-com-node"
+
+
+def keys_of(found: list[str]) -> list[str]:
+    return [line.split(": ", 1)[0] for line in found]
+
+
+def test_two_appends_blame_the_operation_that_added_the_value() -> None:
+    ops = [
+        {"op": "add", "path": f"{ENV}/-", "value": {"name": "A", "value": 1}},
+        {"op": "add", "path": f"{ENV}/-", "value": {"name": "B", "value": "ok"}},
+    ]
+    found = problems({"kind": "DaemonSet", "jsonPatch": ops})
+    assert keys_of(found) == [f"{P0}.jsonPatch[0].value.value"], found
+    assert f"--path '{P0}.jsonPatch[0].value.value'" in found[0], found
+
+
+@pytest.mark.parametrize(
+    "later",
+    [
+        pytest.param({"op": "add", "path": f"{ENV}/0", "value": {"name": "B", "value": "ok"}},
+                     id="insert-before"),
+        pytest.param({"op": "remove", "path": f"{ENV}/0"}, id="remove-before"),
+    ],
+)
+def test_a_later_patch_shifting_the_list_does_not_take_the_blame(later: dict[str, Any]) -> None:
+    first = {"op": "add", "path": f"{ENV}/1", "value": {"name": "A", "value": 1}}
+    found = problems(
+        {"kind": "DaemonSet", "jsonPatch": [first]},
+        {"kind": "DaemonSet", "jsonPatch": [later]},
+    )
+    assert keys_of(found) == [f"{P0}.jsonPatch[0].value.value"], found
+
+
+def test_a_merge_patch_value_shifted_by_a_later_patch_is_blamed_on_the_merge_patch() -> None:
+    found = problems(
+        {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"a": 1}}}},
+        {"kind": "DaemonSet",
+         "jsonPatch": [{"op": "add", "path": f"{ENV}/0", "value": {"name": "B", "value": "x"}}]},
+    )
+    assert keys_of(found) == [f"{P0}.mergePatch.metadata.labels.a"], found
+
+
+def test_a_copied_value_names_where_it_is_copied_from_and_gives_no_quoting_advice() -> None:
+    ops = [{"op": "copy", "from": "/spec/replicas", "path": "/metadata/labels/r"}]
+    (line,) = problems({"kind": "StatefulSet", "jsonPatch": ops})
+    assert line.startswith(f"{P0}.jsonPatch[0]: must be a string"), line
+    assert "copied from /spec/replicas" in line, line
+    assert "quote" not in line and "config set" not in line, line
+
+
+def test_a_chain_of_operations_blames_the_one_that_wrote_the_value() -> None:
+    ops = [
+        {"op": "add", "path": "/metadata/labels/a", "value": 1},
+        {"op": "copy", "from": "/metadata/labels/a", "path": "/metadata/labels/b"},
+    ]
+    found = problems({"kind": "StatefulSet", "jsonPatch": ops})
+    assert keys_of(found) == [f"{P0}.jsonPatch[0].value", f"{P0}.jsonPatch[1]"], found
+    assert "quote it" in found[0]
+    assert "copied from /metadata/labels/a" in found[1] and "quote" not in found[1], found
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        pytest.param(sts_merge({"replicas": "three"}), id="replicas"),
+        pytest.param({"kind": "Deployment", "apiVersion": "pmem-csi.intel.com/v1beta1",
+                      "mergePatch": {"spec": {"logLevel": "high"}}}, id="cr-log-level"),
+        pytest.param({"kind": "Service", "name": "pmem-csi-intel-com-metrics",
+                      "mergePatch": {"spec": {"ports": [{"port": "metrics"}]}}},
+                     id="service-port"),
+        pytest.param(pod_merge("DaemonSet", {"hostNetwork": "yes"}), id="bool"),
+    ],
+)
+def test_without_quotes_is_said_only_of_strings_that_are_numbers_or_booleans(
+    patch: dict[str, Any],
+) -> None:
+    (line,) = problems(patch)
+    assert "must be" in line and "without quotes" not in line, line
+
+
+def test_a_fraction_for_an_int_or_string_gets_the_quoting_hint() -> None:
+    cr = {"kind": "Deployment", "apiVersion": "pmem-csi.intel.com/v1beta1"}
+    (line,) = problems(
+        {**cr, "mergePatch": {"spec": {"controllerResources": {"limits": {"cpu": 0.5}}}}}
+    )
+    assert 'quote it ("0.5")' in line, line
+
 
 def test_the_suggested_command_ends_options_before_a_negative_number() -> None:
     (line,) = problems({"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"a-b": -5}}}})
     key = f"{P0}.mergePatch.metadata.labels.a-b"
     assert f"pulumi config set --type string --path '{key}' -- -5" in line, line
+
+
+def test_a_string_with_a_newline_stays_one_line() -> None:
+    found = problems(sts_merge({"replicas": "3\nreplicas: 4"}))
+    assert len(found) == 1, found
+    assert '"3\\nreplicas: 4"' in found[0], found
+
+
+def test_the_type_check_walks_each_object_once_when_nothing_is_wrong(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    real = patchtypes.mismatches
+
+    def counting(obj: Any) -> Any:
+        calls.append(obj["kind"])
+        return real(obj)
+
+    monkeypatch.setattr(patchtypes, "mismatches", counting)
+    labels = {"metadata": {"labels": {"a": "1"}}}
+    assert problems(*[{"kind": "DaemonSet", "mergePatch": labels}] * 5) == []
+    assert calls == ["DaemonSet"], calls
+
+
+def test_a_value_of_a_secret_config_key_is_not_shown() -> None:
+    import contextvars
+
+    import pulumi.runtime.config as runtime_config
+
+    def run() -> list[str]:
+        runtime_config._SECRET_KEYS.set({"pmem-csi:deployments"})
+        return problems(pod_merge("DaemonSet", {"nodeSelector": {"gate": 253578}}))
+
+    (line,) = contextvars.copy_context().run(run)
+    assert "must be a string" in line and "253578" not in line, line
 
 
 def test_a_label_named_str_keeps_its_key() -> None:

@@ -155,14 +155,14 @@ def _describe(err: Exception) -> str:
     return text[:200]
 
 
-def _steps(
-    obj: Mapping[str, Any], entries: Sequence[PatchEntry]
-) -> list[tuple[PatchEntry | None, int | None, list[patchtypes.Mismatch]]]:
+# A replayed step: (entry, operation index or None, the mismatches after it).
+Step = tuple[PatchEntry | None, int | None, list[patchtypes.Mismatch]]
+
+
+def _steps(obj: Mapping[str, Any], entries: Sequence[PatchEntry]) -> list[Step]:
     """The mismatches of ``obj`` and after each entry (each operation of a JSON patch):
     (entry, operation index or None, mismatches after it); the first is (None, None, ...)."""
-    out: list[tuple[PatchEntry | None, int | None, list[patchtypes.Mismatch]]] = [
-        (None, None, patchtypes.mismatches(obj))
-    ]
+    out: list[Step] = [(None, None, patchtypes.mismatches(obj))]
     current: Any = obj
     for entry in entries:
         if entry.merge_patch is not None:
@@ -203,39 +203,55 @@ def _blame(
         # were there before any patch.
         intros = intros[-len(members) :]
         for m, s in zip(members[len(members) - len(intros) :], intros, strict=True):
-            entry, k, ms = steps[s]
-            assert entry is not None
-            out.append((m, _step_source(entry, k, ms, steps[s - 1][2], sh)))
+            out.append((m, _step_source(steps, counts, s, sh)))
     return sorted(out, key=lambda pair: final.index(pair[0]))
 
 
 def _step_source(
-    entry: PatchEntry,
-    k: int | None,
-    after: list[patchtypes.Mismatch],
-    before: list[patchtypes.Mismatch],
-    sh: tuple[Any, ...],
+    steps: Sequence[Step], counts: Sequence[Counter[Any]], s: int, sh: tuple[Any, ...]
 ) -> patchtypes.Source:
-    """Where in ``entry`` (its operation ``k``) the value of shape ``sh`` was written."""
-    old = {m.path for m in before if patchtypes.shape(m) == sh}
+    """Where step ``s`` (an entry, or operation of one) wrote the value of shape ``sh``.
+
+    A copied (moved) value names the operation, where it was copied from and, when a patch
+    wrote the value there, that patch's key (the one to fix).
+    """
+    entry, k, after = steps[s]
+    assert entry is not None
+    old = {m.path for m in steps[s - 1][2] if patchtypes.shape(m) == sh}
     cands = [m for m in after if patchtypes.shape(m) == sh]
     cands = [m for m in cands if m.path not in old] or cands
-    found: list[patchtypes.Source] = []
+    found: list[tuple[patchtypes.Source, patchtypes.Mismatch]] = []
     for m in cands:
         if k is None:
-            found.append(patchtypes.merge_source(entry.label, entry.merge_patch or {}, m.path))
+            src = patchtypes.merge_source(entry.label, entry.merge_patch or {}, m.path)
         else:
             src = patchtypes.op_source(entry.label, k, (entry.json_patch or [])[k], m.path)
-            if src is not None:
-                found.append(src)
-    exact = [f for f in found if f.exact]
-    if exact or found:
-        return (exact or found)[0]
-    return patchtypes.Source(
-        entry.label if k is None else f"{entry.label}.jsonPatch[{k}]",
-        False,
-        "the value came from an earlier patch",
-    )
+        if src is not None:
+            found.append((src, m))
+    if not found:
+        return patchtypes.Source(
+            entry.label if k is None else f"{entry.label}.jsonPatch[{k}]",
+            False,
+            "the value came from an earlier patch",
+        )
+    src, m = next((f for f in found if f[0].exact), found[0])
+    if k is None or src.exact:
+        return src
+    op = (entry.json_patch or [])[k]
+    if op.get("op") not in ("copy", "move"):
+        return src
+    # The value where it was copied from, in the object before this operation.
+    rest = [str(p) for p in m.path[len(patchtypes.pointer(str(op.get("path", "")))) :]]
+    origin = patchtypes.pointer(str(op.get("from", ""))) + rest
+    there = next((x for x in steps[s - 1][2] if [str(p) for p in x.path] == origin), None)
+    if there is None:
+        return src
+    sh2 = patchtypes.shape(there)
+    wrote = [t for t in range(1, s) if counts[t][sh2] > counts[t - 1][sh2]]
+    if not wrote:
+        return src
+    by = _step_source(steps, counts, wrote[-1], sh2)
+    return patchtypes.Source(src.key, False, f"{src.note}, where {by.key} wrote it")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -385,7 +385,7 @@ def object_ref(obj: Mapping[str, Any]) -> str:
     return f"{obj.get('kind')} {ns + '/' if ns else ''}{meta.get('name')}"
 
 
-def _pointer(path: str) -> list[str]:
+def pointer(path: str) -> list[str]:
     return [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
 
 
@@ -425,11 +425,11 @@ def op_source(
 ) -> Source | None:
     """The key in operation ``k`` (which wrote the value at ``path``, in the object right
     after it); None when the operation's path does not cover ``path``."""
-    pointer = _pointer(str(op.get("path", "")))
+    parts = pointer(str(op.get("path", "")))
     # "-" (append) is the index the item got: any index, as this one operation wrote it.
-    if len(pointer) > len(path) or not all(
+    if len(parts) > len(path) or not all(
         p == str(q) or (p == "-" and isinstance(q, int))
-        for p, q in zip(pointer, path, strict=False)
+        for p, q in zip(parts, path, strict=False)
     ):
         return None
     kind = op.get("op")
@@ -438,6 +438,6 @@ def op_source(
         return Source(f"{label}.jsonPatch[{k}]", False, f"{verb} from {op.get('from')}")
     if kind not in ("add", "replace"):
         return None
-    rest = path[len(pointer) :]
+    rest = path[len(parts) :]
     walked, _ = _walk_value(op.get("value"), rest)
     return Source(f"{label}.jsonPatch[{k}].value{sub_path(walked)}", len(walked) == len(rest))

@@ -295,6 +295,7 @@ def test_a_chain_of_operations_blames_the_one_that_wrote_the_value() -> None:
     assert keys_of(found) == [f"{P0}.jsonPatch[0].value", f"{P0}.jsonPatch[1]"], found
     assert "quote it" in found[0]
     assert "copied from /metadata/labels/a" in found[1] and "quote" not in found[1], found
+    assert f"where {P0}.jsonPatch[0].value wrote it" in found[1], found
 
 
 @pytest.mark.parametrize(
@@ -370,3 +371,14 @@ def test_a_label_named_str_keeps_its_key() -> None:
         load_config({"deployments": [{"labels": {"str": 7, "int": 8}}]})
     keys = sorted(line.split(": ", 1)[0] for line in err.value.problems)
     assert keys == ["pmem-csi:deployments[0].labels.int", "pmem-csi:deployments[0].labels.str"]
+
+
+def test_a_value_moved_by_a_later_patch_names_the_patch_that_wrote_it() -> None:
+    move = {"op": "move", "from": "/metadata/labels/a", "path": "/metadata/labels/b"}
+    (line,) = problems(
+        {"kind": "StatefulSet", "mergePatch": {"metadata": {"labels": {"a": 1}}}},
+        {"kind": "StatefulSet", "jsonPatch": [move]},
+    )
+    assert line.startswith("pmem-csi:deployments[0].patches[1].jsonPatch[0]: "), line
+    assert f"moved from /metadata/labels/a, where {P0}.mergePatch.metadata.labels.a wrote" in line
+    assert "quote" not in line, line

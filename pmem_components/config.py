@@ -83,7 +83,7 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_QUANTITY = re.compile(
+QUANTITY = re.compile(
     r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(\d+(\.\d*)?|\.\d+)))?$"
 )
 
@@ -337,12 +337,21 @@ STACK_KEYS = (
 
 def key_path(loc: Iterable[str | int]) -> str:
     """``('deployments', 0, 'labels', 'a/b')`` -> ``pmem-csi:deployments[0].labels["a/b"]``."""
-    out = f"{CONFIG_NAMESPACE}:"
-    first = True
+    return f"{CONFIG_NAMESPACE}:" + sub_path(loc, first=True)
+
+
+def sub_path(loc: Iterable[str | int], *, first: bool = False) -> str:
+    """``(0, 'nodeSelector', 'interrupt-gate')`` -> ``[0].nodeSelector.interrupt-gate``.
+
+    The syntax of ``pulumi config set --path``, so that a message's key can be pasted there:
+    plain names (hyphens included, as in ``a.interrupt-gate``), ``[i]`` for list items and
+    ``["..."]`` for keys with dots, slashes or other characters the path syntax reserves.
+    """
+    out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", part):
             out += part if first else f".{part}"
         else:
             out += f'["{part}"]'
@@ -359,6 +368,22 @@ def _show(value: Any) -> str:
         return "true" if value else "false"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def string_fix(key: str, value: Any, *, exact: bool = True, secret: bool = False) -> str:
+    """How to store ``value`` (a number or boolean) under ``key`` as the string it should be.
+
+    ``pulumi config set --path`` stores ``253578`` as a number and ``true`` as a boolean, and
+    so does YAML; turning them into strings here would be lossy (``true`` is not "True", a
+    YAML ``1.50`` is not "1.50"), so the value is refused and the message says how to write
+    it. ``exact``: ``key`` is the value's own key, so the command can name it.
+    """
+    text = "<value>" if secret else _show(value)
+    hint = "quote it" + ("" if secret else f' ("{text}")') + " in Pulumi.<stack>.yaml"
+    if exact:
+        # "--": a negative number would be read as an option ("unknown shorthand flag").
+        hint += f", or set it with pulumi config set --type string --path '{key}' -- {text}"
+    return hint
 
 
 def _quiet(loc: Sequence[str | int]) -> bool:
@@ -398,15 +423,48 @@ def _describe(err: Mapping[str, Any]) -> str:
     return f"{err.get('msg', 'is invalid')}{got}"
 
 
-def _pydantic_problems(exc: ValidationError, prefix: tuple[str | int, ...]) -> list[str]:
+def _real_loc(loc: Sequence[Any], data: Any) -> tuple[tuple[str | int, ...], set[str]]:
+    """``loc`` without the union members' tags ("str", "int") pydantic adds to it, and the
+    tags. Walked along ``data`` (the validated input), so that a key named "str" is kept.
+    """
+    out: list[str | int] = []
+    tags: set[str] = set()
+    node = data
+    for part in loc:
+        in_map = isinstance(node, Mapping) and part in node
+        if in_map or (isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)):
+            node = node[part]
+        elif part in ("str", "int", "function-after[...]"):
+            tags.add(part)
+            continue
+        else:
+            node = None  # past the input (a model's default): keep the rest as it is
+        out.append(part)
+    return tuple(out), tags
+
+
+def _pydantic_problems(
+    exc: ValidationError, prefix: tuple[str | int, ...], data: Any = None
+) -> list[str]:
     # One line per key: a value that fits no member of a union ("str | int") fails once per
     # member; those become one "must be a string or an integer" line, not two problems.
     by_key: dict[str, list[str]] = {}
     for err in exc.errors(include_url=False):
         # Union members add their type name to loc ("str", "int"); drop those.
-        loc = tuple(p for p in err["loc"] if p not in ("str", "int", "function-after[...]"))
+        loc, tags = _real_loc(err["loc"], data)
         described = _describe(err)
-        texts = by_key.setdefault(key_path(prefix + loc), [])
+        key = key_path(prefix + loc)
+        value = err.get("input")
+        # A number or a boolean where only a string will do (not a "str | int" member):
+        # `pulumi config set --path` stored it so; say how to store a string instead.
+        if (
+            err["type"] == "string_type"
+            and "str" not in tags
+            and isinstance(value, int | float)
+            and not _quiet(loc)
+        ):
+            described += "; " + string_fix(key, value)
+        texts = by_key.setdefault(key, [])
         if described not in texts:
             texts.append(described)
     return [f"{key}: {_join_alternatives(texts)}" for key, texts in by_key.items()]
@@ -455,7 +513,7 @@ def _check_resources(res: Any, path: tuple[str | int, ...], problems: list[str])
         for key, value in _dict_or_empty(_dict_or_empty(res).get(part)).items():
             # pydantic takes true for 1; as a quantity it would reach the cluster as "True".
             if isinstance(value, bool) or (
-                isinstance(value, str | int) and not _QUANTITY.match(str(value))
+                isinstance(value, str | int) and not QUANTITY.match(str(value))
             ):
                 problems.append(
                     f"{key_path((*path, part, key))}: is not a Kubernetes quantity "
@@ -743,7 +801,7 @@ def load_config(
             try:
                 model = DeploymentConfig.model_validate(dep)
             except ValidationError as exc:
-                dep_problems = _pydantic_problems(exc, path) + dep_problems
+                dep_problems = _pydantic_problems(exc, path, dep) + dep_problems
             else:
                 parsed.append(model)
                 if check_certificates and not dep_problems:
@@ -764,7 +822,7 @@ def load_config(
     try:
         stack = StackConfig.model_validate({**top, "deployments": []})
     except ValidationError as exc:
-        problems.extend(_pydantic_problems(exc, ()))
+        problems.extend(_pydantic_problems(exc, (), {**top, "deployments": []}))
 
     if problems:
         raise ConfigError(problems)

@@ -495,6 +495,7 @@ def test_read_config_parses_pulumi_values(monkeypatch: pytest.MonkeyPatch) -> No
     config = {
         "pmem-csi:deployments": json.dumps([{"deviceMode": "direct"}]),
         "pmem-csi:manageCrd": "false",
+        "kubernetes:enableSecretMutable": "true",  # Pulumi.yaml's
     }
     monkeypatch.setattr(program.runtime_config, "get_config", config.get)
     monkeypatch.setattr(program, "_unknown_keys", lambda: [])

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import socket
-import ssl
-import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tlspeers
 import yaml
 from cryptography import x509
+from tlspeers import Generation
 
 from pmem_components import cert_resource, certrollout, certs
 from pmem_components.cert_resource import CertificateProvider, fingerprint_of, next_step
@@ -38,86 +36,9 @@ def _certs(pem: str) -> list[x509.Certificate]:
     return x509.load_pem_x509_certificates(pem.encode())
 
 
-@dataclass(frozen=True)
-class Pod:
-    """What one driver container loaded: its Secret's three files."""
-
-    ca: str
-    cert: str
-    key: str
-
-
-def registry_pod(outs: dict[str, Any]) -> Pod:
-    return Pod(outs["ca_cert"], outs["registry_cert"], outs["registry_key"])
-
-
-def node_pod(outs: dict[str, Any]) -> Pod:
-    return Pod(outs["ca_cert"], outs["node_controller_cert"], outs["node_controller_key"])
-
-
-def _context(side: int, pod: Pod, tmp: Path) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(side)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.load_verify_locations(cadata=pod.ca)
-    chain, key = tmp / f"{id(pod)}-{side}.crt", tmp / f"{id(pod)}-{side}.key"
-    chain.write_text(pod.cert)
-    key.write_text(pod.key)
-    ctx.load_cert_chain(str(chain), str(key))
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx
-
-
-def _names(peer: dict[str, Any]) -> list[str]:
-    return [v for k, v in peer.get("subjectAltName", ()) if k == "DNS"]
-
-
-def handshake(server: Pod, client: Pod, server_name: str, client_name: str, tmp: Path) -> str:
-    """ "" when both sides accept each other over a real socket pair, else what failed."""
-    server_ctx = _context(ssl.PROTOCOL_TLS_SERVER, server, tmp)
-    client_ctx = _context(ssl.PROTOCOL_TLS_CLIENT, client, tmp)
-    client_ctx.check_hostname = True
-    a, b = socket.socketpair()
-    a.settimeout(20)
-    b.settimeout(20)
-    errors: dict[str, str] = {}
-
-    def serve() -> None:
-        try:
-            with server_ctx.wrap_socket(a, server_side=True) as s:
-                if client_name not in _names(s.getpeercert() or {}):
-                    errors["server"] = "client certificate has the wrong name"
-                s.sendall(b"ok")
-        except (ssl.SSLError, OSError) as e:
-            errors["server"] = f"server: {e}"
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    try:
-        with client_ctx.wrap_socket(b, server_hostname=server_name) as c:
-            if c.recv(2) != b"ok":
-                errors["client"] = "no application data"
-    except (ssl.SSLError, OSError) as e:
-        errors["client"] = f"client: {e}"
-    thread.join(30)
-    a.close()
-    b.close()
-    return "; ".join(errors.values())
-
-
 def links(first: dict[str, Any], second: dict[str, Any], tmp: Path) -> list[str]:
-    """Every link between a pod of ``first`` and one of ``second``, both ways round: the node
-    driver dials the registry (controller) and the controller dials the node's controller
-    server. Returns the failures."""
-    out = []
-    for ctl, node in ((first, second), (second, first)):
-        for server, client, sname, cname in (
-            (registry_pod(ctl), node_pod(node), certs.REGISTRY_NAME, certs.NODE_CONTROLLER_NAME),
-            (node_pod(node), registry_pod(ctl), certs.NODE_CONTROLLER_NAME, certs.REGISTRY_NAME),
-        ):
-            problem = handshake(server, client, sname, cname, tmp)
-            if problem:
-                out.append(f"{sname} server / {cname} client: {problem}")
-    return out
+    """Every link between pods of the two stored generations (tlspeers.links)."""
+    return tlspeers.links(Generation.of(first), Generation.of(second), tmp)
 
 
 def step(olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:

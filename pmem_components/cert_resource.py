@@ -261,8 +261,9 @@ def _report_stage(name: str, phase: Any, observed: bool) -> None:
     how = (
         "run `pulumi up` again once every driver pod runs the new certificates"
         if observed
-        else "the running pods cannot be read (pmem-csi:preflight is off, or no cluster), so "
-        "the change waits here; turn the preflight on and run `pulumi up`"
+        else "the running driver pods are not known (pmem-csi:preflight is off, or no cluster; "
+        "in library use PmemCsiDeploymentArgs.running_certificates is not given), so the "
+        "change waits here until they are"
     )
     pulumi.log.warn(f"{name}: certificate CA change at stage {stage}: {how}")
 

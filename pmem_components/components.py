@@ -115,15 +115,20 @@ class NodeDriver(pulumi.ComponentResource):
 
 
 def _certificates(
-    name: str, cfg: DeploymentConfig, opts: pulumi.ResourceOptions
+    name: str,
+    cfg: DeploymentConfig,
+    opts: pulumi.ResourceOptions,
+    running_fingerprints: Sequence[str] | None = None,
 ) -> bundle.CertificateValues:
     """The configured certificates, or a set generated once and kept in Pulumi state.
 
-    Generated sets are renewed by ``pulumi up`` once they expire within
-    ``certificates.renewBeforeDays`` and replaced when ``certificates.rotation`` changes.
-    The fingerprint of the public certificates goes into the pod templates, so any change of
-    certificate material (renewal, rotation, provided <-> generated) rolls the driver pods
-    and no pod keeps running with certificates its peers no longer trust.
+    Generated sets are renewed in place by ``pulumi up`` once they expire within
+    ``certificates.renewBeforeDays``; a change of ``certificates.rotation`` (or a CA near
+    expiry) changes the CA in three stages (:mod:`pmem_components.cert_resource`), each
+    taken once ``running_fingerprints`` (the driver pods' fingerprints, read from the
+    cluster) show that every pod runs the previous one. The fingerprint of the public
+    certificates goes into the pod templates, so any change of certificate material
+    (renewal, each stage, provided <-> generated) rolls the driver pods.
     """
     c = cfg.certificates
     provided = (
@@ -143,6 +148,7 @@ def _certificates(
         rotation=str(c.rotation),
         renew_within_days=c.renew_before_days,
         validity_days=c.validity_days,
+        running_fingerprints=running_fingerprints,
         opts=opts,
     )
     fingerprint = pulumi.Output.all(certs.ca_cert, certs.registry_cert, certs.node_controller_cert)
@@ -210,6 +216,10 @@ class PmemCsiDeploymentArgs:
     # ownership policy entries (pmem_components.fieldowners), on top of the built-in ones.
     take_over_fields: bool = False
     allowed_field_owners: Sequence[Any] = ()
+    # The certificate fingerprints (bundle.CERTIFICATES_HASH_ANNOTATION) of the driver pods
+    # running now, e.g. from pmem_components.certrollout; None: not known. A generated set's
+    # CA change moves to its next stage only when every running pod has the current one.
+    running_certificates: Sequence[str] | None = None
 
 
 def default_provider_settings() -> Any:
@@ -329,6 +339,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             f"{prefix}{h}-certificates",
             cfg,
             sub_opts(cert_resource.COMPONENT_TYPE, "-certificates"),
+            args.running_certificates,
         )
         create_ns = cfg.create_namespace and args.namespace is None
         objs = bundle.build_deployment_objects(cfg, certs, create_namespace=create_ns)

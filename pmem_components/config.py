@@ -169,8 +169,9 @@ class Certificates(_Model):
     registry_key: str | None = Field(default=None, repr=False)
     node_controller_cert: str | None = None
     node_controller_key: str | None = Field(default=None, repr=False)
-    # Generated sets only: lifetime, renewal lead time (0 = never renew) and a free-form value
-    # whose change replaces the set (explicit rotation).
+    # Generated sets only: the leaves' lifetime (the CA lives certs.CA_LIFETIME_FACTOR times as
+    # long), renewal lead time (0 = never renew) and a free-form value whose change starts a
+    # CA change (explicit rotation, staged: pmem_components.cert_resource).
     validity_days: int = Field(default=DEFAULT_VALIDITY_DAYS, ge=1, le=3650)
     renew_before_days: int = Field(default=DEFAULT_RENEW_BEFORE_DAYS, ge=0, le=3650)
     rotation: str | int = ""

@@ -129,6 +129,9 @@ class Plan:
     # them creates it any more: the program registers them once more, kept on delete and no
     # longer annotated as the stack's, so that leaving the stack never deletes them.
     keep_namespaces: set[str] = field(default_factory=set)
+    # Per deployment index: the certificate fingerprints of its running driver pods
+    # (pmem_components.certrollout, read by program.preflight); None: not read.
+    running_certificates: dict[int, list[str]] | None = None
 
 
 # Where each kind names its CSI driver.

@@ -13,6 +13,7 @@ set with ``pulumi config set --secret --path``). They are only ever used wrapped
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -60,9 +61,40 @@ def read_config() -> StackConfig:
 
     problems = [p for i, d in enumerate(stack.deployments) for p in check_patches(d, i)]
     problems += reporter_problems(stack)
+    problems += secret_mutability_problems(
+        stack, runtime_config.get_config(SECRET_MUTABLE_KEY), os.environ
+    )
     if problems:
         raise ConfigError(problems)
     return stack
+
+
+# The Kubernetes provider's setting that makes a change of a Secret's data an update in place;
+# off, the provider replaces the Secret (delete, then create: the name is fixed). Pulumi.yaml
+# sets it for every stack of this project.
+SECRET_MUTABLE_KEY = "kubernetes:enableSecretMutable"
+SECRET_MUTABLE_ENV = "PULUMI_K8S_ENABLE_SECRET_MUTABLE"
+
+
+def secret_mutability_problems(
+    stack: StackConfig, setting: str | None, env: Mapping[str, str]
+) -> list[str]:
+    """Generated certificates change (renewal, CA change stages) while the driver runs; each
+    change must update the Secrets in place. With ``enableSecretMutable`` off the provider
+    deletes and re-creates them instead: for a moment they do not exist (a pod starting then
+    fails to mount them, an interrupted run leaves them missing). The provider reads the
+    setting, else the environment variable, as here (pulumi-kubernetes ``Configure``)."""
+    if not any(not d.certificates.provided for d in stack.deployments):
+        return []
+    value = setting if setting is not None else env.get(SECRET_MUTABLE_ENV)
+    if value == "true":
+        return []
+    return [
+        f"{SECRET_MUTABLE_KEY}: is {value!r}, but must be true: certificate renewal updates "
+        "the driver's Secrets, and without it the Kubernetes provider deletes and re-creates "
+        "them (the driver is without certificates meanwhile). Pulumi.yaml sets it for this "
+        f"project; remove the stack's own setting (pulumi config rm {SECRET_MUTABLE_KEY})"
+    ]
 
 
 def reporter_problems(stack: StackConfig) -> list[str]:
@@ -145,6 +177,7 @@ def deploy(
     stack: StackConfig,
     previous: Mapping[int, Any] | None = None,
     keep_namespaces: Collection[str] = (),
+    running_certificates: Mapping[int, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
 
@@ -160,6 +193,10 @@ def deploy(
     the state says so), and with them the deployments that live there. They are registered
     once more, kept on delete and without the stack annotation: the next ``pulumi up`` no
     longer counts them as the stack's and drops them from the state, leaving them in place.
+
+    ``running_certificates``: per deployment index, the certificate fingerprints of its
+    running driver pods (:func:`certificate_rollout`); a deployment missing there has an
+    unknown rollout, and a CA change of its generated certificates waits.
     """
     from pmem_components import registry
     from pmem_components.components import (
@@ -212,6 +249,9 @@ def deploy(
                 previous=PreviousDeployment(prev.name, prev.namespace) if prev else None,
                 take_over_fields=stack.take_over_fields,
                 allowed_field_owners=stack.allowed_field_owners,
+                running_certificates=(
+                    None if running_certificates is None else running_certificates.get(i)
+                ),
             ),
         )
         components.append(component)
@@ -280,7 +320,8 @@ def preflight(stack: StackConfig) -> Any:
     """Read the cluster and refuse unsafe changes (see :mod:`pmem_components.preflight`).
 
     Returns the :class:`~pmem_components.preflight.Plan`: the deployments that move
-    (renamedFrom / allowReinstall) and the namespaces to keep. The reads go to the default
+    (renamedFrom / allowReinstall), the namespaces to keep and the certificate fingerprints
+    the driver pods run (:func:`certificate_rollout`). The reads go to the default
     Kubernetes provider's cluster (:func:`cluster_target`); with
     ``kubernetes:renderYamlToDirectory`` nothing is read, because no cluster is the target.
     """
@@ -304,11 +345,31 @@ def preflight(stack: StackConfig) -> Any:
     client = kubetarget.api_client(target)
     try:
         result = pf.run(stack, stack_id(), client)
+        if not result.problems:
+            result.running_certificates = certificate_rollout(stack, client)
     finally:
         client.close()
     if result.problems:
         raise ConfigError(result.problems)
     return result
+
+
+def certificate_rollout(stack: StackConfig, client: Any) -> dict[int, list[str]] | None:
+    """The running driver pods' certificate fingerprints per deployment
+    (:mod:`pmem_components.certrollout`), read with the preflight's client; None when the
+    read fails: then no CA change advances, which is always safe."""
+    from pmem_components import certrollout
+
+    if all(d.certificates.provided for d in stack.deployments):
+        return None
+    try:
+        return certrollout.running_fingerprints(client, stack)
+    except Exception as err:  # a failed read only holds a CA change back; say why
+        pulumi.log.warn(
+            f"pmem-csi: cannot read the driver pods ({type(err).__name__}: {str(err)[:200]}); "
+            "a certificate CA change in progress waits for the next pulumi up"
+        )
+        return None
 
 
 def main() -> None:
@@ -321,6 +382,8 @@ def main() -> None:
     except (ConfigError, PreflightError) as e:
         # Raising fails the update; the message already names each config key.
         raise pulumi.RunError(str(e)) from None
-    outputs = deploy(stack, checked.previous, checked.keep_namespaces)
+    outputs = deploy(
+        stack, checked.previous, checked.keep_namespaces, checked.running_certificates
+    )
     pulumi.export("crd", "deployments.pmem-csi.intel.com" if stack.manage_crd else None)
     pulumi.export("deployments", outputs)

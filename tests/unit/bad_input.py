@@ -320,6 +320,7 @@ def stack_config(raw: dict[str, Any]) -> Iterator[None]:
     from pmem_components import program
 
     config = {f"pmem-csi:{k}": json.dumps(v) for k, v in raw.items()}
+    config["kubernetes:enableSecretMutable"] = "true"  # Pulumi.yaml's, as every stack has it
     known = getattr(config_module, "STACK_KEYS", ("deployments", "manageCrd"))
     others = sorted(k for k in raw if k not in known)
     with (

@@ -495,6 +495,7 @@ def test_read_config_parses_pulumi_values(monkeypatch: pytest.MonkeyPatch) -> No
     config = {
         "pmem-csi:deployments": json.dumps([{"deviceMode": "direct"}]),
         "pmem-csi:manageCrd": "false",
+        "kubernetes:enableSecretMutable": "true",  # Pulumi.yaml's
     }
     monkeypatch.setattr(program.runtime_config, "get_config", config.get)
     monkeypatch.setattr(program, "_unknown_keys", lambda: [])
@@ -662,3 +663,55 @@ def test_the_config_face_follows_an_alias_of_the_named_face(
     seen = _aliases_of(monkeypatch, lambda: PmemCsiDeployment(cfg, opts))
     ds = seen[("DaemonSet", "pmem-csi/pmem-csi-intel-com-node")]
     assert f"{URN_HEAD}{DS_TYPES}::pmem-east:pmem-csi/pmem-csi-intel-com-node" in ds
+
+
+class OptionsMonitor(pulumi.runtime.mocks.MockMonitor):
+    """Remembers the replacement-related options of every registration (Mocks cannot)."""
+
+    def __init__(self, mocks: Mocks) -> None:
+        super().__init__(mocks)
+        self.options: dict[str, dict[str, Any]] = {}
+
+    def RegisterResource(self, request: Any) -> Any:  # the gRPC method name
+        self.options[f"{request.type}::{request.name}"] = {
+            "deleteBeforeReplace": request.deleteBeforeReplace,
+            "replaceOnChanges": list(request.replaceOnChanges),
+            "provider": request.provider,
+        }
+        return super().RegisterResource(request)
+
+
+def test_secrets_are_never_set_up_for_replacement_and_the_pods_reach_the_generator() -> None:
+    """Certificate changes must update the Secrets in place: nothing on them asks the engine
+    to replace (delete first) them, they stay with the default provider (switching provider
+    could itself replace them), and the running pods' fingerprints reach the dynamic resource
+    that decides when a CA change takes its next stage."""
+    m = Mocks()
+    monitor = OptionsMonitor(m)
+    pulumi.runtime.set_mocks(
+        m, project="pmem-csi-pulumi", stack="unit", preview=False, monitor=monitor
+    )
+    from pmem_components.program import deploy as program_deploy
+
+    def program() -> Callable[[], None]:
+        program_deploy(stack({}), running_certificates={0: ["b", "a", "b"]})
+
+        def check() -> None:
+            secrets = {
+                k: v
+                for k, v in monitor.options.items()
+                if k.startswith("kubernetes:core/v1:Secret")
+            }
+            assert len(secrets) == 2
+            for opts in secrets.values():
+                assert opts == {
+                    "deleteBeforeReplace": False,
+                    "replaceOnChanges": [],
+                    "provider": "",
+                }
+            dyn = m.one("pulumi-python:dynamic/pmem-csi:Certificates")
+            assert dyn.inputs["runningFingerprints"] == ["a", "b"]
+
+        return check
+
+    run(program)

@@ -222,8 +222,12 @@ def default_provider_settings() -> Any:
 
 
 def stack_id() -> str:
-    """``<project>/<stack>``: the value of ``names.STACK_ANNOTATION`` on what this stack owns."""
-    return f"{pulumi.get_project()}/{pulumi.get_stack()}"
+    """``<organization>/<project>/<stack>``: the value of ``names.STACK_ANNOTATION`` on what
+    this stack owns. It names the owner; what proves ownership is the stack's state (see
+    :mod:`pmem_components.identity`: same-named stacks exist on other backends)."""
+    from pmem_components import identity
+
+    return identity.identity(pulumi.get_organization(), pulumi.get_project(), pulumi.get_stack())
 
 
 def _urn(types: Sequence[str], name: str) -> str:

@@ -145,6 +145,7 @@ def deploy(
     stack: StackConfig,
     previous: Mapping[int, Any] | None = None,
     keep_namespaces: Collection[str] = (),
+    adopted: Collection[str] = (),
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
 
@@ -160,6 +161,11 @@ def deploy(
     the state says so), and with them the deployments that live there. They are registered
     once more, kept on delete and without the stack annotation: the next ``pulumi up`` no
     longer counts them as the stack's and drops them from the state, leaving them in place.
+
+    ``adopted``: refs the preflight adopted with the administrator's consent
+    (``pmem-csi:adopt``). They are applied with force, as ``adoptNamespace`` /
+    ``adoptExisting`` do, and the field managers the earlier stack left on them are merged
+    into this stack's once they are created (:mod:`pmem_components.takeover_transform`).
     """
     from pmem_components import registry
     from pmem_components.components import (
@@ -181,7 +187,7 @@ def deploy(
         members = [d for d in stack.deployments if d.namespace == ns]
         obj = bundle.build_shared_namespace(ns, members)
         annotations = {names.STACK_ANNOTATION: stack_id()} if ns in creators else {}
-        if any(d.adopt_namespace for d in members):
+        if any(d.adopt_namespace for d in members) or f"Namespace {ns}" in adopted:
             annotations[PATCH_FORCE_ANNOTATION] = "true"
         obj["metadata"]["annotations"] = annotations
         obj = _patched_namespace(stack, obj, annotations)
@@ -201,10 +207,13 @@ def deploy(
     components: list[Any] = []
     for i, dep in enumerate(stack.deployments):
         prev = (previous or {}).get(i)
+        update: dict[str, Any] = {"create_namespace": False}
+        if f"Deployment {dep.name}" in adopted:
+            update["adopt_existing"] = True  # forced apply of its objects, as adoptExisting
         component = PmemCsiDeployment(
             dep.name,
             PmemCsiDeploymentArgs(
-                dep.model_copy(update={"create_namespace": False}),
+                dep.model_copy(update=update),
                 crd=crd,
                 namespace=namespaces.get(dep.namespace),
                 index=i,
@@ -280,7 +289,9 @@ def preflight(stack: StackConfig) -> Any:
     """Read the cluster and refuse unsafe changes (see :mod:`pmem_components.preflight`).
 
     Returns the :class:`~pmem_components.preflight.Plan`: the deployments that move
-    (renamedFrom / allowReinstall) and the namespaces to keep. The reads go to the default
+    (renamedFrom / allowReinstall), the namespaces to keep and the objects adopted
+    (``pmem-csi:adopt``). Which namespaces and CRs are this stack's is decided by the stack's
+    own state, read first (:func:`pmem_components.identity.read_state`). The reads go to the default
     Kubernetes provider's cluster (:func:`cluster_target`); with
     ``kubernetes:renderYamlToDirectory`` nothing is read, because no cluster is the target.
     """
@@ -301,13 +312,25 @@ def preflight(stack: StackConfig) -> Any:
     if not target.makes_requests:
         pulumi.log.info(f"pmem-csi:preflight: skipped, {target.description}")
         return pf.Plan()
+    from pmem_components import identity
+
+    try:
+        state = identity.read_state(stack_id())
+    except identity.StateError as err:
+        raise pf.PreflightError(
+            f"pmem-csi:preflight: cannot read this stack's own state ({err}), which tells "
+            "this stack's namespaces and Deployment CRs from those of another stack of the "
+            "same name; set pmem-csi:preflight: false to skip the checks"
+        ) from None
     client = kubetarget.api_client(target)
     try:
-        result = pf.run(stack, stack_id(), client)
+        result = pf.run(stack, stack_id(), client, state)
     finally:
         client.close()
     if result.problems:
         raise ConfigError(result.problems)
+    for ref in result.adopted:
+        pulumi.log.info(f"pmem-csi:adopt: taking over {ref} (another stack's, or retained)")
     return result
 
 
@@ -321,6 +344,6 @@ def main() -> None:
     except (ConfigError, PreflightError) as e:
         # Raising fails the update; the message already names each config key.
         raise pulumi.RunError(str(e)) from None
-    outputs = deploy(stack, checked.previous, checked.keep_namespaces)
+    outputs = deploy(stack, checked.previous, checked.keep_namespaces, checked.adopted)
     pulumi.export("crd", "deployments.pmem-csi.intel.com" if stack.manage_crd else None)
     pulumi.export("deployments", outputs)

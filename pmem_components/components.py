@@ -316,7 +316,8 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         if take_over is not None:
             take_over.source.provider = self.get_provider("kubernetes:core/v1:Secret")
             hook = pulumi.ResourceHook(f"pmem-csi-take-over-{name}", take_over.before_update)
-            hooks = pulumi.ResourceHookBinding(before_update=[hook])
+            adopted = pulumi.ResourceHook(f"pmem-csi-adopted-{name}", take_over.after_create)
+            hooks = pulumi.ResourceHookBinding(before_update=[hook], after_create=[adopted])
         self.namespace = cfg.namespace
         self.object_names = bundle.object_names(cfg)
         prefix = "" if name == cfg.name else f"{name}:"

@@ -443,9 +443,8 @@ def _unheld(
     if stack.adopts(ref):
         out.adopted.append(ref)
         return None
-    what = "the Deployment CR " + repr(live.name) if live.kind == names.CRD_KIND else (
-        f"{live.kind.lower()} {live.name!r}"
-    )
+    kind = "the Deployment CR" if live.kind == names.CRD_KIND else live.kind.lower()
+    what = f"{kind} {live.name!r}"
     owner = live.stack_owner
     if identity.names_this_stack(owner, stack_id):
         whose = (

@@ -181,6 +181,7 @@ def deploy(
 
     crd = install_crd(retain=stack.retain_crd) if stack.manage_crd else None
     namespaces: dict[str, pulumi.Resource] = {}
+    ns_opts = _namespace_take_over() if stack.take_over_fields else pulumi.ResourceOptions()
     creators = dict.fromkeys(d.namespace for d in stack.deployments if d.create_namespace)
     released = [ns for ns in keep_namespaces if ns not in creators]
     for ns in [*creators, *released]:
@@ -198,9 +199,12 @@ def deploy(
         )
         namespaces[ns] = registry.register(
             obj,
-            pulumi.ResourceOptions(
-                retain_on_delete=stack.retain_namespaces or ns not in creators,
-                aliases=[old_urn],
+            pulumi.ResourceOptions.merge(
+                ns_opts,
+                pulumi.ResourceOptions(
+                    retain_on_delete=stack.retain_namespaces or ns not in creators,
+                    aliases=[old_urn],
+                ),
             ),
         )
     outputs: dict[str, Any] = {}
@@ -239,6 +243,26 @@ def deploy(
                     "reporter": reporter_name,
                 }
     return outputs
+
+
+def _namespace_take_over() -> pulumi.ResourceOptions:
+    """Transform and hooks that merge the entries other Pulumi managers left on a stack
+    namespace (an adopted one: another or an earlier stack's) into this stack's entry, when
+    the engine creates (adopts) or updates it; nothing else of other managers is touched
+    (:class:`pmem_components.takeover_transform.TakeOver` with ``stale_only``)."""
+    from pmem_components import takeover_transform as tt
+    from pmem_components.components import default_provider_settings
+
+    take_over = tt.TakeOver(
+        tt.ClusterSource(None, default_provider_settings),
+        stale_only=True,
+        skipped_types=tt.SKIPPED_TYPES - {"kubernetes:core/v1:Namespace"},
+    )
+    hooks = pulumi.ResourceHookBinding(
+        before_update=[pulumi.ResourceHook("pmem-csi-namespace-update", take_over.before_update)],
+        after_create=[pulumi.ResourceHook("pmem-csi-namespace-adopted", take_over.after_create)],
+    )
+    return pulumi.ResourceOptions(transforms=[take_over.transform], hooks=hooks)
 
 
 def _patched_namespace(

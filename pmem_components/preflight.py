@@ -1,15 +1,24 @@
 """Preflight: read the cluster before registering anything, and refuse unsafe day-2 changes.
 
-Why the cluster and not the previous stack outputs: an inline or CLI program cannot read its
-own last checkpoint synchronously (a ``StackReference`` to itself resolves only as an Output,
-after registration has begun, and needs a backend that serves it), and the state can be lost
-or belong to another stack. The cluster is what the change would act on: the ``Deployment``
+Why the cluster and not the previous stack outputs: the state can be lost (``pulumi stack
+rm``), stale (objects changed by hand) or another stack's; the cluster is what the change would
+act on. The state answers one question only, read synchronously before registration with the
+engine's ``readStackResourceOutputs`` invoke (:mod:`pmem_components.identity`; a
+``StackReference`` to itself would resolve only as an Output, after registration has begun):
+which of the annotated objects are this stack's. The ``Deployment``
 CRs record, per driver, its namespace and device mode, and carry ``names.STACK_ANNOTATION``
-naming the stack that owns them; objects show who created them (labels, ownerReferences).
+naming the stack that owns them (the stack's own state, read with the engine's
+``readStackResourceOutputs``, tells whether that is this stack or a same-named one);
+objects show who created them (labels, ownerReferences).
 So this module answers, before anything changes:
 
 * Is a namespace the stack would create already there and not ours? Adoption is explicit
   (``adoptNamespace``), or the administrator uses it as it is (``createNamespace: false``).
+* Whose are the namespaces and ``Deployment`` CRs that carry a stack's identity? This
+  stack's when its own state holds them (:mod:`pmem_components.identity`), whatever the
+  annotation says; one the state does not hold (retained by an earlier stack of this name,
+  or managed by a same-named stack on another backend, or by another stack) is refused,
+  naming it and the identity it carries, until ``pmem-csi:adopt`` names it.
 * Does a configured deployment move namespace, change its device mode, or replace another
   deployment of this stack (a rename)? Each is refused with the reason and the flag that
   allows it (``allowReinstall``, ``allowDeviceModeChange``, ``renamedFrom``); an allowed move

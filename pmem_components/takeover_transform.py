@@ -17,7 +17,19 @@ resource it is about to update (never in a preview, never for a resource left ou
 2. the declared object is applied with ``force`` under Pulumi's own field manager, so
    declared values come back and whatever others added is removed.
 
-The provider's own update then finds the declared state and no conflict. So that a resource
+The provider's own update then finds the declared state and no conflict. In the update
+hook, Pulumi's entry is the one of the manager the stack's state records for the resource
+(``__fieldManager``), and entries of *other* Pulumi managers count as foreign: another or an
+earlier stack's, left on an object this stack adopted (``pmem-csi:adopt``).
+
+An ``after_create`` hook does the same for a create of an object that already existed (an
+adoption: ``pmem-csi:adopt``, ``adoptExisting``, or what a cut-short create left), with the
+manager the provider just created it under: the entries the earlier owner left are merged
+into it at once. Left in place, an earlier stack's ``pulumi-kubernetes-<random>`` entry
+co-owns every field it set, and the first later update that changes one of them without
+``pulumi.com/patchForce`` fails with a server-side apply conflict (measured on a namespace
+label, ``tests/e2e/test_identity.py``). Stack namespaces get these hooks with ``stale_only``:
+only other Pulumi managers' entries go, administrators' labels stay theirs. So that a resource
 whose *declared* fields someone changed is updated at all (its inputs did not change), the
 transform sets :data:`TAKEN_OVER_ANNOTATION` to the live object's ``resourceVersion``: a new
 input value, so the engine updates it -- only if it is not left out. A resource where others

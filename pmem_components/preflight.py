@@ -86,6 +86,8 @@ class ObservedObject:
     spec: Mapping[str, Any] = field(default_factory=dict)
     uid: str = ""
     api_version: str = ""
+    # The Pulumi managers with an apply entry on the object itself (managedFields).
+    pulumi_managers: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -252,6 +254,9 @@ def plan(
         key = key_path(("deployments", i, "createNamespace"))
         if state is not None:
             if state.holds(live.key, live.uid):
+                problem = _taken_away(stack, out, live, state, key)
+                if problem:
+                    out.problems.append(problem)
                 continue  # this stack's, whatever its annotation says (an older form)
             if owner is not None or live.ours:
                 problem = _unheld(stack, out, live, stack_id, key, "createNamespace: false")
@@ -285,6 +290,12 @@ def plan(
         return identity.names_this_stack(owner, stack_id) or (owner is None and cr.ours)
 
     mine = {name: cr for name, cr in observed.crs.items() if is_mine(cr)}
+    if state is not None:
+        for i, d in enumerate(deps):
+            cr = mine.get(d.name)
+            taken = cr and _taken_away(stack, out, cr, state, key_path(("deployments", i, "name")))
+            if taken:
+                out.problems.append(taken)
     renamed = {d.renamed_from for d in deps if d.renamed_from}
     for i, d in enumerate(deps):
         cr = observed.crs.get(d.name)
@@ -479,6 +490,30 @@ def _unheld(
     )
 
 
+def _taken_away(
+    stack: StackConfig, out: Plan, live: ObservedObject, state: identity.StackState, key: str
+) -> str | None:
+    """The decision on an object this stack's state holds that another stack has adopted
+    since: its Pulumi apply entry is another manager's, and this stack's (the one the state
+    records) is gone, merged away by that stack's adoption. Applying it again would make two
+    stacks fight over it; taking it back needs the same consent as any adoption."""
+    own = state.field_manager(live.key)
+    if not own or not live.pulumi_managers or own in live.pulumi_managers:
+        return None
+    ref = adopt_ref(live)
+    if stack.adopts(ref):
+        out.adopted.append(ref)
+        return None
+    kind = "the Deployment CR" if live.kind == names.CRD_KIND else live.kind.lower()
+    return (
+        f"{key}: {kind} {live.name!r} is in this stack's state, but another stack has taken "
+        f"it over since: its field manager is {', '.join(live.pulumi_managers)}, not this "
+        f"stack's {own} (a stack of the same name on another backend, or one that adopted "
+        f"it with pmem-csi:adopt). Remove it from this stack, or, if this stack is to manage "
+        f'it again, set pmem-csi:adopt: ["{ref}"] (and remove it from the other stack)'
+    )
+
+
 def adopt_ref(live: ObservedObject) -> str:
     """How ``pmem-csi:adopt`` names an object: ``"Namespace <name>"``, ``"Deployment <name>"``."""
     return f"{live.kind} {live.name}"
@@ -600,6 +635,13 @@ def _observed(obj: Mapping[str, Any], kind: str) -> ObservedObject:
         spec=dict(obj.get("spec") or {}),
         uid=str(meta.get("uid") or ""),
         api_version=str(obj.get("apiVersion") or ""),
+        pulumi_managers=tuple(
+            str(e.get("manager"))
+            for e in meta.get("managedFields") or []
+            if str(e.get("manager") or "").startswith("pulumi-kubernetes")
+            and e.get("operation") == "Apply"
+            and not e.get("subresource")
+        ),
     )
 
 

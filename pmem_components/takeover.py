@@ -113,14 +113,20 @@ def plan(
             and e.get("operation") == "Apply"
             and not e.get("subresource")
         ]
-        ours = own[0] if own else None
+        # None of ours: another stack took the object over, and this one takes it back
+        # (pmem-csi:adopt); the newest Pulumi entry becomes this stack's.
+        ours = own[0] if own else pulumi_entry(managed_fields)
         stale = stale_pulumi_entries(managed_fields, own_manager)
-        foreign += [e for e in stale if not any(e is f for f in foreign)]
+        foreign += [e for e in stale if e is not ours and not any(e is f for f in foreign)]
+        if ours is not None and not own:
+            foreign.append(ours)
     else:
         ours = pulumi_entry(managed_fields)
     if not foreign or ours is None:
         return None
     merged = dict(ours)
+    if own_manager:
+        merged["manager"] = own_manager
     fields: Mapping[str, Any] = ours.get("fieldsV1") or {}
     entries: list[dict[str, Any]] = []
     for e in managed_fields:
@@ -141,4 +147,4 @@ def plan(
         {"op": "replace", "path": "/metadata/managedFields", "value": entries},
     )
     names = tuple(dict.fromkeys(str(e.get("manager", "")) for e in foreign))
-    return TakeOver(manager=str(ours["manager"]), foreign=names, patch=patch)
+    return TakeOver(manager=str(merged["manager"]), foreign=names, patch=patch)

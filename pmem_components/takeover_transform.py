@@ -192,11 +192,10 @@ def correct(
             return None  # not there: the provider creates it
         meta = live.get("metadata") or {}
         managed = meta.get("managedFields") or []
-        mine = own_manager
-        if mine and not any(e.get("manager") == mine for e in managed):
-            mine = None  # not the manager the state recorded: the newest Pulumi entry's
         version = str(meta.get("resourceVersion", ""))
-        plan = takeover.plan(managed, version, allowed, own_manager=mine, stale_only=stale_only)
+        plan = takeover.plan(
+            managed, version, allowed, own_manager=own_manager, stale_only=stale_only
+        )
         if plan is None:
             return None
         owners = [] if stale_only else fieldowners.foreign_owners(managed, allowed)
@@ -465,8 +464,9 @@ class TakeOver:
         """The writes, for a resource the engine is about to update."""
         key = (args.type, args.name)
         obj = self.pending.get(key)
-        if obj is None and self.existing.get(key, ({}, 0))[1] > 1:
-            obj = self.existing[key][0]  # another Pulumi manager's entry may be there
+        if obj is None and key in self.existing:
+            # Another Pulumi manager's entry may be there, even in place of this stack's.
+            obj = self.existing[key][0]
         if obj is None:
             return
         own = _field_manager(getattr(args, "old_outputs", None))

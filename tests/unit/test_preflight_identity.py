@@ -289,3 +289,42 @@ def test_adopt_setting_values() -> None:
     assert not load_config({}).adopts("Namespace any")
     refs = load_config({"adopt": ["Namespace a", f"Deployment {DRIVER}"]})
     assert refs.adopts(f"Deployment {DRIVER}") and not refs.adopts("Namespace b")
+
+
+def test_an_object_another_stack_took_over_since_is_not_applied_again_unasked() -> None:
+    """Team B adopted team A's namespace and CR (same names, other backend): A's state still
+    holds them, but A's field manager is gone from them. A's next update is refused."""
+    live_ns = ns()
+    live_cr = cr()
+    state = identity.StackState(
+        {o.key: identity.Held(o.uid, "pulumi-kubernetes-aaaa") for o in (live_ns, live_cr)}
+    )
+
+    def taken(obj: ObservedObject, managers: tuple[str, ...]) -> ObservedObject:
+        return ObservedObject(**{**obj.__dict__, "pulumi_managers": managers})
+
+    observed = Observed(
+        namespaces={"pmem-csi": taken(live_ns, ("pulumi-kubernetes-bbbb",))},
+        crs={DRIVER: taken(live_cr, ("pulumi-kubernetes-bbbb",))},
+    )
+    problems = plan(stack({}), observed, ME, state).problems
+    assert len(problems) == 2, problems
+    assert all("another stack has taken it over since" in p for p in problems)
+    assert any(
+        p.startswith("pmem-csi:deployments[0].createNamespace: namespace 'pmem-csi'")
+        and "pulumi-kubernetes-bbbb" in p
+        and 'pmem-csi:adopt: ["Namespace pmem-csi"]' in p
+        for p in problems
+    )
+    assert any(f'pmem-csi:adopt: ["Deployment {DRIVER}"]' in p for p in problems)
+    taking_back = plan(stack({}, adopt=True), observed, ME, state)
+    assert taking_back.problems == []
+    assert sorted(taking_back.adopted) == [f"Deployment {DRIVER}", "Namespace pmem-csi"]
+    # Its own manager still there (next to another's, or alone): this stack's, no question.
+    for managers in (
+        ("pulumi-kubernetes-aaaa",),
+        ("pulumi-kubernetes-aaaa", "pulumi-kubernetes-bbbb"),
+        (),
+    ):
+        observed = Observed(namespaces={"pmem-csi": taken(live_ns, managers)})
+        assert plan(stack({}), observed, ME, state).problems == [], managers

@@ -36,7 +36,7 @@ CASES = [
     ("own manager unknown: every Pulumi entry is Pulumi's", [OLD, OWN], None, False, None),
     ("an earlier entry newer than ours", [OWN, {**OLD, "time": "2027"}], MINE, False, (EARLIER,)),
     ("a status entry of that manager is not the object's", [OWN, STATUS], MINE, False, None),
-    ("no entry of ours yet: nobody to give it to", [OLD], MINE, False, None),
+    ("taken back: another stack's entry replaced ours", [OLD], MINE, False, (EARLIER,)),
 ]
 
 

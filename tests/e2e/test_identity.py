@@ -7,6 +7,8 @@ a) two teams run ``pmem-csi-pulumi/prod`` on two backends against one cluster: t
    they carry and ``pmem-csi:adopt``, and change nothing; with the consent ``up`` adopts them;
 b) ``pulumi destroy`` (the namespace is retained), ``pulumi stack rm``, ``pulumi stack init``
    of the same name: the retained namespace is adopted only with ``pmem-csi:adopt``;
+   The first team's next ``preview`` is refused in turn: its state holds them, but another
+   stack's field manager has replaced its own;
 d) after each adoption the earlier stack's field manager (``pulumi-kubernetes-<random>``) is
    gone from every adopted object, and a later ``pulumi up`` that changes a field both owned
    (a namespace label, with the consent removed again) succeeds instead of failing with a
@@ -185,6 +187,12 @@ def test_two_teams_same_stack_name_on_two_backends(
         ns = client.CoreV1Api(api_client).read_namespace(raw["namespace"])
         assert ns.metadata.labels["tier"] == "two"
         only_the_stacks_manager(kube, changed, second)
+        # The first team's state still holds them, but it no longer applies them unasked.
+        before = versions(kube, changed)
+        text = refused(first.preview)
+        assert f"namespace {raw['namespace']!r} is in this stack's state, but another" in text
+        assert f"the Deployment CR {raw['name']!r} is in this stack's state" in text
+        assert versions(kube, changed) == before
     finally:
         second.destroy(on_output=ps.printer("[cleanup b] "))
         second.workspace.remove_stack(STACK)

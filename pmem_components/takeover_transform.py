@@ -370,9 +370,9 @@ class TakeOver:
     skipped_types: frozenset[str] = SKIPPED_TYPES
     # Objects whose fields others own, seen at registration: (type, name) -> declared object.
     pending: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    # Objects that exist with entries of Pulumi managers: (type, name) -> (declared object,
-    # how many such entries). A create of one adopts it (after_create); an update of one
-    # with several may find another stack's (before_update).
+    # Objects that exist: (type, name) -> (declared object, how many Pulumi managers have an
+    # entry on it). A create of one adopts it (after_create); an update of one with such an
+    # entry may find another stack's there (before_update).
     existing: dict[tuple[str, str], tuple[dict[str, Any], int]] = field(default_factory=dict)
     _warned: list[str] = field(default_factory=list)
 
@@ -435,8 +435,7 @@ class TakeOver:
         meta = live.get("metadata") or {}
         managed = meta.get("managedFields") or []
         pulumi_entries = takeover.stale_pulumi_entries(managed, own_manager="")
-        if pulumi_entries:
-            self.existing[(args.type_, args.name)] = (obj, len(pulumi_entries))
+        self.existing[(args.type_, args.name)] = (obj, len(pulumi_entries))
         if self.stale_only:
             return None
         stamp = (meta.get("annotations") or {}).get(TAKEN_OVER_ANNOTATION)
@@ -464,7 +463,7 @@ class TakeOver:
         """The writes, for a resource the engine is about to update."""
         key = (args.type, args.name)
         obj = self.pending.get(key)
-        if obj is None and key in self.existing:
+        if obj is None and self.existing.get(key, ({}, 0))[1]:
             # Another Pulumi manager's entry may be there, even in place of this stack's.
             obj = self.existing[key][0]
         if obj is None:

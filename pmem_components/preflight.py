@@ -441,7 +441,9 @@ def plan(
         if ns in created or live is None:
             continue
         if state is not None:
-            if state.holds(live.key, live.uid):  # the engine would delete it otherwise
+            # The engine would delete it otherwise. Without any stack annotation it was
+            # released by the last update (program.deploy): this one drops it from the state.
+            if state.holds(live.key, live.uid) and live.stack_owner is not None:
                 out.keep_namespaces.add(ns)
         elif identity.names_this_stack(live.stack_owner, stack_id):
             out.keep_namespaces.add(ns)

@@ -209,6 +209,14 @@ def test_only_namespaces_the_state_holds_are_kept() -> None:
     observed = Observed(namespaces={"shared": live})
     assert plan(config, observed, ME, EMPTY).keep_namespaces == set()
     assert plan(config, observed, ME, held(live)).keep_namespaces == {"shared"}
+    # Annotated with the name the stack had before `pulumi stack rename`: still kept.
+    renamed = ns("shared", owner="organization/pmem-csi-pulumi/old")
+    observed = Observed(namespaces={"shared": renamed})
+    assert plan(config, observed, ME, held(renamed)).keep_namespaces == {"shared"}
+    # Released by the last update (registered once more without the annotation): dropped.
+    released = ns("shared", owner=None)
+    observed = Observed(namespaces={"shared": released})
+    assert plan(config, observed, ME, held(released)).keep_namespaces == set()
 
 
 def test_without_the_state_the_annotation_decides_in_both_forms() -> None:

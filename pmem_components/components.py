@@ -232,8 +232,12 @@ def default_provider_settings() -> Any:
 
 
 def stack_id() -> str:
-    """``<project>/<stack>``: the value of ``names.STACK_ANNOTATION`` on what this stack owns."""
-    return f"{pulumi.get_project()}/{pulumi.get_stack()}"
+    """``<organization>/<project>/<stack>``: the value of ``names.STACK_ANNOTATION`` on what
+    this stack owns. It names the owner; what proves ownership is the stack's state (see
+    :mod:`pmem_components.identity`: same-named stacks exist on other backends)."""
+    from pmem_components import identity
+
+    return identity.identity(pulumi.get_organization(), pulumi.get_project(), pulumi.get_stack())
 
 
 def _urn(types: Sequence[str], name: str) -> str:
@@ -322,7 +326,8 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         if take_over is not None:
             take_over.source.provider = self.get_provider("kubernetes:core/v1:Secret")
             hook = pulumi.ResourceHook(f"pmem-csi-take-over-{name}", take_over.before_update)
-            hooks = pulumi.ResourceHookBinding(before_update=[hook])
+            adopted = pulumi.ResourceHook(f"pmem-csi-adopted-{name}", take_over.after_create)
+            hooks = pulumi.ResourceHookBinding(before_update=[hook], after_create=[adopted])
         self.namespace = cfg.namespace
         self.object_names = bundle.object_names(cfg)
         prefix = "" if name == cfg.name else f"{name}:"

@@ -319,6 +319,51 @@ class StackConfig(_Model):
     # What other field managers may own without it being drift, on top of the built-in
     # entries (pmem_components/fieldowners.py): `[{manager, paths, reason}]`.
     allowed_field_owners: tuple[fieldowners.Allowance, ...] = ()
+    # Objects carrying a pmem-csi-pulumi stack's identity that this stack's state does not
+    # hold (retained by an earlier stack of this name, or another stack's), which this stack
+    # takes over: True for all of them, or refs as the preflight names them
+    # ("Namespace <name>", "Deployment <driver name>": the CR and the deployment's objects).
+    # See pmem_components/identity.py.
+    adopt: bool | tuple[str, ...] = False
+
+    def adopts(self, ref: str) -> bool:
+        """Whether the administrator consented to adopting ``ref`` (``pmem-csi:adopt``)."""
+        return self.adopt is True or (isinstance(self.adopt, tuple) and ref in self.adopt)
+
+
+# The kinds `pmem-csi:adopt` names: what carries the stack annotation.
+ADOPT_KINDS = ("Namespace", "Deployment")
+
+
+def parse_adopt(raw: Any, key: str) -> tuple[bool | tuple[str, ...], list[str]]:
+    """``pmem-csi:adopt``: true, false, or a list of refs ``"<Kind> <name>"``; the problems
+    name ``key`` and the entry."""
+    if raw is None:
+        return False, []
+    if isinstance(raw, bool):
+        return raw, []
+    if isinstance(raw, str) and raw.lower() in ("true", "false"):
+        return raw.lower() == "true", []
+    if not isinstance(raw, list):
+        return False, [
+            f"{key}: must be true or a list of objects such as \"Namespace pmem-csi\" or "
+            f"\"Deployment pmem-csi.intel.com\" (got {_show(raw)})"
+        ]
+    refs: list[str] = []
+    problems: list[str] = []
+    for i, item in enumerate(raw):
+        where = f"{key}[{i}]"
+        kind, _, name = item.partition(" ") if isinstance(item, str) else ("", "", "")
+        if kind not in ADOPT_KINDS or not name:
+            problems.append(
+                f"{where}: must be \"<Kind> <name>\" with Kind one of "
+                f"{', '.join(ADOPT_KINDS)}, as the preflight names the object (got {_show(item)})"
+            )
+        elif not (_DNS_LABEL if kind == "Namespace" else _DNS_SUBDOMAIN).match(name):
+            problems.append(f"{where}: {name!r} is not a valid {kind} name")
+        else:
+            refs.append(f"{kind} {name}")
+    return tuple(refs), problems
 
 
 # Top-level keys of the config namespace that load_config knows.
@@ -330,6 +375,7 @@ STACK_KEYS = (
     "preflight",
     "takeOverFields",
     "allowedFieldOwners",
+    "adopt",
 )
 
 
@@ -817,7 +863,9 @@ def load_config(
         raw.get("allowedFieldOwners"), key_path(("allowedFieldOwners",))
     )
     problems.extend(allowed_problems)
-    separate = ("deployments", "allowedFieldOwners")
+    adopt, adopt_problems = parse_adopt(raw.get("adopt"), key_path(("adopt",)))
+    problems.extend(adopt_problems)
+    separate = ("deployments", "allowedFieldOwners", "adopt")
     top = {k: raw[k] for k in STACK_KEYS if k in raw and k not in separate}
     stack: StackConfig | None = None
     try:
@@ -829,5 +877,5 @@ def load_config(
         raise ConfigError(problems)
     assert stack is not None
     return stack.model_copy(
-        update={"deployments": parsed, "allowed_field_owners": tuple(allowed)}
+        update={"deployments": parsed, "allowed_field_owners": tuple(allowed), "adopt": adopt}
     )

@@ -178,6 +178,7 @@ def deploy(
     previous: Mapping[int, Any] | None = None,
     keep_namespaces: Collection[str] = (),
     running_certificates: Mapping[int, Sequence[str]] | None = None,
+    adopted: Collection[str] = (),
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
 
@@ -197,6 +198,10 @@ def deploy(
     ``running_certificates``: per deployment index, the certificate fingerprints of its
     running driver pods (:func:`certificate_rollout`); a deployment missing there has an
     unknown rollout, and a CA change of its generated certificates waits.
+    ``adopted``: refs the preflight adopted with the administrator's consent
+    (``pmem-csi:adopt``). They are applied with force, as ``adoptNamespace`` /
+    ``adoptExisting`` do, and the field managers the earlier stack left on them are merged
+    into this stack's once they are created (:mod:`pmem_components.takeover_transform`).
     """
     from pmem_components import registry
     from pmem_components.components import (
@@ -212,13 +217,14 @@ def deploy(
 
     crd = install_crd(retain=stack.retain_crd) if stack.manage_crd else None
     namespaces: dict[str, pulumi.Resource] = {}
+    ns_opts = _namespace_take_over() if stack.take_over_fields else pulumi.ResourceOptions()
     creators = dict.fromkeys(d.namespace for d in stack.deployments if d.create_namespace)
     released = [ns for ns in keep_namespaces if ns not in creators]
     for ns in [*creators, *released]:
         members = [d for d in stack.deployments if d.namespace == ns]
         obj = bundle.build_shared_namespace(ns, members)
         annotations = {names.STACK_ANNOTATION: stack_id()} if ns in creators else {}
-        if any(d.adopt_namespace for d in members):
+        if any(d.adopt_namespace for d in members) or f"Namespace {ns}" in adopted:
             annotations[PATCH_FORCE_ANNOTATION] = "true"
         obj["metadata"]["annotations"] = annotations
         obj = _patched_namespace(stack, obj, annotations)
@@ -229,19 +235,25 @@ def deploy(
         )
         namespaces[ns] = registry.register(
             obj,
-            pulumi.ResourceOptions(
-                retain_on_delete=stack.retain_namespaces or ns not in creators,
-                aliases=[old_urn],
+            pulumi.ResourceOptions.merge(
+                ns_opts,
+                pulumi.ResourceOptions(
+                    retain_on_delete=stack.retain_namespaces or ns not in creators,
+                    aliases=[old_urn],
+                ),
             ),
         )
     outputs: dict[str, Any] = {}
     components: list[Any] = []
     for i, dep in enumerate(stack.deployments):
         prev = (previous or {}).get(i)
+        update: dict[str, Any] = {"create_namespace": False}
+        if f"Deployment {dep.name}" in adopted:
+            update["adopt_existing"] = True  # forced apply of its objects, as adoptExisting
         component = PmemCsiDeployment(
             dep.name,
             PmemCsiDeploymentArgs(
-                dep.model_copy(update={"create_namespace": False}),
+                dep.model_copy(update=update),
                 crd=crd,
                 namespace=namespaces.get(dep.namespace),
                 index=i,
@@ -270,6 +282,26 @@ def deploy(
                     "reporter": reporter_name,
                 }
     return outputs
+
+
+def _namespace_take_over() -> pulumi.ResourceOptions:
+    """Transform and hooks that merge the entries other Pulumi managers left on a stack
+    namespace (an adopted one: another or an earlier stack's) into this stack's entry, when
+    the engine creates (adopts) or updates it; nothing else of other managers is touched
+    (:class:`pmem_components.takeover_transform.TakeOver` with ``stale_only``)."""
+    from pmem_components import takeover_transform as tt
+    from pmem_components.components import default_provider_settings
+
+    take_over = tt.TakeOver(
+        tt.ClusterSource(None, default_provider_settings),
+        stale_only=True,
+        skipped_types=tt.SKIPPED_TYPES - {"kubernetes:core/v1:Namespace"},
+    )
+    hooks = pulumi.ResourceHookBinding(
+        before_update=[pulumi.ResourceHook("pmem-csi-namespace-update", take_over.before_update)],
+        after_create=[pulumi.ResourceHook("pmem-csi-namespace-adopted", take_over.after_create)],
+    )
+    return pulumi.ResourceOptions(transforms=[take_over.transform], hooks=hooks)
 
 
 def _patched_namespace(
@@ -320,8 +352,10 @@ def preflight(stack: StackConfig) -> Any:
     """Read the cluster and refuse unsafe changes (see :mod:`pmem_components.preflight`).
 
     Returns the :class:`~pmem_components.preflight.Plan`: the deployments that move
-    (renamedFrom / allowReinstall), the namespaces to keep and the certificate fingerprints
-    the driver pods run (:func:`certificate_rollout`). The reads go to the default
+    (renamedFrom / allowReinstall), the namespaces to keep, the certificate fingerprints
+    the driver pods run (:func:`certificate_rollout`) and the objects adopted
+    (``pmem-csi:adopt``). Which namespaces and CRs are this stack's is decided by the stack's
+    own state, read first (:func:`pmem_components.identity.read_state`). The reads go to the default
     Kubernetes provider's cluster (:func:`cluster_target`); with
     ``kubernetes:renderYamlToDirectory`` nothing is read, because no cluster is the target.
     """
@@ -342,15 +376,27 @@ def preflight(stack: StackConfig) -> Any:
     if not target.makes_requests:
         pulumi.log.info(f"pmem-csi:preflight: skipped, {target.description}")
         return pf.Plan()
+    from pmem_components import identity
+
+    try:
+        state = identity.read_state(stack_id())
+    except identity.StateError as err:
+        raise pf.PreflightError(
+            f"pmem-csi:preflight: cannot read this stack's own state ({err}), which tells "
+            "this stack's namespaces and Deployment CRs from those of another stack of the "
+            "same name; set pmem-csi:preflight: false to skip the checks"
+        ) from None
     client = kubetarget.api_client(target)
     try:
-        result = pf.run(stack, stack_id(), client)
+        result = pf.run(stack, stack_id(), client, state)
         if not result.problems:
             result.running_certificates = certificate_rollout(stack, client)
     finally:
         client.close()
     if result.problems:
         raise ConfigError(result.problems)
+    for ref in result.adopted:
+        pulumi.log.info(f"pmem-csi:adopt: taking over {ref} (another stack's, or retained)")
     return result
 
 
@@ -383,7 +429,11 @@ def main() -> None:
         # Raising fails the update; the message already names each config key.
         raise pulumi.RunError(str(e)) from None
     outputs = deploy(
-        stack, checked.previous, checked.keep_namespaces, checked.running_certificates
+        stack,
+        checked.previous,
+        checked.keep_namespaces,
+        running_certificates=checked.running_certificates,
+        adopted=checked.adopted,
     )
     pulumi.export("crd", "deployments.pmem-csi.intel.com" if stack.manage_crd else None)
     pulumi.export("deployments", outputs)

@@ -59,7 +59,9 @@ pytestmark = pytest.mark.timeout(900)
 SECTION = "## When `pulumi up` was interrupted"
 GATE_LABEL = "interrupt-gate"
 # What a stack holds besides its Kubernetes objects: the stack, the four components, the
-# dynamic resource that generates the certificates and the two default providers.
+# dynamic resource that generates the certificates and the three default providers (the
+# builtin "pulumi" one serves the preflight's read of the stack's own state,
+# pmem_components/identity.py).
 OTHER_RESOURCES = Counter(
     {
         "pulumi:pulumi:Stack": 1,
@@ -70,6 +72,7 @@ OTHER_RESOURCES = Counter(
         "pulumi-python:dynamic/pmem-csi:Certificates": 1,
         "pulumi:providers:kubernetes": 1,
         "pulumi:providers:pulumi-python": 1,
+        "pulumi:providers:pulumi": 1,
     }
 )
 LOCKED = "the stack is currently locked by 1 lock(s)"

@@ -714,4 +714,45 @@ def test_secrets_are_never_set_up_for_replacement_and_the_pods_reach_the_generat
 
         return check
 
+
+def test_adopted_objects_are_applied_with_force_and_carry_the_full_identity(
+    mocks: Mocks,
+) -> None:
+    """``pmem-csi:adopt`` (the preflight's ``Plan.adopted``): the namespace and the deployment's
+    objects are applied with force, as ``adoptNamespace`` / ``adoptExisting`` do, also with
+    ``takeOverFields: false``; the identity annotation names the organization too."""
+
+    def program() -> Callable[[], None]:
+        from pmem_components.program import deploy as program_deploy
+
+        s = load_config({"deployments": [{}], "takeOverFields": False})
+        adopted = ["Namespace pmem-csi", f"Deployment {names.DEFAULT_DRIVER_NAME}"]
+        return settle(program_deploy(s, adopted=adopted), check)
+
+    def check(_: Any) -> None:
+        ident = f"{pulumi.get_organization()}/pmem-csi-pulumi/unit"
+        ns = mocks.one("kubernetes:core/v1:Namespace")
+        assert ns.inputs["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+        assert ns.inputs["metadata"]["annotations"][names.STACK_ANNOTATION] == ident
+        cr = mocks.one(f"kubernetes:{names.CRD_GROUP}/v1beta1:Deployment")
+        assert cr.inputs["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+        assert cr.inputs["metadata"]["annotations"][names.STACK_ANNOTATION] == ident
+        ds = mocks.one("kubernetes:apps/v1:DaemonSet")
+        assert ds.inputs["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+
+    run(program)
+
+
+def test_without_adoption_nothing_is_forced_when_take_over_is_off(mocks: Mocks) -> None:
+    def program() -> Callable[[], None]:
+        from pmem_components.program import deploy as program_deploy
+
+        s = load_config({"deployments": [{}], "takeOverFields": False})
+        return settle(program_deploy(s), check)
+
+    def check(_: Any) -> None:
+        for typ in ("kubernetes:core/v1:Namespace", "kubernetes:apps/v1:DaemonSet"):
+            annotations = mocks.one(typ).inputs["metadata"].get("annotations") or {}
+            assert "pulumi.com/patchForce" not in annotations, typ
+
     run(program)

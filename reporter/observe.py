@@ -82,6 +82,8 @@ NOT_FOUND = 404
 AUTH_WARMUP_SECONDS = 15.0
 # How long the labels of an object found by name (``Observer.lookup_labels``) are believed.
 LOOKUP_TTL = 60.0
+# How long a failed lookup (403, 500, a timeout) is remembered: the kind is Unknown meanwhile.
+LOOKUP_RETRY = 5.0
 
 
 def resource_for(kind: str) -> Resource:
@@ -560,7 +562,9 @@ class Observer:
         self._started = False
         self._crd_missing = False  # last state logged and exported by _served_changed
         # (kind, namespace, name) -> (expires, labels or None): see lookup_labels.
-        self._lookups: dict[tuple[str, str, str], tuple[float, dict[str, str] | None]] = {}
+        self._lookups: dict[
+            tuple[str, str, str], tuple[float, dict[str, str] | model.LookupFailed | None]
+        ] = {}
         # kind -> {namespace or ALL_NAMESPACES or "" (cluster-scoped) -> informers}
         self._index: dict[str, dict[str, list[Informer]]] = {}
         if self.shared_watches:
@@ -709,7 +713,7 @@ class Observer:
 
     def lookup_labels(self, kind: str, name: str, namespace: str) -> dict[str, str] | None:
         """The ``part-of``/``instance`` labels of an expected object absent from the caches,
-        read by name (None: it does not exist, or it could not be read).
+        read by name (None: it does not exist; ``model.LookupFailed`` when the GET failed).
 
         The label-selected watches drop an object whose labels were removed or changed, as
         if it was deleted; one GET tells the two apart. Remembered until the object shows up
@@ -729,14 +733,22 @@ class Observer:
         with self._lock:
             known = self._lookups.get(key)
         if known is not None and now < known[0]:
+            if isinstance(known[1], model.LookupFailed):
+                raise known[1]
             return known[1]
         try:
             found = self.api.get_metadata(
                 resource_for(kind), name, namespace if api.namespaced else None
             )
         except Exception as exc:
-            log.debug("looking up %s/%s failed: %s", kind, name, describe_error(exc))
-            found = None
+            # Not "missing": the object may well exist (review of issue 16). Unknown, and
+            # asked again after LOOKUP_RETRY seconds, not believed for LOOKUP_TTL.
+            why = f"{kind}/{name} could not be looked up: {describe_error(exc)}"
+            log.info("%s", why)
+            failed = model.LookupFailed(why)
+            with self._lock:
+                self._lookups[key] = (now + LOOKUP_RETRY, failed)
+            raise failed from None
         labels = None
         if found is not None:
             all_labels = (found.get("metadata") or {}).get("labels") or {}

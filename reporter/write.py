@@ -167,7 +167,12 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
         found = cache.find(exp.kind, exp.name, namespace)
         objects.setdefault(exp.kind, {})[exp.name] = found
         if found is None and exp.kind not in unreadable:
-            labels = cache.lookup_labels(exp.kind, exp.name, namespace)
+            try:
+                labels = cache.lookup_labels(exp.kind, exp.name, namespace)
+            except model.LookupFailed as exc:
+                # Present (relabelled) or missing: unknown, so the kind is Unknown.
+                unreadable = {**unreadable, exp.kind: str(exc)}
+                continue
             if labels is not None:
                 relabelled[(exp.kind, exp.name)] = labels
     controller_pods: list[Obj] = []

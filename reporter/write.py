@@ -34,10 +34,14 @@ therefore split in two:
 The writer reports when a deferred CR is due (``deferred``) and the main loop comes back then,
 so the final state always lands.
 
-No lost update: a write that still fails after its quick retries (``backoff``: about 3-6 s of
-500/429, e.g. an etcd leader change, or any other error) is not dropped until the next resync:
-the CR goes into ``deferred`` with a growing delay (``retry_backoff``, 1 s doubling to 30 s)
-and is tried again until the write lands or the CR is gone (404, or no longer cached). A CR
+No lost update, and no write holding up the others: a conflict (409) is retried at once from
+a fresh read; any other failed write (500/429, e.g. an etcd leader change, a timeout) is not
+slept for on the main loop, nor dropped until the next resync: the CR goes into ``deferred``
+and ``backing_off`` with a growing delay (``retry_backoff``: 0.2 s doubling to 30 s, jittered,
+Retry-After honoured) and is tried again until the write lands or the CR is gone (404, or no
+longer cached). Watch events, resyncs and leadership changes in between do not shorten that
+delay (a struggling API server is not hammered by a busy CR); other CRs are written meanwhile.
+An Event that meets a transient error waits for its CR's next reconcile the same way. A CR
 that could not be written because this replica was not leading (at the start, or lost in
 the middle of retries) goes into ``awaiting_leader``; the main loop keeps it until
 ``is_leader()`` is True again, whether or not the elector saw a flip.
@@ -73,6 +77,8 @@ EVENTS = Resource("Event", "v1", "events", True)
 COMPONENT = "pmem-csi-reporter"
 # Warning Events per reconcile about newly broken node pods; the rest are summed up in one.
 MAX_NODE_EVENTS = 10
+# Events of one CR kept for another attempt after a transient error (the rest are dropped).
+MAX_PENDING_EVENTS = 10
 _MISSING = object()
 
 
@@ -270,10 +276,13 @@ class StatusWriter:
     # CR name -> monotonic time when its deferred write (rate limit, or retry after a failed
     # write) is due.
     deferred: dict[str, float] = field(default_factory=dict)
-    # Between rounds of ``backoff`` retries of a write that keeps failing.
+    # Between attempts of a write that keeps failing (per CR, through ``deferred``: the main
+    # loop goes on with the other CRs meanwhile, and events do not pull it forward).
     retry_backoff: Backoff = field(
-        default_factory=lambda: Backoff(base=1.0, cap=30.0, max_attempts=0)
+        default_factory=lambda: Backoff(base=0.2, cap=30.0, max_attempts=0)
     )
+    # CR name -> monotonic time before which its failed write is not tried again.
+    backing_off: dict[str, float] = field(default_factory=dict)
     # CRs not written because this replica was not leading: written once it leads again.
     awaiting_leader: set[str] = field(default_factory=set)
     # CR name -> failed write rounds in a row.
@@ -287,6 +296,8 @@ class StatusWriter:
     # CR name -> (pod, node) of the broken node pods already announced by an Event. Kept in
     # memory only: a restarted or new leader announces the currently broken ones once more.
     _broken: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict, init=False)
+    # CR name -> Events that met a transient error, created at its next reconcile.
+    _pending_events: dict[str, list[Obj]] = field(default_factory=dict, init=False)
 
     def _urgent(self, name: str, old: Obj, new: Obj, failing: frozenset[str]) -> bool:
         if significant_key(old) != significant_key(new):
@@ -323,6 +334,13 @@ class StatusWriter:
             self.awaiting_leader.add(name)
             return False
         self.awaiting_leader.discard(name)
+        due = self.backing_off.get(name)
+        if due is not None and self.monotonic() < due:
+            # A change, a resync or a leadership flip does not shorten the backoff of a
+            # write the API server keeps refusing (review of issue 16).
+            self.deferred[name] = due
+            return False
+        self._flush_events(name)
         self.metrics.reconciles.inc()
         state: dict[str, Any] = {"cr": cr, "written": None}
 
@@ -368,11 +386,13 @@ class StatusWriter:
             state["written"] = (current, old, new, result)
 
         try:
+            # Only a conflict is retried here, at once, from a fresh read; every other error
+            # waits in ``backing_off`` (nothing sleeps on the main loop).
             call_with_retry(
                 attempt,
                 self.backoff,
-                self.sleep,
-                retryable=lambda e: is_transient(e) or getattr(e, "status", None) == CONFLICT,
+                lambda _s: None,
+                retryable=lambda e: getattr(e, "status", None) == CONFLICT,
             )
         except NotLeading as why:
             log.info("%s: status not written: %s; written once leading again", name, why)
@@ -386,8 +406,8 @@ class StatusWriter:
             self.metrics.status_write_errors.inc()
             failures = self._failures.get(name, 0)
             self._failures[name] = failures + 1
-            delay = self.retry_backoff.wait_for(min(failures, 8), exc)
-            self.deferred[name] = self.monotonic() + delay
+            delay = self.retry_backoff.wait_for(min(failures, 10), exc)
+            self.deferred[name] = self.backing_off[name] = self.monotonic() + delay
             log.error(
                 "%s: writing status failed (%d time(s) in a row): %s; trying again in %.1f s",
                 name,
@@ -397,6 +417,7 @@ class StatusWriter:
             )
             return False
         self._failures.pop(name, None)
+        self.backing_off.pop(name, None)
         self._node_events(name, state["cr"], state["observed"])
         if state["written"] is None:
             return False
@@ -454,6 +475,8 @@ class StatusWriter:
         self._recovering.discard(name)
         self._failing.pop(name, None)
         self._failures.pop(name, None)
+        self.backing_off.pop(name, None)
+        self._pending_events.pop(name, None)
         self.awaiting_leader.discard(name)
         self._broken.pop(name, None)
 
@@ -466,19 +489,39 @@ class StatusWriter:
 
     def _record(self, cr: Obj, etype: str, reason: str, message: str) -> None:
         event = build_event(cr, self.event_namespace, etype, reason, message, self.now())
+        self._create_event(event)
 
-        def attempt(_: int) -> None:
+    def _create_event(self, event: Obj) -> None:
+        """One attempt; after a transient error the Event waits for the CR's next reconcile
+        (``_flush_events``; at most ``MAX_PENDING_EVENTS`` per CR), so no sleep holds up the
+        main loop."""
+        name = str(event["involvedObject"]["name"])
+        try:
             if not self.is_leader():
                 raise NotLeading("leadership lost")
             self.api.create_event(self.event_namespace, event)
-
-        try:
-            call_with_retry(attempt, self.backoff, self.sleep)
             self.metrics.events.inc()
         except Exception as exc:  # an Event is a courtesy; the status is already written
+            if is_transient(exc):
+                pending = self._pending_events.setdefault(name, [])
+                if len(pending) < MAX_PENDING_EVENTS:
+                    pending.append(event)
+                    due = self.monotonic() + self.retry_backoff.wait_for(0, exc)
+                    self.deferred[name] = min(self.deferred.get(name, due), due)
+                    log.info(
+                        "event %s on %s not created yet: %s; trying again",
+                        event["reason"],
+                        name,
+                        describe_error(exc),
+                    )
+                    return
             log.warning(
                 "event %s on %s not created: %s",
-                reason,
-                event["involvedObject"]["name"],
+                event["reason"],
+                name,
                 describe_error(exc),
             )
+
+    def _flush_events(self, name: str) -> None:
+        for event in self._pending_events.pop(name, []):
+            self._create_event(event)

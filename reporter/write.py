@@ -75,8 +75,12 @@ log = logging.getLogger(__name__)
 
 EVENTS = Resource("Event", "v1", "events", True)
 COMPONENT = "pmem-csi-reporter"
-# Warning Events per reconcile about newly broken node pods; the rest are summed up in one.
+# Node Events of one CR (issue 16's "a few broken nodes named"), bounded: at most
+# MAX_NODE_EVENTS Warning Events naming a node pod, plus one summary of the rest, per
+# NODE_EVENT_REPEAT_SECONDS window; and one pod on one node is named at most once per window,
+# however often it flaps. So a CR costs at most 11 node Events per 10 minutes.
 MAX_NODE_EVENTS = 10
+NODE_EVENT_REPEAT_SECONDS = 600.0
 # Events of one CR kept for another attempt after a transient error (the rest are dropped).
 MAX_PENDING_EVENTS = 10
 _MISSING = object()
@@ -296,6 +300,12 @@ class StatusWriter:
     # CR name -> (pod, node) of the broken node pods already announced by an Event. Kept in
     # memory only: a restarted or new leader announces the currently broken ones once more.
     _broken: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict, init=False)
+    # CR name -> (pod, node) -> monotonic time it was last named in an Event.
+    _announced: dict[str, dict[tuple[str, str | None], float]] = field(
+        default_factory=dict, init=False
+    )
+    # CR name -> (start of its node Event window, Events sent in it, summary sent in it).
+    _node_window: dict[str, tuple[float, int, bool]] = field(default_factory=dict, init=False)
     # CR name -> Events that met a transient error, created at its next reconcile.
     _pending_events: dict[str, list[Obj]] = field(default_factory=dict, init=False)
 
@@ -363,7 +373,11 @@ class StatusWriter:
                 self.deferred.pop(name, None)
                 return
             available = self._available(name)
-            failing = state["failing"] = status.failing_pods(observed)
+            # Tolerated broken nodes (a few of many) go through the budget: their flaps change
+            # the message only (review of issue 16).
+            failing = state["failing"] = status.failing_pods(
+                observed
+            ) - status.tolerated_node_pods(observed)
             if not self._urgent(name, old, new, failing) and available < 1.0 - 1e-6:
                 wait = (1.0 - available) * self.message_interval
                 self.deferred[name] = self.monotonic() + wait
@@ -446,11 +460,21 @@ class StatusWriter:
         broken = status.degraded_node_pods(observed)
         now_broken = {(b.pod, b.node) for b in broken}
         known = self._broken.get(name, set())
-        new = [b for b in broken if (b.pod, b.node) not in known]
         self._broken[name] = now_broken
+        now = self.monotonic()
+        announced = self._announced.setdefault(name, {})
+        for key, at in list(announced.items()):
+            if now - at >= NODE_EVENT_REPEAT_SECONDS:
+                del announced[key]
+        new = [b for b in broken if (b.pod, b.node) not in known | set(announced)]
         if not new:
             return
-        for b in new[:MAX_NODE_EVENTS]:
+        start, sent, summarized = self._node_window.get(name, (now, 0, False))
+        if now - start >= NODE_EVENT_REPEAT_SECONDS:
+            start, sent, summarized = now, 0, False
+        named = new[: max(0, MAX_NODE_EVENTS - sent)]
+        for b in named:
+            announced[(b.pod, b.node)] = now
             where = f"on node {b.node}" if b.node else "(not scheduled)"
             self._record(
                 cr,
@@ -459,14 +483,17 @@ class StatusWriter:
                 f"Node driver pod {b.pod} {where}: {b.problem}; the driver serves on the "
                 "other nodes",
             )
-        if len(new) > MAX_NODE_EVENTS:
+        rest = len(new) - len(named)
+        if rest and not summarized:
+            summarized = True
             self._record(
                 cr,
                 "Warning",
                 "NodeDriversNotReady",
-                f"and {len(new) - MAX_NODE_EVENTS} more node driver pod(s) are not ready; "
+                f"and {rest} more node driver pod(s) are not ready; "
                 "see the Node component of the status",
             )
+        self._node_window[name] = (start, sent + len(named), summarized)
 
     def _forget(self, name: str) -> None:
         """Drop every per-CR record of a CR that is gone."""
@@ -479,6 +506,8 @@ class StatusWriter:
         self._pending_events.pop(name, None)
         self.awaiting_leader.discard(name)
         self._broken.pop(name, None)
+        self._announced.pop(name, None)
+        self._node_window.pop(name, None)
 
     def _event(self, cr: Obj, old: Obj, new: Obj) -> None:
         spec = status.phase_event(old, new)

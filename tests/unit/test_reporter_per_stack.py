@@ -143,3 +143,32 @@ def _one_reporter(mocks) -> Any:
             assert out[name]["objectNames"]["reporter"] == "a-example-org-reporter"
 
     return settle(outputs, check)
+
+
+def test_the_reporter_deployment_waits_for_its_rbac() -> None:
+    """Review of issue 16: the reporter's Deployment (moved to serve every deployment) rolled
+    out in parallel with the RBAC that grants it the new deployments' namespaces: its new
+    pods met 403s and wrote "could not be read" until the Roles existed."""
+    from types import SimpleNamespace
+
+    from pmem_components.program import register_reporter
+
+    s = stack(dep("a.example.org", "one"), dep("b.example.org", "two"))
+    registered: list[tuple[str, str, list[Any]]] = []
+
+    def register(obj: dict[str, Any], deps: Any) -> Any:
+        handle = SimpleNamespace(kind=obj["kind"], name=obj["metadata"]["name"])
+        registered.append((obj["kind"], obj["metadata"].get("namespace", ""), list(deps)))
+        return handle
+
+    components = [
+        SimpleNamespace(deployment_cr=f"cr-{d.name}", register_reporter_object=register)
+        for d in s.deployments
+    ]
+    out = register_reporter(s, components, {})
+    rbac = [h for h in out if h.kind != "Deployment"]
+    (deployment_deps,) = [deps for kind, _, deps in registered if kind == "Deployment"]
+    assert {h.kind for h in rbac} >= {"ServiceAccount", "ClusterRole", "Role", "RoleBinding"}
+    for handle in rbac:
+        assert handle in deployment_deps, handle
+    assert all(cr in deployment_deps for cr in ("cr-a.example.org", "cr-b.example.org"))

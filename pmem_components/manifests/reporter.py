@@ -145,6 +145,21 @@ def namespace_rules(served: list[Served], namespace: str) -> dict[str, list[dict
     return out
 
 
+def rbac_name(owner: n.DeploymentNames) -> str:
+    """The name of the stack reporter's ClusterRole, Roles and bindings: not the one the
+    per-deployment layout's had (``owner.reporter``), so moving to this layout is additive.
+
+    Why (review of issue 16): that ``pulumi up`` narrows the ClusterRole (no cluster-wide
+    pods, no workloads) and widens the Roles (more namespaces), while the Deployment rolls
+    from old pods to new ones. Updated in place, either the old pods lose their grants
+    before they are gone or the new pods start before theirs exist. Under new names the new
+    grants are created first (the Deployment depends on them, ``program.register_reporter``)
+    and the old ones, no longer declared, are deleted at the end of the update, after the
+    Deployment has rolled out -- with the ServiceAccount kept, both sets apply meanwhile.
+    """
+    return f"{owner.reporter}-stack"
+
+
 def build_reporter_objects(
     served: list[Served],
     namespace: str,
@@ -173,27 +188,28 @@ def build_reporter_objects(
         return m
 
     subjects = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+    grants = rbac_name(owner)
     objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(namespace)},
         {
             "apiVersion": f"{RBAC_API}/v1",
             "kind": "ClusterRole",
-            "metadata": meta(None),
+            "metadata": {**meta(None), "name": grants},
             "rules": cluster_role_rules(served),
         },
         {
             "apiVersion": f"{RBAC_API}/v1",
             "kind": "ClusterRoleBinding",
-            "metadata": meta(None),
+            "metadata": {**meta(None), "name": grants},
             "subjects": subjects,
-            "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": name},
+            "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": grants},
         },
     ]
     for ns, rules in namespace_rules(served, namespace).items():
-        # The Events Role in "default" keeps the name it always had (an existing stack's
-        # object is updated, not replaced); the others are named like the reporter.
+        # The Events Role in "default" keeps the name it always had (its one rule is the
+        # per-deployment layout's: updated in place); the others are new (``rbac_name``).
         role = (
-            owner.reporter_events if ns == n.CLUSTER_EVENT_NAMESPACE and ns != namespace else name
+            owner.reporter_events if ns == n.CLUSTER_EVENT_NAMESPACE and ns != namespace else grants
         )
         role_meta = {**meta(ns), "name": role}
         objects += [

@@ -49,6 +49,8 @@ class Writer(Protocol):
 
     def reconcile(self, name: str, changed_at: float | None = None) -> bool: ...
 
+    def not_leading(self) -> None: ...
+
 
 def merge_dirty(into: dict[str, float | None], more: dict[str, float | None]) -> None:
     """Union of two dirty sets, keeping each CR's earliest known change time."""
@@ -115,6 +117,7 @@ class ReconcileLoop:
                 if name:
                     dirty.setdefault(name, None)
         if not self.is_leader():
+            self.writer.not_leading()  # another replica's writes are no conflict
             merge_dirty(self.held, dirty)  # non-leaders keep caches warm, and their changes
             return
         if self.held:

@@ -81,6 +81,9 @@ COMPONENT = "pmem-csi-reporter"
 # however often it flaps. So a CR costs at most 11 node Events per 10 minutes.
 MAX_NODE_EVENTS = 10
 NODE_EVENT_REPEAT_SECONDS = 600.0
+# Another writer replaced a served CR's status (review of issue 16): this reporter writes the
+# CR again only once that writer has been quiet this long, and says so at most this often.
+CONFLICT_QUIET_SECONDS = 300.0
 # Events of one CR kept for another attempt after a transient error (the rest are dropped).
 MAX_PENDING_EVENTS = 10
 _MISSING = object()
@@ -306,6 +309,12 @@ class StatusWriter:
     )
     # CR name -> (start of its node Event window, Events sent in it, summary sent in it).
     _node_window: dict[str, tuple[float, int, bool]] = field(default_factory=dict, init=False)
+    # CR name -> (resourceVersion, status) of this reporter's last accepted write.
+    _written: dict[str, tuple[str | None, Obj]] = field(default_factory=dict, init=False)
+    # CR name -> (monotonic time until which it yields to another writer, the status it saw).
+    _yielding: dict[str, tuple[float, Obj]] = field(default_factory=dict, init=False)
+    # CR name -> monotonic time of its last StatusWriteConflict Event.
+    _conflict_event_at: dict[str, float] = field(default_factory=dict, init=False)
     # CR name -> Events that met a transient error, created at its next reconcile.
     _pending_events: dict[str, list[Obj]] = field(default_factory=dict, init=False)
 
@@ -341,6 +350,7 @@ class StatusWriter:
             self.cache.ensure_for(cr)
             return False
         if not self.is_leader():
+            self.not_leading()
             self.awaiting_leader.add(name)
             return False
         self.awaiting_leader.discard(name)
@@ -351,6 +361,8 @@ class StatusWriter:
             self.deferred[name] = due
             return False
         self._flush_events(name)
+        if self._yields_to_another_writer(name, cr):
+            return False
         self.metrics.reconciles.inc()
         state: dict[str, Any] = {"cr": cr, "written": None}
 
@@ -409,6 +421,7 @@ class StatusWriter:
                 retryable=lambda e: getattr(e, "status", None) == CONFLICT,
             )
         except NotLeading as why:
+            self.not_leading()
             log.info("%s: status not written: %s; written once leading again", name, why)
             self.awaiting_leader.add(name)
             return False
@@ -449,8 +462,64 @@ class StatusWriter:
             self.metrics.change_to_write.observe(max(0.0, self.monotonic() - changed_at))
         if isinstance(result, dict) and result.get("metadata"):
             self.cache.remember_cr(result)
+            self._written[name] = (
+                (result.get("metadata") or {}).get("resourceVersion"),
+                dict(result.get("status") or new),
+            )
         log.info("%s: status written: phase %r -> %r", name, old.get("phase", ""), new.get("phase"))
         self._event(result if isinstance(result, dict) else current, old, new)
+        return True
+
+    def not_leading(self) -> None:
+        """Leadership is lost (or was never held): what this replica wrote last says nothing
+        about the next writes, which are the new leader's, not another writer's."""
+        self._written.clear()
+        self._yielding.clear()
+
+    def _yields_to_another_writer(self, name: str, cr: Obj) -> bool:
+        """True while another writer owns the CR's status (see ``CONFLICT_QUIET_SECONDS``).
+
+        Who owns a CR: the reporter of the stack whose ``--deployment`` names it. Two
+        reporters naming one CR (two stacks, or an old-layout reporter left running) is a
+        mistake only a person can undo; each recomputing on the other's write and writing
+        back would be a write war. So the one that finds its last write replaced (a newer
+        resourceVersion with a different status: only status writers change it) says so and
+        yields: no write until the CR's status has stayed as the other left it for the
+        quiet period. A spec change (newer resourceVersion, our status) is no conflict.
+        """
+        now = self.monotonic()
+        rv = (cr.get("metadata") or {}).get("resourceVersion")
+        current = dict(cr.get("status") or {})
+        yielding = self._yielding.get(name)
+        if yielding is not None:
+            until, seen = yielding
+            if not status.status_equal_ignoring_time(seen, current):
+                until = now + CONFLICT_QUIET_SECONDS  # the other writer is still at it
+            if now < until:
+                self._yielding[name] = (until, current)
+                self.deferred[name] = until
+                return True
+            del self._yielding[name]
+            self._written.pop(name, None)
+            return False
+        mine = self._written.get(name)
+        if mine is None or mine[0] == rv or status.status_equal_ignoring_time(mine[1], current):
+            return False
+        self._written.pop(name, None)
+        self.metrics.status_conflicts.inc()
+        self._yielding[name] = (now + CONFLICT_QUIET_SECONDS, current)
+        self.deferred[name] = now + CONFLICT_QUIET_SECONDS
+        message = (
+            f"the status of {name} was replaced by another writer (phase "
+            f"{current.get('phase')!r} at resourceVersion {rv}): another stack's reporter, or "
+            "a per-deployment reporter of the layout before, serves this CR too; this reporter "
+            f"writes it again only after {CONFLICT_QUIET_SECONDS:.0f} s without such changes"
+        )
+        log.warning("%s: %s", name, message)
+        last = self._conflict_event_at.get(name)
+        if last is None or now - last >= CONFLICT_QUIET_SECONDS:
+            self._conflict_event_at[name] = now
+            self._record(cr, "Warning", "StatusWriteConflict", message[0].upper() + message[1:])
         return True
 
     def _node_events(self, name: str, cr: Obj, observed: model.Observed) -> None:
@@ -508,6 +577,9 @@ class StatusWriter:
         self._broken.pop(name, None)
         self._announced.pop(name, None)
         self._node_window.pop(name, None)
+        self._written.pop(name, None)
+        self._yielding.pop(name, None)
+        self._conflict_event_at.pop(name, None)
 
     def _event(self, cr: Obj, old: Obj, new: Obj) -> None:
         spec = status.phase_event(old, new)

@@ -82,8 +82,11 @@ COMPONENT = "pmem-csi-reporter"
 MAX_NODE_EVENTS = 10
 NODE_EVENT_REPEAT_SECONDS = 600.0
 # Another writer replaced a served CR's status (review of issue 16): this reporter writes the
-# CR again only once that writer has been quiet this long, and says so at most this often.
-CONFLICT_QUIET_SECONDS = 300.0
+# CR again only once that writer has been quiet this long (short: while moving to one reporter
+# per stack, an old reporter writes until it is deleted), and Events it at most every
+# CONFLICT_EVENT_SECONDS.
+CONFLICT_QUIET_SECONDS = 60.0
+CONFLICT_EVENT_SECONDS = 600.0
 # Events of one CR kept for another attempt after a transient error (the rest are dropped).
 MAX_PENDING_EVENTS = 10
 _MISSING = object()
@@ -517,7 +520,7 @@ class StatusWriter:
         )
         log.warning("%s: %s", name, message)
         last = self._conflict_event_at.get(name)
-        if last is None or now - last >= CONFLICT_QUIET_SECONDS:
+        if last is None or now - last >= CONFLICT_EVENT_SECONDS:
             self._conflict_event_at[name] = now
             self._record(cr, "Warning", "StatusWriteConflict", message[0].upper() + message[1:])
         return True

@@ -4,7 +4,7 @@ A second stack's reporter naming the same CR, or a per-deployment reporter of th
 before, left running: each recomputes when it sees the other's write, and writes back. It was
 silent (no log, metric or Event) and unbounded. Now the reporter that sees its status
 replaced by someone else's says so (Warning log, ``pmem_csi_reporter_status_conflicts``, a
-Warning Event ``StatusWriteConflict`` at most once per ``CONFLICT_QUIET_SECONDS``) and yields:
+Warning Event ``StatusWriteConflict`` at most once per ``CONFLICT_EVENT_SECONDS``) and yields:
 it does not write the CR again until the other writer has been quiet that long.
 """
 
@@ -36,7 +36,7 @@ def test_a_status_replaced_by_another_writer_is_reported_and_not_fought_over(cap
     assert writer.reconcile(NAME)  # ours
     written = len(api.patches)
     with caplog.at_level(logging.WARNING, logger=write.log.name):
-        for i in range(30):  # the other one rewrites it every 2 s
+        for i in range(100):  # the other one rewrites it every 2 s
             clock[0] += 2
             other_reporter_writes(cache, "Running" if i % 2 else "Progressing")
             writer.reconcile(NAME)

@@ -27,7 +27,7 @@ from pmem_components.config import (
 )
 from pmem_components.manifests import bundle
 from pmem_components.manifests.crd import load_crd
-from pmem_components.patches import PatchError, PatchSet
+from pmem_components.patches import DIGEST_KINDS, PatchError, PatchSet
 
 TYPE_PREFIX = "pmem-csi:index:"
 COMPONENT_TYPE = f"{TYPE_PREFIX}PmemCsiDeployment"
@@ -166,10 +166,14 @@ def check_patches(cfg: DeploymentConfig, index: int) -> list[str]:
     """Problems of the deployment's patches against its objects (nothing is registered)."""
     if not cfg.patches:
         return []
+    objects = bundle.build_deployment_objects(cfg).all()
+    for obj in objects:
+        if obj.get("kind") in DIGEST_KINDS:
+            # As registration stamps them (PmemCsiDeployment): the dry run then refuses a
+            # patch that removes or changes the digest (patches.fixed_field_changes).
+            _annotate(obj, {names.SPEC_DIGEST_ANNOTATION: "<spec digest>"})
     try:
-        PatchSet.for_deployment(index, cfg.patches).dry_run(
-            bundle.build_deployment_objects(cfg).all()
-        )
+        PatchSet.for_deployment(index, cfg.patches).dry_run(objects)
     except PatchError as e:
         lines = [line.strip() for line in str(e).splitlines()]
         return lines[1:] if len(lines) > 1 else lines
@@ -378,7 +382,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             final_cr = patched if patched is not None else final_cr
         digest = names.spec_digest(final_cr.get("spec") or {})
         for workload in (*objs.controller, *objs.node):
-            if workload["kind"] in ("StatefulSet", "DaemonSet"):
+            if workload["kind"] in DIGEST_KINDS:
                 # Deleted only once its pods are gone: a reinstall (delete before replace)
                 # then never overlaps two drivers on a node.
                 _annotate(

@@ -33,8 +33,11 @@ import pulumi
 from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret, wrap_rpc_secret
 
 from pmem_components import patchtypes
+from pmem_components.names import SPEC_DIGEST_ANNOTATION
 
 DEFAULT_WHERE = "pmem-csi:patches"
+# The workloads the program stamps with ``names.SPEC_DIGEST_ANNOTATION`` (components.py).
+DIGEST_KINDS = ("StatefulSet", "DaemonSet")
 
 
 class PatchError(ValueError):
@@ -295,6 +298,15 @@ def fixed_field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> 
     ]
     if before.get("kind") not in WORKLOAD_KINDS:
         return problems
+    digest_path = ("metadata", "annotations", SPEC_DIGEST_ANNOTATION)
+    if before.get("kind") in DIGEST_KINDS and _at(before, digest_path) != _at(after, digest_path):
+        # The reporter tells by it which CR spec a workload has rolled out: without it
+        # Running came too early, with another value never (review of issue 16).
+        problems.append(
+            f"metadata.annotations[{SPEC_DIGEST_ANNOTATION}] cannot be patched "
+            f"({_at(before, digest_path)!r} -> {_at(after, digest_path)!r}): the status "
+            "reporter reads it to tell which spec the workload has rolled out"
+        )
     selector = _at(after, ("spec", "selector"))
     if selector != _at(before, ("spec", "selector")):
         problems.append(f"spec.selector cannot be patched on a {before.get('kind')} (immutable)")

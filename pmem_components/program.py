@@ -166,10 +166,18 @@ def register_reporter(
     # bundle.reporter_objects), and the URNs are those its own reporter had.
     owner = components[next(i for i, d in enumerate(stack.deployments) if d.reporter.enabled)]
     out = []
+    rbac: list[Any] = []
     for obj in objects:
         if obj["kind"] == "Deployment":
             obj = with_allowed_field_owners(obj, stack.allowed_field_owners)
-        out.append(owner.register_reporter_object(obj, deps))
+            # Rolled out only once its ServiceAccount and every Role/ClusterRole (and binding)
+            # granting it the served deployments' namespaces exist (review of issue 16: its
+            # new pods met 403s and said "could not be read" meanwhile).
+            out.append(owner.register_reporter_object(obj, [*deps, *rbac]))
+            continue
+        made = owner.register_reporter_object(obj, deps)
+        rbac.append(made)
+        out.append(made)
     return out
 
 

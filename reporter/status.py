@@ -589,6 +589,21 @@ def degraded_node_pods(observed: Observed) -> list[BrokenPod]:
     return out
 
 
+def tolerated_node_pods(observed: Observed) -> frozenset[str]:
+    """Names of the broken node pods the "few broken nodes" rule tolerates (the driver counts
+    as serving, ``NODE_TOLERANCE_FRACTION``); empty when they are more than that. Their
+    coming and going is not urgent for the writer: it changes only the message."""
+    broken = degraded_node_pods(observed)
+    if not broken:
+        return frozenset()
+    ds = observed.get(DAEMON_SET, observed.names.node_driver) or {}
+    desired = _int(ds, "status", "desiredNumberScheduled")
+    serving = min(_int(ds, "status", "numberReady"), _int(ds, "status", "numberAvailable"))
+    if serving <= 0 or desired - serving > node_tolerance(desired):
+        return frozenset()
+    return frozenset(b.pod for b in broken)
+
+
 class ComponentState(NamedTuple):
     """A driver component's Ready/NotReady with its reason, and why it is broken (if it is)."""
 

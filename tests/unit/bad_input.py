@@ -88,8 +88,10 @@ OVERRIDES: dict[str, Any] = {
             "kind": "StatefulSet",
             "name": "first-example-com-controller",
             "namespace": "first",
+            # One key: adding "/metadata/annotations" whole would replace the annotations the
+            # program sets (the spec digest: refused, review of issue 16).
             "jsonPatch": [
-                {"op": "add", "path": "/metadata/annotations", "value": {"example.com/b": "2"}}
+                {"op": "add", "path": "/metadata/annotations/example.com~1b", "value": "2"}
             ],
         },
     ],

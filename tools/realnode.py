@@ -965,6 +965,12 @@ def restart_kubelet(timeout: float = 120) -> Record:
     problems = _isolation_problems(api_port)
     if problems:
         raise RealNodeError("the node's isolation is incomplete: " + "; ".join(problems))
+
+    def lock_holder_lives() -> bool:
+        return _same_process(record.pids.get("forwarder"), record.pid_starts.get("forwarder"))
+
+    if not lock_held():
+        raise RealNodeError("the node's lock is not held: its forwarder is not the node's")
     old = record.pids["kubelet"]
     _kill({old}, signal.SIGTERM)
     _wait_gone({old}, 30)
@@ -975,10 +981,6 @@ def restart_kubelet(timeout: float = 120) -> Record:
         os.waitpid(old, os.WNOHANG)
     if _same_process(old, record.pid_starts.get("kubelet")):
         raise RealNodeError(f"the kubelet ({old}) did not exit")
-
-    def lock_holder_lives() -> bool:
-        return _same_process(record.pids.get("forwarder"), record.pid_starts.get("forwarder"))
-
     if not lock_holder_lives() or not lock_held():
         raise RealNodeError("the node's forwarder (the lock's holder) is gone: being torn down")
     kubelet = _spawn_kubelet(record, _component_env())

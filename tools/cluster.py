@@ -114,7 +114,13 @@ def add_node(name: str, labels: dict[str, str], timeout: float = 60) -> None:
     wait_nodes_ready([name], timeout=timeout)
 
 
-def wait_nodes_ready(names: list[str], timeout: float = 60) -> None:
+# kwok marks a fake node Ready within seconds on an idle machine; on a loaded 2-core one (two
+# test workers, a demo, a nested session) it took over 60 s once. The limit only says when to
+# give up on a cluster that will not come up.
+NODES_READY_TIMEOUT = 300.0
+
+
+def wait_nodes_ready(names: list[str], timeout: float = NODES_READY_TIMEOUT) -> None:
     core = _core_api()
     deadline = time.monotonic() + timeout
     pending = set(names)

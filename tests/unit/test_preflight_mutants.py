@@ -259,3 +259,32 @@ def test_api_paths_of_core_and_group_kinds() -> None:
     # A kind without a listed plural: lower case plus "s".
     widget = preflight._path("example.com/v1", "Widget", None, "w")
     assert widget == "/apis/example.com/v1/widgets/w"
+
+
+def test_an_unawaited_move_names_rename_or_reinstall_and_the_two_node_drivers() -> None:
+    from test_preflight import node_ds
+
+    moving = {DRIVER: cr(DRIVER, "old")}
+    renamed = stack({"name": "new.example", "renamedFrom": DRIVER, "await": {"enabled": False}})
+    (problem,) = problems(renamed, Observed(crs=moving, daemon_sets=[node_ds(namespace="old")]))
+    assert "the old node DaemonSet of this rename would still run its pods" in problem
+    skipping = node_ds(namespace="old", annotations={"pulumi.com/skipAwait": "true"})
+    (problem,) = problems(
+        stack({"allowReinstall": True}), Observed(crs=moving, daemon_sets=[skipping])
+    )
+    assert (
+        "so the move would not wait for the old node driver's pods to go: two node drivers on "
+        "the same nodes; first run pulumi up" in problem
+    )
+
+
+def test_an_object_of_another_kind_is_bound_to_no_driver() -> None:
+    pod = ObservedObject(kind="Pod", name="p", spec={"csi": {"driver": DRIVER}})
+    assert preflight.volume_driver(pod) is None
+
+
+def test_a_refusal_without_causes_gives_the_status_message_or_for_a_secret_its_reason() -> None:
+    status = {"reason": "Invalid", "message": "Secret x is invalid: value 's3cr3t'"}
+    assert preflight._refusal(status, secret=False) == ([], status["message"])
+    assert preflight._refusal(status, secret=True) == ([], "Invalid")
+    assert preflight._refusal({"reason": "Invalid"}, secret=False) == ([], "Invalid")

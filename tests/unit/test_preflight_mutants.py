@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_preflight import ME, cr, ns, stack
+from test_preflight import ME, DryRunApi, _lives, cr, ns, stack
 
 from pmem_components import names, preflight
 from pmem_components.preflight import Observed, ObservedObject, Previous, plan
@@ -288,3 +288,26 @@ def test_a_refusal_without_causes_gives_the_status_message_or_for_a_secret_its_r
     assert preflight._refusal(status, secret=False) == ([], status["message"])
     assert preflight._refusal(status, secret=True) == ([], "Invalid")
     assert preflight._refusal({"reason": "Invalid"}, secret=False) == ([], "Invalid")
+
+
+class RefusesServiceAccounts:
+    """The test_preflight API, refusing every ServiceAccount with or without the patches."""
+
+    def __init__(self) -> None:
+        self.api = DryRunApi()
+
+    def dry_apply(self, path: str, obj: Any, manager: str) -> tuple[int, dict[str, Any]]:
+        if obj["kind"] == "ServiceAccount":
+            return 422, {"kind": "Status", "reason": "Invalid"}
+        return self.api.dry_apply(path, obj, manager)
+
+
+def test_objects_after_an_accepted_or_refused_anyway_one_are_still_dry_run() -> None:
+    # The ServiceAccount comes before the StatefulSet: accepted with the annotation, then
+    # refused whatever the patches say; neither ends the look at the StatefulSet.
+    annotate = {"kind": "ServiceAccount", "mergePatch": {"metadata": {"annotations": {"a": "b"}}}}
+    policy = {"kind": "StatefulSet", "mergePatch": {"spec": {"podManagementPolicy": "Parallel"}}}
+    s = stack({"patches": [annotate, policy]})
+    for api in (DryRunApi(), RefusesServiceAccounts()):
+        (rejection,) = preflight.patch_rejections(api, s, _lives(s.deployments[0]))
+        assert rejection.ref == "StatefulSet pmem-csi/pmem-csi-intel-com-controller"

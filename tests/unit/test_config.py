@@ -131,6 +131,15 @@ def test_reporter_enabled_without_image_is_caught_for_models_built_in_code() -> 
     ]
 
 
+def test_cross_field_rules_on_camel_case_keys_hold_for_models_built_in_code() -> None:
+    """The checks read the config's keys (pmemPercentage), not the model's field names."""
+    dep = c.DeploymentConfig(device_mode="direct", pmem_percentage=50)
+    assert c.deployment_problems(dep, index=2) == [
+        "pmem-csi:deployments[2].pmemPercentage: is only valid with deviceMode lvm "
+        "(remove it or use lvm)"
+    ]
+
+
 def test_ndctl_is_an_alias_of_direct_and_direct_has_no_percentage() -> None:
     d = load_config(one_dep(deviceMode="ndctl")).deployments[0]
     assert d.device_mode == "direct"

@@ -28,7 +28,10 @@ def test_each_newly_broken_node_pod_gets_one_warning_event(monkeypatch):
     writer.reconcile(NAME)
     (event,) = node_events(api)
     assert (event["type"], event["reason"]) == ("Warning", "NodeDriverNotReady")
-    assert "node-pod-17 on node node-17" in event["message"]
+    assert event["message"] == (
+        "Node driver pod node-pod-17 on node node-17: NotReady; the driver serves on the other "
+        "nodes"
+    )
     writer.reconcile(NAME)  # still broken: nothing new
     assert len(node_events(api)) == 1
     now_broken[0] = broken(17, 40)

@@ -141,6 +141,24 @@ def test_build_observed_reads_the_crs_namespace_and_matches_owner_kind_and_name(
     assert observed.unreadable == {"Secret": "forbidden"}
 
 
+class RelabelledCache(RecordingCache):
+    """One expected object is missing under its labels but found by name: relabelled."""
+
+    def lookup_labels(self, kind: str, name: str, namespace: str | None) -> Any:
+        self.namespaces.add(namespace)
+        return {"app": "someone-elses"} if (kind, name) == ("DaemonSet", NODE_DS) else None
+
+
+NODE_DS = "pmem-csi-intel-com-node"
+
+
+def test_build_observed_asks_for_the_labels_of_each_missing_object_by_its_name() -> None:
+    cache = RelabelledCache(CR)
+    observed = build_observed(cache, CR)
+    assert cache.namespaces == {"drv"}
+    assert observed.relabelled == {("DaemonSet", NODE_DS): {"app": "someone-elses"}}
+
+
 # --------------------------------------------------------------------------- KubeStatusApi
 
 

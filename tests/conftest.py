@@ -97,7 +97,7 @@ def _queue_rank(nodeid: str) -> int:
     return LONGEST_FIRST.index(unit) if unit in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # absent with -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadscope`` with :func:`work_unit` as the scope."""
     if config.getvalue("dist") != "loadscope":

@@ -114,3 +114,37 @@ def test_a_real_node_test_outside_the_listed_modules_is_refused(tmp_path: Path) 
     assert "test_sneaky.py::test_uses_the_node uses the real node" in result.stderr, (
         result.stdout + result.stderr
     )
+
+
+def test_the_suite_runs_without_xdist_too(tmp_path: Path) -> None:
+    """``-p no:xdist``: the scheduler hook is optional, so pytest does not refuse it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "test_one.py").write_text("def test_passes():\n    assert True\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "CI"))}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(PROJECT_DIR / "pyproject.toml"),
+            "--rootdir",
+            str(work),
+            "-p",
+            "tests.conftest",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            str(work),
+        ],
+        cwd=PROJECT_DIR,
+        env={**base, "PMEM_CSI_STATE_DIR": str(tmp_path / "s")},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout

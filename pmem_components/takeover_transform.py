@@ -435,7 +435,10 @@ class TakeOver:
         meta = live.get("metadata") or {}
         managed = meta.get("managedFields") or []
         pulumi_entries = takeover.stale_pulumi_entries(managed, own_manager="")
-        self.existing[(args.type_, args.name)] = (obj, len(pulumi_entries))
+        self.existing[(args.type_, args.name)] = (
+            obj,
+            tuple(str(e.get("manager", "")) for e in pulumi_entries),
+        )
         if self.stale_only:
             return None
         stamp = (meta.get("annotations") or {}).get(TAKEN_OVER_ANNOTATION)
@@ -463,13 +466,17 @@ class TakeOver:
         """The writes, for a resource the engine is about to update."""
         key = (args.type, args.name)
         obj = self.pending.get(key)
-        if obj is None and self.existing.get(key, ({}, 0))[1]:
-            # Another Pulumi manager's entry may be there, even in place of this stack's.
-            obj = self.existing[key][0]
+        own = _field_manager(getattr(args, "old_outputs", None))
+        seen, managers = self.existing.get(key, ({}, ()))
+        taken_away = bool(own) and bool(managers) and own not in managers
+        if obj is None and taken_away:
+            # Another Pulumi manager's entry in place of this stack's: taken back.
+            obj = seen
         if obj is None:
             return
-        own = _field_manager(getattr(args, "old_outputs", None))
-        await self._correct(obj, own, apply=not self.stale_only)
+        # Only then are other Pulumi managers' entries merged into this stack's: next to this
+        # stack's own entry they are co-owners (a platform stack's NamespacePatch labels).
+        await self._correct(obj, own if taken_away else None, apply=not self.stale_only)
 
     async def after_create(self, args: pulumi.ResourceHookArgs) -> None:
         """A create of an object that existed adopted it (``pmem-csi:adopt``, ``adoptExisting``

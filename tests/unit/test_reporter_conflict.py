@@ -74,3 +74,68 @@ def test_the_other_replicas_writes_after_a_leadership_change_are_no_conflict():
     writer.is_leader = lambda: True  # back
     writer.reconcile(NAME)
     assert writer.metrics.status_conflicts._value.get() == 0
+
+
+def test_a_foreign_status_without_timestamps_is_yielded_to_for_the_quiet_period_only():
+    """Review: an admin's `kubectl edit --subresource=status` that drops a condition's
+    lastTransitionTime, once: the reporter yields for the quiet period, then writes again
+    (the comparison "still writing?" must be true for an unchanged status)."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    written = len(api.patches)
+    cr = cache.crs[NAME]
+    rv = str(int(cr["metadata"]["resourceVersion"]) + 1)
+    status = {
+        "phase": "Failed",
+        "lastUpdated": "2026-12-01T10:00:00Z",
+        "conditions": [{"type": "DriverDeployed", "status": "False", "reason": "ByHand"}],
+    }
+    cache.crs[NAME] = {
+        **cr,
+        "metadata": {**cr["metadata"], "resourceVersion": rv},
+        "status": status,
+    }
+    for _ in range(20):  # resyncs every 10 s: 200 s, nobody writes after the admin
+        clock[0] += 10
+        writer.reconcile(NAME)
+    assert len(api.patches) == written + 1, "still yielding to a writer that went quiet"
+
+
+class _LostReplyApi:
+    """The API server applies the patch, the reply is lost (a timeout)."""
+
+    def __init__(self, api) -> None:
+        self.api = api
+        self.lose = False
+
+    def __getattr__(self, name):
+        return getattr(self.api, name)
+
+    def patch_status(self, name, patch):
+        result = self.api.patch_status(name, patch)
+        if self.lose:
+            self.lose = False
+            self.api.cache.crs[name] = result  # the informer sees it
+            raise TimeoutError("read timed out")
+        return result
+
+
+def test_its_own_write_whose_reply_was_lost_is_no_conflict():
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    cache.crs[NAME] = {**cache.crs[NAME], **api.cache.crs[NAME]}
+    lossy = _LostReplyApi(api)
+    writer.api = lossy
+    # A change to write: the CR's generation moves; the write lands, the reply is lost.
+    cr = cache.crs[NAME]
+    cache.crs[NAME] = {**cr, "metadata": {**cr["metadata"], "generation": 2}}
+    lossy.lose = True
+    assert not writer.reconcile(NAME)
+    clock[0] += 60
+    writer.reconcile(NAME)
+    assert writer.metrics.status_conflicts._value.get() == 0
+    assert [e for _, e in api.events if e["reason"] == "StatusWriteConflict"] == []

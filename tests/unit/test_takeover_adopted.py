@@ -121,3 +121,52 @@ def test_a_new_object_is_not_touched_after_its_create(monkeypatch: pytest.Monkey
     api = FakeApi(exists=False)
     adopt(monkeypatch, api, "kubernetes:apps/v1:DaemonSet", stale_only=False)
     assert [c[0] for c in api.calls] == ["get"], "read at registration, nothing after"
+
+
+PLATFORM = "pulumi-kubernetes-cccc3333"
+
+
+def update(
+    monkeypatch: pytest.MonkeyPatch, entries: list[dict[str, Any]], type_: str, stale_only: bool
+) -> FakeApi:
+    """Register (transform) an object this stack holds, then the provider's update
+    (before_update, with the state's field manager MINE)."""
+    monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: False)
+    api = FakeApi()
+    api.entries = entries
+    take = takeover_transform.TakeOver(
+        source=FakeSource(api),  # type: ignore[arg-type]
+        log=lambda _m: None,
+        stale_only=stale_only,
+        skipped_types=frozenset(),
+    )
+    args = pulumi.ResourceTransformArgs(
+        custom=True, type_=type_, name="x", props=copy.deepcopy(OBJECTS[type_]),
+        opts=pulumi.ResourceOptions(),
+    )  # fmt: skip
+    asyncio.run(take.transform(args))
+    hook_args = SimpleNamespace(type=type_, name="x", old_outputs={"__fieldManager": MINE})
+    asyncio.run(take.before_update(hook_args))  # type: ignore[arg-type]
+    return api
+
+
+def test_an_update_leaves_another_pulumi_stacks_entry_alongside_this_stacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Review of issue 14 item 4: a platform stack's NamespacePatch labels (its own Pulumi
+    manager) next to this stack's entry are co-owned, not stale: an ordinary update of the
+    namespace leaves them to it."""
+    entries = [
+        {"manager": MINE, "operation": "Apply", "fieldsV1": LABELS},
+        {"manager": PLATFORM, "operation": "Apply", "fieldsV1": {"f:metadata": {}}},
+    ]
+    api = update(monkeypatch, entries, "kubernetes:core/v1:Namespace", stale_only=True)
+    assert [c for c in api.calls if c[0] != "get"] == []
+
+
+def test_an_update_takes_back_an_object_whose_entry_another_stack_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    entries = [{"manager": PLATFORM, "operation": "Apply", "fieldsV1": LABELS}]
+    api = update(monkeypatch, entries, "kubernetes:core/v1:Namespace", stale_only=True)
+    assert [c[1] for c in api.calls if c[0] == "json_patch"] == [[MINE]]

@@ -964,7 +964,12 @@ def restart_kubelet(timeout: float = 120) -> Record:
     _, _, api_port = _kubelet_kubeconfig()
     problems = _isolation_problems(api_port)
     if problems:
-        raise RealNodeError("the node's isolation is incomplete: " + "; ".join(problems))
+        # As start() does with a reused node that fails its checks: an unguarded node does
+        # not keep running.
+        stop(quiet=True)
+        raise RealNodeError(
+            "the node's isolation is incomplete: " + "; ".join(problems) + "; node torn down"
+        )
 
     def lock_holder_lives() -> bool:
         return _same_process(record.pids.get("forwarder"), record.pid_starts.get("forwarder"))
@@ -991,8 +996,9 @@ def restart_kubelet(timeout: float = 120) -> Record:
     _wait("kubelet /healthz", _kubelet_healthy, timeout, kubelet)
     problems = _isolation_problems(api_port)
     if problems:
+        stop(quiet=True)
         raise RealNodeError("the node's isolation broke as the kubelet restarted: "
-                            + "; ".join(problems))  # fmt: skip
+                            + "; ".join(problems) + "; node torn down")  # fmt: skip
     _log(f"kubelet restarted (pid {kubelet.pid})")
     return record
 

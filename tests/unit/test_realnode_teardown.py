@@ -523,16 +523,19 @@ def test_a_kubelet_restart_replaces_only_the_kubelet_and_records_the_new_one(
             proc.wait()
 
 
-def test_no_kubelet_restart_while_the_guard_is_incomplete(
-    restart_env: dict, lock_holder: subprocess.Popen[str]
+def test_no_kubelet_restart_while_the_guard_is_incomplete_and_the_node_goes(
+    restart_env: dict, lock_holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """An unguarded node does not keep running (review: it did): torn down, as start() does."""
     restart_env["problems"] = ["no blackhole route default in pmem-csi-node"]
+    stops: list[bool] = []
+    monkeypatch.setattr(realnode, "stop", lambda quiet=False: stops.append(quiet))
     kubelet = _sleeper()
     try:
         _running_node(lock_holder.pid, kubelet=kubelet)
         with pytest.raises(realnode.RealNodeError, match="no blackhole route default"):
             realnode.restart_kubelet(timeout=5)
-        assert kubelet.poll() is None and restart_env["spawned"] == []
+        assert restart_env["spawned"] == [] and stops == [True]
     finally:
         kubelet.kill()
         kubelet.wait()

@@ -136,17 +136,29 @@ class StateError(RuntimeError):
     """The stack's own state could not be read."""
 
 
+READ_STATE_TRIES = 4
+
+
 def read_state(stack_name: str) -> StackState:
     """This stack's state as the backend has it now (``stack_name``: ``org/project/stack``).
 
     Before the program registers anything this is the state the update starts from.
     """
+    import time
+
     import pulumi
 
-    try:
-        result = pulumi.runtime.invoke(READ_STATE_TOKEN, {"stackName": stack_name})
-    except Exception as err:  # the engine's reason, for the preflight's message
-        raise StateError(f"{type(err).__name__}: {str(err)[:200]}") from None
+    # The engine saves the checkpoint as the update starts (the Stack resource) while this
+    # reads it: a read can meet a file being written ("failed to load checkpoint: EOF", seen
+    # in tests/e2e/test_cli_interruptions.py). A few tries, then the engine's reason.
+    for attempt in range(READ_STATE_TRIES):
+        try:
+            result = pulumi.runtime.invoke(READ_STATE_TOKEN, {"stackName": stack_name})
+            break
+        except Exception as err:  # the engine's reason, for the preflight's message
+            if attempt + 1 == READ_STATE_TRIES:
+                raise StateError(f"{type(err).__name__}: {str(err)[:200]}") from None
+            time.sleep(0.5 * (attempt + 1))
     value = getattr(result, "value", result)
     if not isinstance(value, Mapping):
         raise StateError(f"unexpected answer {type(value).__name__}")

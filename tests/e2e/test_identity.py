@@ -51,7 +51,7 @@ def stack_on(backend: Path, work_dir: Path, config: dict[str, Any]) -> auto.Stac
     backend.mkdir(parents=True, exist_ok=True)
     work_dir.mkdir(parents=True, exist_ok=True)
     (work_dir / "Pulumi.yaml").write_text(
-        yaml.safe_dump({"name": ps.PROJECT_NAME, "runtime": "python"})
+        yaml.safe_dump({"name": ps.PROJECT_NAME, "runtime": "python", **ps.project_config()})
     )
     ps.write_stack_config(work_dir, STACK, config)
     opts = auto.LocalWorkspaceOptions(

@@ -87,3 +87,10 @@ def test_an_xfail_marker_whose_test_passes_fails_the_run_anywhere(tmp_path: Path
     result = _pytest(tmp_path, source, ci=False)
     assert result.returncode == pytest.ExitCode.TESTS_FAILED, result.stdout + result.stderr
     assert "XPASS(strict)" in result.stdout, result.stdout
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """tests/ has no __init__.py: two test_x.py in tests/unit and tests/e2e stop the whole
+    collection ("import file mismatch"), as happened twice."""
+    names = [p.name for p in (PROJECT_DIR / "tests").rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []

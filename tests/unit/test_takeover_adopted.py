@@ -77,8 +77,10 @@ OBJECTS = {
 }
 
 
-def adopt(monkeypatch: pytest.MonkeyPatch, api: FakeApi, type_: str, stale_only: bool) -> None:
-    """Register (transform), then the provider's create under MINE (after_create)."""
+def registered(
+    monkeypatch: pytest.MonkeyPatch, api: FakeApi, type_: str, stale_only: bool
+) -> takeover_transform.TakeOver:
+    """The take-over after the transform saw the object at its registration (not a preview)."""
     monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: False)
     take = takeover_transform.TakeOver(
         source=FakeSource(api),  # type: ignore[arg-type]
@@ -91,6 +93,12 @@ def adopt(monkeypatch: pytest.MonkeyPatch, api: FakeApi, type_: str, stale_only:
         opts=pulumi.ResourceOptions(),
     )  # fmt: skip
     asyncio.run(take.transform(args))
+    return take
+
+
+def adopt(monkeypatch: pytest.MonkeyPatch, api: FakeApi, type_: str, stale_only: bool) -> None:
+    """Register (transform), then the provider's create under MINE (after_create)."""
+    take = registered(monkeypatch, api, type_, stale_only)
     # The provider created (applied) it under a manager of this stack's.
     api.entries.append({"manager": MINE, "operation": "Apply", "fieldsV1": LABELS})
     hook_args = SimpleNamespace(type=type_, name="x", new_outputs={"__fieldManager": MINE})
@@ -131,20 +139,9 @@ def update(
 ) -> FakeApi:
     """Register (transform) an object this stack holds, then the provider's update
     (before_update, with the state's field manager MINE)."""
-    monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: False)
     api = FakeApi()
     api.entries = entries
-    take = takeover_transform.TakeOver(
-        source=FakeSource(api),  # type: ignore[arg-type]
-        log=lambda _m: None,
-        stale_only=stale_only,
-        skipped_types=frozenset(),
-    )
-    args = pulumi.ResourceTransformArgs(
-        custom=True, type_=type_, name="x", props=copy.deepcopy(OBJECTS[type_]),
-        opts=pulumi.ResourceOptions(),
-    )  # fmt: skip
-    asyncio.run(take.transform(args))
+    take = registered(monkeypatch, api, type_, stale_only)
     hook_args = SimpleNamespace(type=type_, name="x", old_outputs={"__fieldManager": MINE})
     asyncio.run(take.before_update(hook_args))  # type: ignore[arg-type]
     return api

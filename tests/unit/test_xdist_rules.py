@@ -29,7 +29,9 @@ def _record(name):
 """
 
 
-def _pytest(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _pytest(
+    tmp_path: Path, *args: str, env: dict[str, str], xdist: bool = True
+) -> subprocess.CompletedProcess[str]:
     base = {
         k: v
         for k, v in os.environ.items()
@@ -50,11 +52,7 @@ def _pytest(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.Compl
             "-p",
             "no:cacheprovider",
             "-q",
-            "-n",
-            "2",
-            "--dist",
-            "loadscope",
-            "--no-loadscope-reorder",
+            *(["-n", "2", "--dist", "loadscope", "--no-loadscope-reorder"] if xdist else []),
             *args,
         ],
         cwd=PROJECT_DIR,
@@ -121,30 +119,9 @@ def test_the_suite_runs_without_xdist_too(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "test_one.py").write_text("def test_passes():\n    assert True\n")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "CI"))}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-c",
-            str(PROJECT_DIR / "pyproject.toml"),
-            "--rootdir",
-            str(work),
-            "-p",
-            "tests.conftest",
-            "-p",
-            "no:xdist",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            str(work),
-        ],
-        cwd=PROJECT_DIR,
-        env={**base, "PMEM_CSI_STATE_DIR": str(tmp_path / "s")},
-        capture_output=True,
-        text=True,
-        timeout=180,
+    result = _pytest(
+        work, "-p", "no:xdist", str(work), env={"PMEM_CSI_STATE_DIR": str(tmp_path / "s")},
+        xdist=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout

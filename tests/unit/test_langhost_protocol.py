@@ -328,7 +328,14 @@ def test_a_named_virtualenv_that_is_missing_is_created_as_the_pip_toolchain_does
 
 # The LanguageRuntime RPCs of sdk/v3 v3.276.0 (the CLI) and of the Python SDK 3.272.0; a new
 # RPC in a later pin fails this list and asks for a look at what the CLI expects of it.
-SERVED_RPCS = {"GetPluginInfo", "GetRequiredPlugins", "GetRequiredPackages", "About", "Cancel", "Run"}
+SERVED_RPCS = {
+    "GetPluginInfo",
+    "GetRequiredPlugins",
+    "GetRequiredPackages",
+    "About",
+    "Cancel",
+    "Run",
+}
 UNSERVED_RPCS = {
     "Handshake",  # optional: the CLI goes on without it
     "InstallDependencies",  # `pulumi install`: dependencies are installed by `make setup`

@@ -21,7 +21,7 @@ tools: $(VENV)/.installed
 
 # The reporter's OCI image (layout + oci-archive) in ~/.cache/pmem-csi-pulumi/image, rebuilt
 # only when its inputs change; installs mmdebstrap, umoci, skopeo and runc with apt-get when
-# missing. See README.md, "The reporter image".
+# missing. See docs/reporter.md, "The reporter image".
 image: $(VENV)/.installed
 	$(PY) -m tools.image build
 
@@ -39,8 +39,12 @@ mutate: $(VENV)/.installed
 
 # The whole suite: unit tests, then the end-to-end tests on a local cluster with the real
 # Pulumi engine. PMEM_CSI_REQUIRE_CLUSTER makes a missing tool a failure, never a skip.
+# TEST_WORKERS pytest-xdist workers, each with a cluster of its own; a test module runs whole on
+# one worker, the tests that use the real node all on the same one (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed lint tools image
-	PMEM_CSI_REQUIRE_CLUSTER=1 $(PY) -m pytest tests -v --timeout=900 --durations=15
+	PMEM_CSI_REQUIRE_CLUSTER=1 $(PY) -m pytest tests -v -n $(TEST_WORKERS) --dist loadscope \
+		--no-loadscope-reorder --timeout=900 --durations=15
 
 demo: $(VENV)/.installed tools
 	$(PY) -m tools.demo
@@ -52,7 +56,8 @@ cluster-stop: $(VENV)/.installed
 	$(PY) -m tools.cluster stop
 
 # A local PostgreSQL server as a team's state backend (Debian's postgresql, installed with
-# apt-get when missing); prints the `pulumi login` URL. See README.md, "Choosing a state backend".
+# apt-get when missing); prints the `pulumi login` URL. See docs/configuration.md,
+# "Choosing a state backend".
 postgres-start: $(VENV)/.installed
 	$(PY) -m tools.postgres start
 
@@ -61,6 +66,7 @@ postgres-stop: $(VENV)/.installed
 
 # Also the cluster a test session left running with PMEM_CSI_KEEP_CLUSTER=1.
 clean-state: cluster-stop postgres-stop
-	PMEM_CSI_STATE_DIR="$${PMEM_CSI_STATE_DIR:-.state}/test-session" $(PY) -m tools.cluster stop
-	PMEM_CSI_STATE_DIR="$${PMEM_CSI_STATE_DIR:-.state}/test-session" $(PY) -m tools.postgres stop
+	for d in "$${PMEM_CSI_STATE_DIR:-.state}"/test-session "$${PMEM_CSI_STATE_DIR:-.state}"/test-session/gw*; do \
+		if [ -d "$$d" ]; then PMEM_CSI_STATE_DIR="$$d" $(PY) -m tools.cluster stop && \
+			PMEM_CSI_STATE_DIR="$$d" $(PY) -m tools.postgres stop; fi; done
 	rm -rf .state

@@ -1,22 +1,45 @@
-"""Driver certificates as Pulumi resources: generated once, stable, keys only as secrets.
+"""Driver certificates as Pulumi resources: generated once, renewed in place, keys only as secrets.
 
 The operator generated the CA and the two leaf certificates when it first saw a Deployment
 and then kept them in Kubernetes Secrets. Pulumi programs are re-run on every ``pulumi up``,
 so generating in the program itself would mint new keys each time and restart every driver
 pod. Instead a dynamic provider generates them in ``create`` and its ``diff`` reports no
-change, so the engine keeps the stored values until the stack config asks for a rotation
-(the ``rotation`` input changes) or, if enabled, until the leaves near their expiry.
+change until a renewal or a step of a CA change is due. The resource is never replaced: every
+change is an ``update`` of the same resource, so the Secrets built from it are updated in
+place too (with the Kubernetes provider's ``enableSecretMutable``, see Pulumi.yaml), never
+deleted and re-created.
+
+Renewal and rotation without an outage. The driver loads its certificate, key and trust
+bundle (``ca.crt``, any number of CAs) when a container starts, and each side of a link
+verifies the peer against its own ``ca.crt``. Any two pods that can run at the same time
+(during a rollout, or because an interrupted ``pulumi up`` updated the Secrets but not yet
+the pods, or the reverse) must accept each other. So:
+
+* Leaves near expiry are renewed under the same CA (its key stays in the state, as a Pulumi
+  secret): old and new pods trust that CA, one ``pulumi up`` suffices.
+* A CA change (``rotation`` changed, the CA within ``renewWithinDays`` of expiry, or a stack
+  created before the CA key was kept) is the standard staged one, each stage one ``update``:
+
+  1. ``trust``: ``ca.crt`` becomes old CA + new CA; the leaves stay the old CA's. Every pod
+     presents a leaf of the old CA, which every pod trusts.
+  2. ``switch``: new leaves from the new CA. Pods of stage 1 and 2 trust both CAs.
+  3. ``stable``: the old CA leaves the bundle. Pods of stage 2 and 3 present leaves of the new
+     CA, which both trust.
+
+  A stage follows the previous one only when every driver pod in the cluster runs the
+  previous stage's material: the program reads the pods' certificate fingerprint
+  (``runningFingerprints``) before the update, so pods of non-adjacent stages never meet,
+  whatever was interrupted. Without that reading (preflight off, ``renderYamlToDirectory``,
+  library use without ``running_fingerprints``) the change waits at its stage. A stage whose
+  material is already dead (the old leaves or the old CA expired) is not waited for: nothing
+  trusted is left to keep. The ``rotation`` value is recorded when a change starts; changing
+  it again meanwhile starts another change after this one.
 
 Secrets: the provider returns the keys as plain values over the provider protocol (dynamic
 providers do not accept secret-wrapped results), and the resource lists them in
 ``additional_secret_outputs``, so the engine encrypts them in the state before they are
 written and hands them to the program as secret Outputs. The component re-wraps them with
 ``Output.secret`` so they stay secret even if the wiring changes, e.g. under test mocks.
-
-The CA private key is dropped, as the reference operator did after issuing the leaves. With
-equal CA and leaf lifetimes it could only re-issue leaves that expire together with the CA
-anyway, so rotation means a whole new set; and a key that can mint identities the driver
-trusts is then not sitting in the state.
 
 Dynamic providers run in a separate process (``pulumi-resource-pulumi-python``) that unpickles
 the provider with dill. The provider class therefore lives at module level in this importable
@@ -27,83 +50,189 @@ which that process must be able to import (it runs in the project directory).
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 import pulumi.dynamic
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from pmem_components import certs
 
 COMPONENT_TYPE = "pmem-csi:index:DriverCertificates"
 
-# Output names of the dynamic resource; the last two are never shown in plaintext.
+# Output names of the dynamic resource; the secret ones are never shown in plaintext.
 PUBLIC_OUTPUTS = ("ca_cert", "registry_cert", "node_controller_cert")
 SECRET_OUTPUTS = ("registry_key", "node_controller_key")
+# The CA that issues the leaves (its key signs renewals) and the stage of a CA change.
+STATE_OUTPUTS = ("issuer_cert", "phase")
+ISSUER_KEY = "issuer_key"
+
+STABLE, TRUST, SWITCH = "stable", "trust", "switch"
 
 
-def _renewal_due(olds: dict[str, Any], within_days: Any, now: dt.datetime) -> bool:
-    """True when a stored leaf (or the CA) expires within ``within_days`` days."""
-    if not isinstance(within_days, int | float) or within_days <= 0:
+def _load(pem: Any) -> list[x509.Certificate] | None:
+    if not isinstance(pem, str) or not pem.strip():
+        return None
+    try:
+        return x509.load_pem_x509_certificates(pem.encode())
+    except ValueError:
+        return None
+
+
+def _expires_within(cert: x509.Certificate, now: dt.datetime, days: Any) -> bool:
+    if not isinstance(days, int | float) or isinstance(days, bool) or days <= 0:
         return False
-    horizon = now + dt.timedelta(days=float(within_days))
-    for key in PUBLIC_OUTPUTS:
-        pem = olds.get(key)
-        if not isinstance(pem, str):
-            continue
-        try:
-            cert = x509.load_pem_x509_certificate(pem.encode())
-        except ValueError:
-            return True  # unreadable state: replacing it is the only repair
-        if cert.not_valid_after_utc <= horizon:
-            return True
-    return False
+    return cert.not_valid_after_utc <= now + dt.timedelta(days=float(days))
+
+
+def _validity(props: dict[str, Any]) -> dt.timedelta:
+    days = props.get("validityDays")
+    if isinstance(days, int | float) and not isinstance(days, bool) and days > 0:
+        return dt.timedelta(days=float(days))
+    return certs.VALIDITY
+
+
+def fingerprint_of(outs: dict[str, Any]) -> str:
+    """The fingerprint the component writes into pod templates for these outputs."""
+    return certs.material_fingerprint(
+        str(outs.get("ca_cert") or ""),
+        str(outs.get("registry_cert") or ""),
+        str(outs.get("node_controller_cert") or ""),
+    )
+
+
+def next_step(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> str | None:
+    """What this ``pulumi up`` does to the stored set (module doc), or None for nothing.
+
+    ``renew`` (new leaves, same CA), ``begin`` (stage 1 of a CA change), ``switch`` (stage
+    2), ``settle`` (stage 3), ``recreate`` (a whole new set at once: the stored one is
+    unreadable or already dead, so no running pod can be kept working by staging).
+    """
+    phase = olds.get("phase") or STABLE
+    window = news.get("renewWithinDays")
+    bundle = _load(olds.get("ca_cert"))
+    leaves = [_load(olds.get(k)) for k in ("registry_cert", "node_controller_cert")]
+    if bundle is None or any(leaf is None for leaf in leaves):
+        return "recreate"
+    leaf_certs = [leaf[0] for leaf in leaves if leaf]
+    issuer = _load(olds.get("issuer_cert"))
+    issuer_cert = issuer[0] if issuer else None
+    has_key = issuer_cert is not None and bool(olds.get(ISSUER_KEY))
+    leaves_dead = any(c.not_valid_after_utc <= now for c in leaf_certs)
+    leaves_due = any(_expires_within(c, now, window) for c in leaf_certs)
+    running = news.get("runningFingerprints")
+    rolled = isinstance(running, list | tuple) and all(fp == fingerprint_of(olds) for fp in running)
+    if phase == TRUST:
+        old_cas = [c for c in bundle if issuer_cert is None or c != issuer_cert]
+        if rolled or leaves_dead or all(c.not_valid_after_utc <= now for c in old_cas):
+            return "switch"
+        return None
+    if phase == SWITCH:
+        old_cas = [c for c in bundle if issuer_cert is None or c != issuer_cert]
+        if rolled or all(c.not_valid_after_utc <= now for c in old_cas):
+            return "settle"
+        return "renew" if leaves_due and has_key else None
+    ca = issuer_cert or bundle[0]
+    ca_dead = ca.not_valid_after_utc <= now
+    rotate = olds.get("rotation", "") != news.get("rotation", "")
+    if rotate or _expires_within(ca, now, window) or ca_dead or (leaves_due and not has_key):
+        return "recreate" if (ca_dead or leaves_dead) else "begin"
+    return "renew" if leaves_due else None
+
+
+def _pem(issued: certs.IssuedCertificate) -> tuple[str, str]:
+    return issued.cert_pem, issued.key_pem
+
+
+def _issuer(outs: dict[str, Any]) -> certs.IssuedCertificate:
+    cert = x509.load_pem_x509_certificate(str(outs["issuer_cert"]).encode())
+    key = serialization.load_pem_private_key(str(outs[ISSUER_KEY]).encode(), password=None)
+    return certs.IssuedCertificate(cert=cert, key=key)  # type: ignore[arg-type]
+
+
+def _new_leaves(outs: dict[str, Any], issuer: certs.IssuedCertificate, validity: Any) -> None:
+    outs["registry_cert"], outs["registry_key"] = _pem(
+        certs.generate_leaf(issuer, certs.REGISTRY_NAME, validity=validity)
+    )
+    outs["node_controller_cert"], outs["node_controller_key"] = _pem(
+        certs.generate_leaf(issuer, certs.NODE_CONTROLLER_NAME, validity=validity)
+    )
+
+
+def _new_ca(props: dict[str, Any]) -> certs.IssuedCertificate:
+    return certs.generate_ca(validity=_validity(props) * certs.CA_LIFETIME_FACTOR)
+
+
+def _settings(outs: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    outs["renewWithinDays"] = news.get("renewWithinDays", 0)
+    outs["validityDays"] = news.get("validityDays", 0)
+    return outs
+
+
+def apply_step(step: str | None, olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+    """The outputs after ``step`` (see :func:`next_step`); settings always from ``news``."""
+    outs = _settings(dict(olds), news)
+    validity = _validity(news)
+    if step == "recreate":
+        return _settings(_fresh(news), news)
+    if step == "renew":
+        _new_leaves(outs, _issuer(outs), validity)
+    elif step == "begin":
+        ca = _new_ca(news)
+        old = _load(olds.get("issuer_cert")) or _load(olds.get("ca_cert")) or []
+        outs["ca_cert"] = "".join(
+            [*(c.public_bytes(serialization.Encoding.PEM).decode() for c in old[:1]), ca.cert_pem]
+        )
+        outs["issuer_cert"], outs[ISSUER_KEY] = _pem(ca)
+        outs["phase"] = TRUST
+        outs["rotation"] = news.get("rotation", "")
+    elif step == "switch":
+        _new_leaves(outs, _issuer(outs), validity)
+        outs["phase"] = SWITCH
+    elif step == "settle":
+        outs["ca_cert"] = outs["issuer_cert"]
+        outs["phase"] = STABLE
+    return outs
+
+
+def _fresh(props: dict[str, Any]) -> dict[str, Any]:
+    ca = _new_ca(props)
+    outs: dict[str, Any] = {
+        "rotation": props.get("rotation", ""),
+        "phase": STABLE,
+        "ca_cert": ca.cert_pem,
+    }
+    outs["issuer_cert"], outs[ISSUER_KEY] = _pem(ca)
+    _new_leaves(outs, ca, _validity(props))
+    return outs
 
 
 class CertificateProvider(pulumi.dynamic.ResourceProvider):
-    """Creates a driver certificate set once and never updates it in place.
+    """Creates a driver certificate set once and then only ever updates it in place.
 
-    Inputs: ``rotation`` (any string; changing it replaces the set) and ``renewWithinDays``
-    (0 = never; otherwise ``pulumi up`` replaces the set once a certificate expires within
-    that many days). Both are plain, non-secret values.
+    Inputs: ``rotation`` (any string; changing it starts a CA change), ``renewWithinDays``
+    (0 = never; otherwise ``pulumi up`` renews leaves, or changes the CA, once one of them
+    expires within that many days), ``validityDays`` (leaf lifetime; the CA lives
+    ``certs.CA_LIFETIME_FACTOR`` times as long) and ``runningFingerprints`` (the certificate
+    fingerprints of the driver pods running now, or None when unknown). All plain values.
     """
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
-        validity = props.get("validityDays")
-        if isinstance(validity, int | float) and validity > 0:
-            generated = certs.generate_driver_certificates(dt.timedelta(days=float(validity)))
-        else:
-            generated = certs.generate_driver_certificates()
-        ca = x509.load_pem_x509_certificate(generated.ca_cert.encode())
-        outs = {
-            "rotation": props.get("rotation", ""),
-            "renewWithinDays": props.get("renewWithinDays", 0),
-            "validityDays": props.get("validityDays", 0),
-            "ca_cert": generated.ca_cert,
-            "registry_cert": generated.registry_cert,
-            "registry_key": generated.registry_key,
-            "node_controller_cert": generated.node_controller_cert,
-            "node_controller_key": generated.node_controller_key,
-        }
-        # The CA's serial number identifies the set and changes with every rotation.
+        outs = _settings(_fresh(props), props)
+        ca = x509.load_pem_x509_certificate(str(outs["ca_cert"]).encode())
+        # The first CA's serial number names the resource; it stays through every change.
         return pulumi.dynamic.CreateResult(id_=f"{ca.serial_number:x}", outs=outs)
 
     def diff(
         self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]
     ) -> pulumi.dynamic.DiffResult:
-        replaces = []
-        if _olds.get("rotation", "") != _news.get("rotation", ""):
-            replaces.append("rotation")
-        if _renewal_due(_olds, _news.get("renewWithinDays"), dt.datetime.now(dt.UTC)):
-            replaces.append("renewWithinDays")
-        if replaces:
-            # Create the new set before deleting the old one (there is nothing to delete
-            # outside Pulumi's state), so Secrets that depend on it are updated, not removed.
-            return pulumi.dynamic.DiffResult(
-                changes=True, replaces=replaces, delete_before_replace=False
-            )
-        changed = any(
+        """Never a replacement (that would delete and re-create the Secrets): a due step or a
+        changed setting is an update."""
+        step = next_step(_olds, _news, dt.datetime.now(dt.UTC))
+        changed = step is not None or any(
             _olds.get(k, 0) != _news.get(k, 0) for k in ("renewWithinDays", "validityDays")
         )
         return pulumi.dynamic.DiffResult(changes=changed, replaces=[])
@@ -111,12 +240,10 @@ class CertificateProvider(pulumi.dynamic.ResourceProvider):
     def update(
         self, _id: str, _olds: dict[str, Any], _news: dict[str, Any]
     ) -> pulumi.dynamic.UpdateResult:
-        """Only the settings change in place; the certificates never do (a new validity
-        applies from the next renewal or rotation on)."""
-        outs = dict(_olds)
-        outs["renewWithinDays"] = _news.get("renewWithinDays", 0)
-        outs["validityDays"] = _news.get("validityDays", 0)
-        return pulumi.dynamic.UpdateResult(outs=outs)
+        """The due step (or just the settings: a new validity applies from the next
+        renewal on)."""
+        step = next_step(_olds, _news, dt.datetime.now(dt.UTC))
+        return pulumi.dynamic.UpdateResult(outs=apply_step(step, _olds, _news))
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
         """Refresh keeps the stored set: it exists nowhere but in the state."""
@@ -124,6 +251,21 @@ class CertificateProvider(pulumi.dynamic.ResourceProvider):
 
     def delete(self, _id: str, _props: dict[str, Any]) -> None:
         """Nothing outside the state to remove."""
+
+
+def _report_stage(name: str, phase: Any, observed: bool) -> None:
+    """Tell the administrator that a CA change is under way and what moves it on."""
+    if phase not in (TRUST, SWITCH) or pulumi.runtime.is_dry_run():
+        return
+    stage = "1 of 3 (trust bundle)" if phase == TRUST else "2 of 3 (new leaves)"
+    how = (
+        "run `pulumi up` again once every driver pod runs the new certificates"
+        if observed
+        else "the running driver pods are not known (pmem-csi:preflight is off, or no cluster; "
+        "in library use PmemCsiDeploymentArgs.running_certificates is not given), so the "
+        "change waits here until they are"
+    )
+    pulumi.log.warn(f"{name}: certificate CA change at stage {stage}: {how}")
 
 
 class GeneratedCertificates(pulumi.dynamic.Resource, module="pmem-csi", name="Certificates"):
@@ -137,6 +279,7 @@ class GeneratedCertificates(pulumi.dynamic.Resource, module="pmem-csi", name="Ce
     registry_key: pulumi.Output[str]
     node_controller_cert: pulumi.Output[str]
     node_controller_key: pulumi.Output[str]
+    phase: pulumi.Output[str]
 
     def __init__(
         self,
@@ -145,14 +288,20 @@ class GeneratedCertificates(pulumi.dynamic.Resource, module="pmem-csi", name="Ce
         rotation: pulumi.Input[str] = "",
         renew_within_days: pulumi.Input[int] = 0,
         validity_days: pulumi.Input[int] = 0,
+        running_fingerprints: Sequence[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        secret_opts = pulumi.ResourceOptions(additional_secret_outputs=list(SECRET_OUTPUTS))
+        secret_opts = pulumi.ResourceOptions(
+            additional_secret_outputs=[*SECRET_OUTPUTS, ISSUER_KEY]
+        )
         props: dict[str, Any] = {
             "rotation": rotation,
             "renewWithinDays": renew_within_days,
             "validityDays": validity_days,
-            **dict.fromkeys(PUBLIC_OUTPUTS + SECRET_OUTPUTS),
+            "runningFingerprints": (
+                None if running_fingerprints is None else sorted(set(running_fingerprints))
+            ),
+            **dict.fromkeys(PUBLIC_OUTPUTS + SECRET_OUTPUTS + STATE_OUTPUTS + (ISSUER_KEY,)),
         }
         super().__init__(
             CertificateProvider(),
@@ -203,6 +352,7 @@ class DriverCertificates(pulumi.ComponentResource):
         rotation: pulumi.Input[str] = "",
         renew_within_days: pulumi.Input[int] = 0,
         validity_days: pulumi.Input[int] = 0,
+        running_fingerprints: Sequence[str] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__(COMPONENT_TYPE, name, None, opts)
@@ -214,7 +364,11 @@ class DriverCertificates(pulumi.ComponentResource):
                 rotation=rotation,
                 renew_within_days=renew_within_days,
                 validity_days=validity_days,
+                running_fingerprints=running_fingerprints,
                 opts=pulumi.ResourceOptions(parent=self),
+            )
+            source.phase.apply(
+                lambda phase: _report_stage(name, phase, running_fingerprints is not None)
             )
         else:
             source = provided

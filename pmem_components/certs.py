@@ -16,6 +16,7 @@ here. Parse errors are reported with fixed sentences, not with the underlying ex
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import os
 import secrets
 import ssl
@@ -46,6 +47,10 @@ RSA_KEY_SIZE = 3072
 # Smallest RSA key accepted in provided certificates (OpenSSL's default security level 2).
 MIN_RSA_KEY_SIZE = 2048
 VALIDITY = dt.timedelta(days=365)
+# A generated CA lives this many leaf lifetimes, so that leaves are renewed under the same CA
+# (one `pulumi up`, nothing to re-trust) and a CA change, which takes a staged rollout (see
+# pmem_components.cert_resource), is needed only every few renewals.
+CA_LIFETIME_FACTOR = 3
 # Backdating covers nodes whose clocks lag the machine that ran `pulumi up`; the reference
 # used "now" and could hand out certificates that were briefly not yet valid elsewhere.
 BACKDATE = dt.timedelta(minutes=5)
@@ -110,10 +115,20 @@ def _utcnow() -> dt.datetime:
 def generate_ca(
     *, now: dt.datetime | None = None, validity: dt.timedelta = VALIDITY
 ) -> IssuedCertificate:
-    """A self-signed CA like the reference's: CA:TRUE, may sign certificates, one year."""
+    """A self-signed CA like the reference's: CA:TRUE, may sign certificates, one year.
+
+    Its subject carries a random serialNumber besides the common name: during a CA change
+    the trust bundle holds two CAs, and distinct subjects leave no chain builder (Go's
+    crypto/x509, OpenSSL) a choice between two same-named issuers.
+    """
     now = now or _utcnow()
     key = _new_key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_COMMON_NAME)])
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, CA_COMMON_NAME),
+            x509.NameAttribute(NameOID.SERIAL_NUMBER, secrets.token_hex(8)),
+        ]
+    )
     public = key.public_key()
     cert = (
         x509.CertificateBuilder()
@@ -156,6 +171,7 @@ def generate_leaf(
     now: dt.datetime | None = None,
     not_before: dt.datetime | None = None,
     not_after: dt.datetime | None = None,
+    validity: dt.timedelta = VALIDITY,
 ) -> IssuedCertificate:
     """A leaf for ``common_name`` (also its only DNS SAN), usable as TLS server *and* client.
 
@@ -167,7 +183,7 @@ def generate_leaf(
     key = _new_key()
     public = key.public_key()
     start = not_before or max(now - BACKDATE, ca.cert.not_valid_before_utc)
-    end = not_after or min(now + VALIDITY, ca.cert.not_valid_after_utc)
+    end = not_after or min(now + validity, ca.cert.not_valid_after_utc)
     ca_ski = ca.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
     cert = (
         x509.CertificateBuilder()
@@ -196,14 +212,17 @@ def generate_leaf(
     return IssuedCertificate(cert=cert, key=key)
 
 
-def generate_driver_certificates(validity: dt.timedelta = VALIDITY) -> DriverCertificates:
+def generate_driver_certificates(
+    validity: dt.timedelta = VALIDITY, ca_validity: dt.timedelta | None = None
+) -> DriverCertificates:
     """A fresh CA plus the registry and node-controller certificates it signed.
 
-    The leaves never outlive the CA (``generate_leaf``), so ``validity`` bounds all three.
+    ``validity`` is the leaves' lifetime, ``ca_validity`` the CA's (default: the same, as the
+    reference had it); the leaves never outlive the CA (``generate_leaf``).
     """
-    ca = generate_ca(validity=validity)
-    registry = generate_leaf(ca, REGISTRY_NAME)
-    node = generate_leaf(ca, NODE_CONTROLLER_NAME)
+    ca = generate_ca(validity=ca_validity or validity)
+    registry = generate_leaf(ca, REGISTRY_NAME, validity=validity)
+    node = generate_leaf(ca, NODE_CONTROLLER_NAME, validity=validity)
     return DriverCertificates(
         ca_cert=ca.cert_pem,
         ca_key=ca.key_pem,
@@ -212,6 +231,27 @@ def generate_driver_certificates(validity: dt.timedelta = VALIDITY) -> DriverCer
         node_controller_cert=node.cert_pem,
         node_controller_key=node.key_pem,
     )
+
+
+def material_fingerprint(ca_cert: str, registry_cert: str, node_controller_cert: str) -> str:
+    """SHA-256 over the public certificate material: changes whenever any of it does.
+
+    The component writes it into the driver pods' templates (so new material rolls them),
+    and the certificate provider compares it with the running pods' to tell when a CA
+    change may take its next step. Only public material goes in: the private keys change
+    together with their certificates, and hashing them would make the pod templates secret
+    in Pulumi's eyes.
+    """
+    digest = hashlib.sha256()
+    for pem in (ca_cert, registry_cert, node_controller_cert):
+        digest.update(pem.strip().encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+def split_pem(pem: str) -> list[str]:
+    """The certificates of a PEM bundle, each as its own PEM string (order kept)."""
+    return [c.public_bytes(serialization.Encoding.PEM).decode() for c in _load_certs(pem)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,8 +442,17 @@ def validate_driver_certificates(
     *,
     now: dt.datetime | None = None,
     handshake: bool = True,
+    node_ca_cert: str | None = None,
 ) -> list[CertProblem]:
     """Everything wrong with a user-supplied certificate set; empty means usable.
+
+    ``ca_cert`` is what the registry side trusts and ``node_ca_cert`` what the node side
+    trusts (default: the same). They differ, legitimately, while a CA change rolls out: one
+    Secret already holds the old+new trust bundle, the other still the old CA (an
+    interrupted ``pulumi up``), and each may hold one or several CAs. The rule is the
+    driver's own: each side verifies its peer's certificate against *its own* ``ca.crt``,
+    so the node controller's certificate must chain to ``ca_cert`` and the registry's to
+    ``node_ca_cert``; the handshake runs with exactly those trust anchors.
 
     Static checks (parsing, key/cert match, issuer, validity, names, key usage) run first with
     ``now`` as the clock. Only when none of them found an error is the decisive check run: a
@@ -426,6 +475,23 @@ def validate_driver_certificates(
     problems += _check_ca(cas)
     for ca in cas:
         problems += _check_validity("caCert", ca, now, "CA certificate")
+    node_cas = cas
+    separate = node_ca_cert is not None and node_ca_cert.strip() != ca_cert.strip()
+    if separate:
+        try:
+            node_cas = _load_certs(node_ca_cert or "")
+        except ValueError:
+            node_cas = []
+            problems.append(
+                CertProblem(
+                    "caCert", "InvalidPEM", "caCert (node side): not a PEM-encoded certificate"
+                )
+            )
+        problems += _check_ca(node_cas)
+        seen = {c.fingerprint(hashes.SHA256()) for c in cas}
+        for ca in node_cas:
+            if ca.fingerprint(hashes.SHA256()) not in seen:
+                problems += _check_validity("caCert", ca, now, "CA certificate (node side)")
 
     leaves = (
         ("registryCert", registry_cert, "registryKey", registry_key, REGISTRY_NAME, False),
@@ -504,6 +570,16 @@ def validate_driver_certificates(
                 )
             )
         problems += _check_leaf(cert_field, cert, name, cas, now, cn_fallback_ok=cn_ok)
+        node_side_rejects = separate and node_cas and not _signed_by_any(cert, node_cas)
+        if cert_field == "registryCert" and node_side_rejects:
+            problems.append(
+                CertProblem(
+                    "caCert",
+                    "CAMismatch",
+                    "registryCert: certificate is not signed by any CA in the node side's "
+                    "ca.crt, so the node drivers reject the registry",
+                )
+            )
 
     if handshake and not any(p.severity == "error" for p in problems):
         reg_key, node_key = loaded.get("registryKey"), loaded.get("nodeControllerKey")
@@ -514,6 +590,7 @@ def validate_driver_certificates(
             node_controller_cert,
             node_controller_key,
             loaded_keys=(reg_key, node_key) if reg_key and node_key else None,
+            client_ca_cert=node_ca_cert if separate else None,
         )
     return problems
 
@@ -634,8 +711,12 @@ def check_mutual_tls(
     node_controller_key: str,
     *,
     loaded_keys: tuple[PrivateKeyTypes, PrivateKeyTypes] | None = None,
+    client_ca_cert: str | None = None,
 ) -> list[CertProblem]:
     """Run a real TLS handshake between registry (server) and node controller (client).
+
+    ``client_ca_cert`` is what the node controller trusts when it is not ``ca_cert`` (the
+    registry's): two Secrets of adjacent generations during a CA change.
 
     Both ends live in this process and exchange bytes through ``ssl.MemoryBIO`` buffers, so
     no socket, thread or timeout is involved; a round limit stops a stuck exchange. Each side
@@ -657,7 +738,11 @@ def check_mutual_tls(
         return [_handshake_problem("registryCert", "cannot load registry certificate/key", e)]
     try:
         client_ctx = _context(
-            ssl.PROTOCOL_TLS_CLIENT, ca_cert, node_controller_cert, node_controller_key, node_key
+            ssl.PROTOCOL_TLS_CLIENT,
+            client_ca_cert or ca_cert,
+            node_controller_cert,
+            node_controller_key,
+            node_key,
         )
     except (ssl.SSLError, ValueError, TypeError) as e:
         return [

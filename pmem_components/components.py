@@ -27,7 +27,7 @@ from pmem_components.config import (
 )
 from pmem_components.manifests import bundle
 from pmem_components.manifests.crd import load_crd
-from pmem_components.patches import PatchError, PatchSet
+from pmem_components.patches import DIGEST_KINDS, PatchError, PatchSet
 
 TYPE_PREFIX = "pmem-csi:index:"
 COMPONENT_TYPE = f"{TYPE_PREFIX}PmemCsiDeployment"
@@ -115,15 +115,20 @@ class NodeDriver(pulumi.ComponentResource):
 
 
 def _certificates(
-    name: str, cfg: DeploymentConfig, opts: pulumi.ResourceOptions
+    name: str,
+    cfg: DeploymentConfig,
+    opts: pulumi.ResourceOptions,
+    running_fingerprints: Sequence[str] | None = None,
 ) -> bundle.CertificateValues:
     """The configured certificates, or a set generated once and kept in Pulumi state.
 
-    Generated sets are renewed by ``pulumi up`` once they expire within
-    ``certificates.renewBeforeDays`` and replaced when ``certificates.rotation`` changes.
-    The fingerprint of the public certificates goes into the pod templates, so any change of
-    certificate material (renewal, rotation, provided <-> generated) rolls the driver pods
-    and no pod keeps running with certificates its peers no longer trust.
+    Generated sets are renewed in place by ``pulumi up`` once they expire within
+    ``certificates.renewBeforeDays``; a change of ``certificates.rotation`` (or a CA near
+    expiry) changes the CA in three stages (:mod:`pmem_components.cert_resource`), each
+    taken once ``running_fingerprints`` (the driver pods' fingerprints, read from the
+    cluster) show that every pod runs the previous one. The fingerprint of the public
+    certificates goes into the pod templates, so any change of certificate material
+    (renewal, each stage, provided <-> generated) rolls the driver pods.
     """
     c = cfg.certificates
     provided = (
@@ -143,6 +148,7 @@ def _certificates(
         rotation=str(c.rotation),
         renew_within_days=c.renew_before_days,
         validity_days=c.validity_days,
+        running_fingerprints=running_fingerprints,
         opts=opts,
     )
     fingerprint = pulumi.Output.all(certs.ca_cert, certs.registry_cert, certs.node_controller_cert)
@@ -160,10 +166,14 @@ def check_patches(cfg: DeploymentConfig, index: int) -> list[str]:
     """Problems of the deployment's patches against its objects (nothing is registered)."""
     if not cfg.patches:
         return []
+    objects = bundle.build_deployment_objects(cfg).all()
+    for obj in objects:
+        if obj.get("kind") in DIGEST_KINDS:
+            # As registration stamps them (PmemCsiDeployment): the dry run then refuses a
+            # patch that removes or changes the digest (patches.fixed_field_changes).
+            _annotate(obj, {names.SPEC_DIGEST_ANNOTATION: "<spec digest>"})
     try:
-        PatchSet.for_deployment(index, cfg.patches).dry_run(
-            bundle.build_deployment_objects(cfg).all()
-        )
+        PatchSet.for_deployment(index, cfg.patches).dry_run(objects)
     except PatchError as e:
         lines = [line.strip() for line in str(e).splitlines()]
         return lines[1:] if len(lines) > 1 else lines
@@ -210,6 +220,10 @@ class PmemCsiDeploymentArgs:
     # ownership policy entries (pmem_components.fieldowners), on top of the built-in ones.
     take_over_fields: bool = False
     allowed_field_owners: Sequence[Any] = ()
+    # The certificate fingerprints (bundle.CERTIFICATES_HASH_ANNOTATION) of the driver pods
+    # running now, e.g. from pmem_components.certrollout; None: not known. A generated set's
+    # CA change moves to its next stage only when every running pod has the current one.
+    running_certificates: Sequence[str] | None = None
 
 
 def default_provider_settings() -> Any:
@@ -222,8 +236,12 @@ def default_provider_settings() -> Any:
 
 
 def stack_id() -> str:
-    """``<project>/<stack>``: the value of ``names.STACK_ANNOTATION`` on what this stack owns."""
-    return f"{pulumi.get_project()}/{pulumi.get_stack()}"
+    """``<organization>/<project>/<stack>``: the value of ``names.STACK_ANNOTATION`` on what
+    this stack owns. It names the owner; what proves ownership is the stack's state (see
+    :mod:`pmem_components.identity`: same-named stacks exist on other backends)."""
+    from pmem_components import identity
+
+    return identity.identity(pulumi.get_organization(), pulumi.get_project(), pulumi.get_stack())
 
 
 def _urn(types: Sequence[str], name: str) -> str:
@@ -312,7 +330,8 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         if take_over is not None:
             take_over.source.provider = self.get_provider("kubernetes:core/v1:Secret")
             hook = pulumi.ResourceHook(f"pmem-csi-take-over-{name}", take_over.before_update)
-            hooks = pulumi.ResourceHookBinding(before_update=[hook])
+            adopted = pulumi.ResourceHook(f"pmem-csi-adopted-{name}", take_over.after_create)
+            hooks = pulumi.ResourceHookBinding(before_update=[hook], after_create=[adopted])
         self.namespace = cfg.namespace
         self.object_names = bundle.object_names(cfg)
         prefix = "" if name == cfg.name else f"{name}:"
@@ -329,6 +348,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             f"{prefix}{h}-certificates",
             cfg,
             sub_opts(cert_resource.COMPONENT_TYPE, "-certificates"),
+            args.running_certificates,
         )
         create_ns = cfg.create_namespace and args.namespace is None
         objs = bundle.build_deployment_objects(cfg, certs, create_namespace=create_ns)
@@ -362,7 +382,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             final_cr = patched if patched is not None else final_cr
         digest = names.spec_digest(final_cr.get("spec") or {})
         for workload in (*objs.controller, *objs.node):
-            if workload["kind"] in ("StatefulSet", "DaemonSet"):
+            if workload["kind"] in DIGEST_KINDS:
                 # Deleted only once its pods are gone: a reinstall (delete before replace)
                 # then never overlaps two drivers on a node.
                 _annotate(

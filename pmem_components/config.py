@@ -54,8 +54,9 @@ DEFAULT_MEMORY = "250Mi"
 DEFAULT_NODE_SELECTOR: dict[str, str] = {"storage": "pmem"}
 
 # The status reporter is this project's replacement for the operator's status updates. It has
-# no default image: no public one exists; `make image` builds it and README.md says how to push
-# it. Without ``reporter.image`` the reporter is not deployed (see ``Reporter``).
+# no default image: no public one exists; `make image` builds it and docs/reporter.md ("The
+# reporter image") says how to push it. Without ``reporter.image`` the reporter is not
+# deployed (see ``Reporter``).
 DEFAULT_REPORTER_REPLICAS = 2
 DEFAULT_REPORTER_LOG_LEVEL = 3
 
@@ -82,7 +83,7 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_QUANTITY = re.compile(
+QUANTITY = re.compile(
     r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(\d+(\.\d*)?|\.\d+)))?$"
 )
 
@@ -168,8 +169,9 @@ class Certificates(_Model):
     registry_key: str | None = Field(default=None, repr=False)
     node_controller_cert: str | None = None
     node_controller_key: str | None = Field(default=None, repr=False)
-    # Generated sets only: lifetime, renewal lead time (0 = never renew) and a free-form value
-    # whose change replaces the set (explicit rotation).
+    # Generated sets only: the leaves' lifetime (the CA lives certs.CA_LIFETIME_FACTOR times as
+    # long), renewal lead time (0 = never renew) and a free-form value whose change starts a
+    # CA change (explicit rotation, staged: pmem_components.cert_resource).
     validity_days: int = Field(default=DEFAULT_VALIDITY_DAYS, ge=1, le=3650)
     renew_before_days: int = Field(default=DEFAULT_RENEW_BEFORE_DAYS, ge=0, le=3650)
     rotation: str | int = ""
@@ -263,7 +265,7 @@ class DeploymentConfig(_Model):
     certificates: Certificates = Field(default_factory=Certificates)
     patches: list[Patch] = Field(default_factory=list)
     reporter: Reporter = Field(default_factory=Reporter)
-    # Day-2 safety switches; see README "Day-2 operations". All default to the safe choice.
+    # Day-2 safety switches; see docs/day2.md. All default to the safe choice.
     adopt_namespace: bool = False
     adopt_existing: bool = False
     allow_reinstall: bool = False
@@ -310,13 +312,58 @@ class StackConfig(_Model):
     # Read the cluster before registering anything (adoption, renames, operator migration).
     preflight: bool = True
     # On `pulumi up`, take over fields of the deployments' objects that other field managers
-    # own, so the declared state wins (pmem_components/takeover.py; README: "Changed behind
-    # Pulumi's back"). False leaves such fields to their owners (and `up` may then fail with
+    # own, so the declared state wins (pmem_components/takeover.py; docs/day2.md: "Changed
+    # behind Pulumi's back"). False leaves such fields to their owners (and `up` may then fail with
     # a server-side apply conflict).
     take_over_fields: bool = True
     # What other field managers may own without it being drift, on top of the built-in
     # entries (pmem_components/fieldowners.py): `[{manager, paths, reason}]`.
     allowed_field_owners: tuple[fieldowners.Allowance, ...] = ()
+    # Objects carrying a pmem-csi-pulumi stack's identity that this stack's state does not
+    # hold (retained by an earlier stack of this name, or another stack's), which this stack
+    # takes over: True for all of them, or refs as the preflight names them
+    # ("Namespace <name>", "Deployment <driver name>": the CR and the deployment's objects).
+    # See pmem_components/identity.py.
+    adopt: bool | tuple[str, ...] = False
+
+    def adopts(self, ref: str) -> bool:
+        """Whether the administrator consented to adopting ``ref`` (``pmem-csi:adopt``)."""
+        return self.adopt is True or (isinstance(self.adopt, tuple) and ref in self.adopt)
+
+
+# The kinds `pmem-csi:adopt` names: what carries the stack annotation.
+ADOPT_KINDS = ("Namespace", "Deployment")
+
+
+def parse_adopt(raw: Any, key: str) -> tuple[bool | tuple[str, ...], list[str]]:
+    """``pmem-csi:adopt``: true, false, or a list of refs ``"<Kind> <name>"``; the problems
+    name ``key`` and the entry."""
+    if raw is None:
+        return False, []
+    if isinstance(raw, bool):
+        return raw, []
+    if isinstance(raw, str) and raw.lower() in ("true", "false"):
+        return raw.lower() == "true", []
+    if not isinstance(raw, list):
+        return False, [
+            f"{key}: must be true or a list of objects such as \"Namespace pmem-csi\" or "
+            f"\"Deployment pmem-csi.intel.com\" (got {_show(raw)})"
+        ]
+    refs: list[str] = []
+    problems: list[str] = []
+    for i, item in enumerate(raw):
+        where = f"{key}[{i}]"
+        kind, _, name = item.partition(" ") if isinstance(item, str) else ("", "", "")
+        if kind not in ADOPT_KINDS or not name:
+            problems.append(
+                f"{where}: must be \"<Kind> <name>\" with Kind one of "
+                f"{', '.join(ADOPT_KINDS)}, as the preflight names the object (got {_show(item)})"
+            )
+        elif not (_DNS_LABEL if kind == "Namespace" else _DNS_SUBDOMAIN).match(name):
+            problems.append(f"{where}: {name!r} is not a valid {kind} name")
+        else:
+            refs.append(f"{kind} {name}")
+    return tuple(refs), problems
 
 
 # Top-level keys of the config namespace that load_config knows.
@@ -328,6 +375,7 @@ STACK_KEYS = (
     "preflight",
     "takeOverFields",
     "allowedFieldOwners",
+    "adopt",
 )
 
 
@@ -336,12 +384,21 @@ STACK_KEYS = (
 
 def key_path(loc: Iterable[str | int]) -> str:
     """``('deployments', 0, 'labels', 'a/b')`` -> ``pmem-csi:deployments[0].labels["a/b"]``."""
-    out = f"{CONFIG_NAMESPACE}:"
-    first = True
+    return f"{CONFIG_NAMESPACE}:" + sub_path(loc, first=True)
+
+
+def sub_path(loc: Iterable[str | int], *, first: bool = False) -> str:
+    """``(0, 'nodeSelector', 'interrupt-gate')`` -> ``[0].nodeSelector.interrupt-gate``.
+
+    The syntax of ``pulumi config set --path``, so that a message's key can be pasted there:
+    plain names (hyphens included, as in ``a.interrupt-gate``), ``[i]`` for list items and
+    ``["..."]`` for keys with dots, slashes or other characters the path syntax reserves.
+    """
+    out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", part):
             out += part if first else f".{part}"
         else:
             out += f'["{part}"]'
@@ -358,6 +415,22 @@ def _show(value: Any) -> str:
         return "true" if value else "false"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def string_fix(key: str, value: Any, *, exact: bool = True, secret: bool = False) -> str:
+    """How to store ``value`` (a number or boolean) under ``key`` as the string it should be.
+
+    ``pulumi config set --path`` stores ``253578`` as a number and ``true`` as a boolean, and
+    so does YAML; turning them into strings here would be lossy (``true`` is not "True", a
+    YAML ``1.50`` is not "1.50"), so the value is refused and the message says how to write
+    it. ``exact``: ``key`` is the value's own key, so the command can name it.
+    """
+    text = "<value>" if secret else _show(value)
+    hint = "quote it" + ("" if secret else f' ("{text}")') + " in Pulumi.<stack>.yaml"
+    if exact:
+        # "--": a negative number would be read as an option ("unknown shorthand flag").
+        hint += f", or set it with pulumi config set --type string --path '{key}' -- {text}"
+    return hint
 
 
 def _quiet(loc: Sequence[str | int]) -> bool:
@@ -397,15 +470,48 @@ def _describe(err: Mapping[str, Any]) -> str:
     return f"{err.get('msg', 'is invalid')}{got}"
 
 
-def _pydantic_problems(exc: ValidationError, prefix: tuple[str | int, ...]) -> list[str]:
+def _real_loc(loc: Sequence[Any], data: Any) -> tuple[tuple[str | int, ...], set[str]]:
+    """``loc`` without the union members' tags ("str", "int") pydantic adds to it, and the
+    tags. Walked along ``data`` (the validated input), so that a key named "str" is kept.
+    """
+    out: list[str | int] = []
+    tags: set[str] = set()
+    node = data
+    for part in loc:
+        in_map = isinstance(node, Mapping) and part in node
+        if in_map or (isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)):
+            node = node[part]
+        elif part in ("str", "int", "function-after[...]"):
+            tags.add(part)
+            continue
+        else:
+            node = None  # past the input (a model's default): keep the rest as it is
+        out.append(part)
+    return tuple(out), tags
+
+
+def _pydantic_problems(
+    exc: ValidationError, prefix: tuple[str | int, ...], data: Any = None
+) -> list[str]:
     # One line per key: a value that fits no member of a union ("str | int") fails once per
     # member; those become one "must be a string or an integer" line, not two problems.
     by_key: dict[str, list[str]] = {}
     for err in exc.errors(include_url=False):
         # Union members add their type name to loc ("str", "int"); drop those.
-        loc = tuple(p for p in err["loc"] if p not in ("str", "int", "function-after[...]"))
+        loc, tags = _real_loc(err["loc"], data)
         described = _describe(err)
-        texts = by_key.setdefault(key_path(prefix + loc), [])
+        key = key_path(prefix + loc)
+        value = err.get("input")
+        # A number or a boolean where only a string will do (not a "str | int" member):
+        # `pulumi config set --path` stored it so; say how to store a string instead.
+        if (
+            err["type"] == "string_type"
+            and "str" not in tags
+            and isinstance(value, int | float)
+            and not _quiet(loc)
+        ):
+            described += "; " + string_fix(key, value)
+        texts = by_key.setdefault(key, [])
         if described not in texts:
             texts.append(described)
     return [f"{key}: {_join_alternatives(texts)}" for key, texts in by_key.items()]
@@ -454,7 +560,7 @@ def _check_resources(res: Any, path: tuple[str | int, ...], problems: list[str])
         for key, value in _dict_or_empty(_dict_or_empty(res).get(part)).items():
             # pydantic takes true for 1; as a quantity it would reach the cluster as "True".
             if isinstance(value, bool) or (
-                isinstance(value, str | int) and not _QUANTITY.match(str(value))
+                isinstance(value, str | int) and not QUANTITY.match(str(value))
             ):
                 problems.append(
                     f"{key_path((*path, part, key))}: is not a Kubernetes quantity "
@@ -564,8 +670,8 @@ def _check_reporter(reporter: Any, path: tuple[str | int, ...], problems: list[s
     if reporter.get("enabled") is True and reporter.get("image") is None:
         problems.append(
             f"{key_path((*path, 'image'))}: is required when reporter.enabled is true: there is "
-            "no public reporter image; build it with `make image`, push it (see README.md) and "
-            "set its name here, or leave enabled unset"
+            "no public reporter image; build it with `make image`, push it (see docs/reporter.md, "
+            "The reporter image) and set its name here, or leave enabled unset"
         )
 
 
@@ -742,7 +848,7 @@ def load_config(
             try:
                 model = DeploymentConfig.model_validate(dep)
             except ValidationError as exc:
-                dep_problems = _pydantic_problems(exc, path) + dep_problems
+                dep_problems = _pydantic_problems(exc, path, dep) + dep_problems
             else:
                 parsed.append(model)
                 if check_certificates and not dep_problems:
@@ -757,17 +863,19 @@ def load_config(
         raw.get("allowedFieldOwners"), key_path(("allowedFieldOwners",))
     )
     problems.extend(allowed_problems)
-    separate = ("deployments", "allowedFieldOwners")
+    adopt, adopt_problems = parse_adopt(raw.get("adopt"), key_path(("adopt",)))
+    problems.extend(adopt_problems)
+    separate = ("deployments", "allowedFieldOwners", "adopt")
     top = {k: raw[k] for k in STACK_KEYS if k in raw and k not in separate}
     stack: StackConfig | None = None
     try:
         stack = StackConfig.model_validate({**top, "deployments": []})
     except ValidationError as exc:
-        problems.extend(_pydantic_problems(exc, ()))
+        problems.extend(_pydantic_problems(exc, (), {**top, "deployments": []}))
 
     if problems:
         raise ConfigError(problems)
     assert stack is not None
     return stack.model_copy(
-        update={"deployments": parsed, "allowed_field_owners": tuple(allowed)}
+        update={"deployments": parsed, "allowed_field_owners": tuple(allowed), "adopt": adopt}
     )

@@ -112,9 +112,10 @@ class DeploymentNames:
 
 
 # Annotation on the objects a stack owns at stack level (Namespaces) and on the Deployment CR:
-# which Pulumi stack (``<project>/<stack>``) manages them. The program's preflight reads it to
-# tell "created by this stack" from "someone else's" (adoption must be explicit) and to find
-# this stack's previous deployments in the cluster (renames, namespace and device mode changes).
+# which Pulumi stack (``<organization>/<project>/<stack>``; ``<project>/<stack>`` before the
+# organization was added) manages them. It names the owner in the preflight's messages; what
+# makes an object this stack's is that the stack's own state holds it (a same-named stack can
+# run on another backend, or follow a removed one: pmem_components/identity.py).
 STACK_ANNOTATION = "pmem-csi.intel.com/pulumi-stack"
 
 # Upper bounds Kubernetes puts on what the controllers derive from our names.

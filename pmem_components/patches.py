@@ -23,6 +23,7 @@ a property that held a secret before patching is secret after it.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,12 @@ import jsonpatch
 import pulumi
 from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret, wrap_rpc_secret
 
+from pmem_components import patchtypes
+from pmem_components.names import SPEC_DIGEST_ANNOTATION
+
 DEFAULT_WHERE = "pmem-csi:patches"
+# The workloads the program stamps with ``names.SPEC_DIGEST_ANNOTATION`` (components.py).
+DIGEST_KINDS = ("StatefulSet", "DaemonSet")
 
 
 class PatchError(ValueError):
@@ -152,6 +158,105 @@ def _describe(err: Exception) -> str:
     return text[:200]
 
 
+# A replayed step: (entry, operation index or None, the mismatches after it).
+Step = tuple[PatchEntry | None, int | None, list[patchtypes.Mismatch]]
+
+
+def _steps(obj: Mapping[str, Any], entries: Sequence[PatchEntry]) -> list[Step]:
+    """The mismatches of ``obj`` and after each entry (each operation of a JSON patch):
+    (entry, operation index or None, mismatches after it); the first is (None, None, ...)."""
+    out: list[Step] = [(None, None, patchtypes.mismatches(obj))]
+    current: Any = obj
+    for entry in entries:
+        if entry.merge_patch is not None:
+            current = merge_patch(current, entry.merge_patch)
+            out.append((entry, None, patchtypes.mismatches(current)))
+            continue
+        current = _plain_copy(current)
+        for k, op in enumerate(entry.json_patch or []):
+            current = jsonpatch.JsonPatch([copy.deepcopy(op)]).apply(current, in_place=True)
+            out.append((entry, k, patchtypes.mismatches(current)))
+    return out
+
+
+def _blame(
+    obj: Mapping[str, Any], entries: Sequence[PatchEntry], final: list[patchtypes.Mismatch]
+) -> list[tuple[patchtypes.Mismatch, patchtypes.Source]]:
+    """Each mismatch of the final object with the entry (operation) that wrote its value.
+
+    A later patch may shift list items (an insert or a remove before them), so a value is
+    followed by its :func:`patchtypes.shape` (path without list indices, type, value), not by
+    its path: it was written by the step after which one more mismatch of that shape exists
+    than before. Mismatches the builders' output had already are not the patches' (a unit
+    test says there are none).
+    """
+    steps = _steps(obj, entries)
+    counts = [Counter(patchtypes.shape(m) for m in ms) for _e, _k, ms in steps]
+    out: list[tuple[patchtypes.Mismatch, patchtypes.Source]] = []
+    groups: dict[tuple[Any, ...], list[patchtypes.Mismatch]] = {}
+    for m in final:
+        groups.setdefault(patchtypes.shape(m), []).append(m)
+    for sh, members in groups.items():
+        intros = [
+            s
+            for s in range(1, len(steps))
+            for _ in range(counts[s][sh] - counts[s - 1][sh])
+        ]
+        # The newest writes are the ones that survive; fewer than the members: the rest
+        # were there before any patch.
+        intros = intros[-len(members) :]
+        for m, s in zip(members[len(members) - len(intros) :], intros, strict=True):
+            out.append((m, _step_source(steps, counts, s, sh)))
+    return sorted(out, key=lambda pair: final.index(pair[0]))
+
+
+def _step_source(
+    steps: Sequence[Step], counts: Sequence[Counter[Any]], s: int, sh: tuple[Any, ...]
+) -> patchtypes.Source:
+    """Where step ``s`` (an entry, or operation of one) wrote the value of shape ``sh``.
+
+    A copied (moved) value names the operation, where it was copied from and, when a patch
+    wrote the value there, that patch's key (the one to fix).
+    """
+    entry, k, after = steps[s]
+    assert entry is not None
+    old = {m.path for m in steps[s - 1][2] if patchtypes.shape(m) == sh}
+    cands = [m for m in after if patchtypes.shape(m) == sh]
+    cands = [m for m in cands if m.path not in old] or cands
+    found: list[tuple[patchtypes.Source, patchtypes.Mismatch]] = []
+    for m in cands:
+        if k is None:
+            src = patchtypes.merge_source(entry.label, entry.merge_patch or {}, m.path)
+        else:
+            src = patchtypes.op_source(entry.label, k, (entry.json_patch or [])[k], m.path)
+        if src is not None:
+            found.append((src, m))
+    if not found:
+        return patchtypes.Source(
+            entry.label if k is None else f"{entry.label}.jsonPatch[{k}]",
+            False,
+            "the value came from an earlier patch",
+        )
+    src, m = next((f for f in found if f[0].exact), found[0])
+    if k is None or src.exact:
+        return src
+    op = (entry.json_patch or [])[k]
+    if op.get("op") not in ("copy", "move"):
+        return src
+    # The value where it was copied from, in the object before this operation.
+    rest = [str(p) for p in m.path[len(patchtypes.pointer(str(op.get("path", "")))) :]]
+    origin = patchtypes.pointer(str(op.get("from", ""))) + rest
+    there = next((x for x in steps[s - 1][2] if [str(p) for p in x.path] == origin), None)
+    if there is None:
+        return src
+    sh2 = patchtypes.shape(there)
+    wrote = [t for t in range(1, s) if counts[t][sh2] > counts[t - 1][sh2]]
+    if not wrote:
+        return src
+    by = _step_source(steps, counts, wrote[-1], sh2)
+    return patchtypes.Source(src.key, False, f"{src.note}, where {by.key} wrote it")
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7396 JSON merge patch; returns a new value and shares nothing with ``patch``.
 
@@ -193,6 +298,15 @@ def fixed_field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> 
     ]
     if before.get("kind") not in WORKLOAD_KINDS:
         return problems
+    digest_path = ("metadata", "annotations", SPEC_DIGEST_ANNOTATION)
+    if before.get("kind") in DIGEST_KINDS and _at(before, digest_path) != _at(after, digest_path):
+        # The reporter tells by it which CR spec a workload has rolled out: without it
+        # Running came too early, with another value never (review of issue 16).
+        problems.append(
+            f"metadata.annotations[{SPEC_DIGEST_ANNOTATION}] cannot be patched "
+            f"({_at(before, digest_path)!r} -> {_at(after, digest_path)!r}): the status "
+            "reporter reads it to tell which spec the workload has rolled out"
+        )
     selector = _at(after, ("spec", "selector"))
     if selector != _at(before, ("spec", "selector")):
         problems.append(f"spec.selector cannot be patched on a {before.get('kind')} (immutable)")
@@ -337,23 +451,49 @@ class PatchSet:
                     f"{entry.label}: kind {entry.kind!r} selects objects of several "
                     f"apiVersions ({', '.join(versions)}); add apiVersion to choose"
                 )
+        # A wrong type in an entry that selects several objects is one mistake: one line.
+        typed: dict[tuple[patchtypes.Source, patchtypes.Mismatch, bool], list[str]] = {}
         for obj in objs:
-            current: Mapping[str, Any] = obj
-            kind = kind_of("", obj)
-            for entry in self.entries:
-                if entry.selects(kind, current):
-                    try:
-                        before, current = current, entry.apply(current)
-                    except PatchError as e:
-                        problems.append(str(e))
-                        break
-                    problems += [
-                        f"{entry.label}: {p}" for p in fixed_field_changes(before, current)
-                    ]
+            found, mismatched = self._object_problems(obj)
+            problems += found
+            for src, m, secret in mismatched:
+                typed.setdefault((src, m, secret), []).append(patchtypes.object_ref(obj))
+        problems += [
+            patchtypes.problem(src, ", ".join(refs), m, secret)
+            for (src, m, secret), refs in typed.items()
+        ]
         if problems:
             # One line per mistake, not per object it hits (an entry may select several).
             problems = list(dict.fromkeys(problems))
             raise PatchError("patches cannot be applied:\n  " + "\n  ".join(problems))
+
+    def _object_problems(
+        self, obj: Mapping[str, Any]
+    ) -> tuple[list[str], list[tuple[patchtypes.Source, patchtypes.Mismatch, bool]]]:
+        """What the entries selecting ``obj`` do wrong to it: failed applies and changed fixed
+        fields (as lines), values of the wrong type (:mod:`pmem_components.patchtypes`) as
+        (where the value was written, mismatch, object is a Secret).
+
+        Only the final object's types are checked (a later entry may repair a value). Only
+        when something is wrong are the entries replayed, see :meth:`_blame`.
+        """
+        problems: list[str] = []
+        current: Mapping[str, Any] = obj
+        kind = kind_of("", obj)
+        applied: list[PatchEntry] = []
+        for entry in self.entries:
+            if not entry.selects(kind, current):
+                continue
+            try:
+                before, current = current, entry.apply(current)
+            except PatchError as e:
+                return [*problems, str(e)], []
+            applied.append(entry)
+            problems += [f"{entry.label}: {p}" for p in fixed_field_changes(before, current)]
+        final = patchtypes.mismatches(current) if applied else []
+        if not final:
+            return problems, []
+        return problems, [(src, m, kind == "Secret") for m, src in _blame(obj, applied, final)]
 
     # -- during registration ----------------------------------------------------------------
 

@@ -1,15 +1,24 @@
 """Preflight: read the cluster before registering anything, and refuse unsafe day-2 changes.
 
-Why the cluster and not the previous stack outputs: an inline or CLI program cannot read its
-own last checkpoint synchronously (a ``StackReference`` to itself resolves only as an Output,
-after registration has begun, and needs a backend that serves it), and the state can be lost
-or belong to another stack. The cluster is what the change would act on: the ``Deployment``
+Why the cluster and not the previous stack outputs: the state can be lost (``pulumi stack
+rm``), stale (objects changed by hand) or another stack's; the cluster is what the change would
+act on. The state answers one question only, read synchronously before registration with the
+engine's ``readStackResourceOutputs`` invoke (:mod:`pmem_components.identity`; a
+``StackReference`` to itself would resolve only as an Output, after registration has begun):
+which of the annotated objects are this stack's. The ``Deployment``
 CRs record, per driver, its namespace and device mode, and carry ``names.STACK_ANNOTATION``
-naming the stack that owns them; objects show who created them (labels, ownerReferences).
+naming the stack that owns them (the stack's own state, read with the engine's
+``readStackResourceOutputs``, tells whether that is this stack or a same-named one);
+objects show who created them (labels, ownerReferences).
 So this module answers, before anything changes:
 
 * Is a namespace the stack would create already there and not ours? Adoption is explicit
   (``adoptNamespace``), or the administrator uses it as it is (``createNamespace: false``).
+* Whose are the namespaces and ``Deployment`` CRs that carry a stack's identity? This
+  stack's when its own state holds them (:mod:`pmem_components.identity`), whatever the
+  annotation says; one the state does not hold (retained by an earlier stack of this name,
+  or managed by a same-named stack on another backend, or by another stack) is refused,
+  naming it and the identity it carries, until ``pmem-csi:adopt`` names it.
 * Does a configured deployment move namespace, change its device mode, or replace another
   deployment of this stack (a rename)? Each is refused with the reason and the flag that
   allows it (``allowReinstall``, ``allowDeviceModeChange``, ``renamedFrom``); an allowed move
@@ -47,13 +56,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pmem_components import kubecall, names
+from pmem_components import identity, kubecall, names
 from pmem_components.awaiting import SKIP_AWAIT_ANNOTATION
 from pmem_components.config import DEVICE_MODE_ALIASES, DeploymentConfig, StackConfig, key_path
 from pmem_components.manifests import bundle
 
 OPERATOR_GROUP = names.CRD_GROUP
-RUNBOOK = "see README, Day-2 operations: migrate from the operator"
+RUNBOOK = "see docs/day2.md: migrate from the PMEM-CSI operator"
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,10 @@ class ObservedObject:
     annotations: Mapping[str, str] = field(default_factory=dict)
     owners: tuple[tuple[str, str, str], ...] = ()  # (apiVersion, kind, name)
     spec: Mapping[str, Any] = field(default_factory=dict)
+    uid: str = ""
+    api_version: str = ""
+    # The Pulumi managers with an apply entry on the object itself (managedFields).
+    pulumi_managers: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -92,6 +105,21 @@ class ObservedObject:
     @property
     def ours(self) -> bool:
         return self.labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY
+
+    @property
+    def key(self) -> identity.ObjectKey:
+        """Its key in the stack's state (:class:`pmem_components.identity.StackState`)."""
+        api_version = self.api_version or _API_VERSIONS.get(self.kind, "v1")
+        return identity.object_key(api_version, self.kind, self.namespace, self.name)
+
+    @property
+    def stack_owner(self) -> str | None:
+        """The stack identity it is annotated with (``names.STACK_ANNOTATION``)."""
+        return self.annotations.get(names.STACK_ANNOTATION)
+
+
+# The API version of the kinds the preflight judges by ownership, when not observed.
+_API_VERSIONS = {names.CRD_KIND: f"{names.CRD_GROUP}/{names.CRD_STORAGE_VERSION}"}
 
 
 @dataclass(frozen=True)
@@ -129,6 +157,12 @@ class Plan:
     # them creates it any more: the program registers them once more, kept on delete and no
     # longer annotated as the stack's, so that leaving the stack never deletes them.
     keep_namespaces: set[str] = field(default_factory=set)
+    # Per deployment index: the certificate fingerprints of its running driver pods
+    # (pmem_components.certrollout, read by program.preflight); None: not read.
+    running_certificates: dict[int, list[str]] | None = None
+    # Objects another (or an earlier) stack made that this update takes over because
+    # pmem-csi:adopt names them ("Namespace <name>", "Deployment <name>").
+    adopted: list[str] = field(default_factory=list)
 
 
 # Where each kind names its CSI driver.
@@ -195,8 +229,20 @@ def _listing(objs: list[ObservedObject], most: int = 5) -> str:
     return text + (f" and {len(ordered) - most} more" if len(ordered) > most else "")
 
 
-def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
-    """Problems (by config key) and allowed moves for applying ``stack`` to the cluster."""
+def plan(
+    stack: StackConfig,
+    observed: Observed,
+    stack_id: str,
+    state: identity.StackState | None = None,
+) -> Plan:
+    """Problems (by config key) and allowed moves for applying ``stack`` to the cluster.
+
+    ``state``: the Kubernetes objects this stack's state holds (:mod:`pmem_components.
+    identity`). With it, a namespace or CR is this stack's when the state holds it; one a
+    pmem-csi-pulumi stack made that the state does not hold is adopted only when
+    ``pmem-csi:adopt`` names it. Without it (library use, old callers) the annotation
+    decides, as before the state was read.
+    """
     out = Plan()
     deps = stack.deployments
     configured = {d.name for d in deps}
@@ -206,45 +252,76 @@ def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
         live = observed.namespaces.get(ns)
         if live is None:
             continue
-        owner = live.annotations.get(names.STACK_ANNOTATION)
+        owner = live.stack_owner
         i = next(i for i, d in enumerate(deps) if d.namespace == ns and d.create_namespace)
-        if owner == stack_id or (owner is None and live.ours):
+        key = key_path(("deployments", i, "createNamespace"))
+        if state is not None:
+            if state.holds(live.key, live.uid):
+                problem = _taken_away(stack, out, live, state, key)
+                if problem:
+                    out.problems.append(problem)
+                continue  # this stack's, whatever its annotation says (an older form)
+            if owner is not None or live.ours:
+                problem = _unheld(stack, out, live, stack_id, key, "createNamespace: false")
+                if problem:
+                    out.problems.append(problem)
+                continue
+        elif identity.names_this_stack(owner, stack_id) or (owner is None and live.ours):
             continue  # created by this stack (or by this program before stack annotations)
         if owner is not None:
             out.problems.append(
-                f"{key_path(('deployments', i, 'createNamespace'))}: namespace {ns!r} is "
+                f"{key}: namespace {ns!r} is "
                 f"managed by stack {owner!r}; set createNamespace: false to deploy into it "
                 "without managing it"
             )
         elif not any(d.adopt_namespace for d in deps if d.namespace == ns):
             out.problems.append(
-                f"{key_path(('deployments', i, 'createNamespace'))}: namespace {ns!r} "
+                f"{key}: namespace {ns!r} "
                 "already exists and was not created by this stack; set "
                 f"{key_path(('deployments', i, 'adoptNamespace'))}: true to manage it from now "
                 "on (it is kept on destroy unless pmem-csi:retainNamespaces is false), or "
                 "createNamespace: false to use it as it is"
             )
 
-    # This stack's deployments as the cluster records them.
-    # CRs made by this program before it annotated them count as this stack's.
-    mine = {
-        name: cr
-        for name, cr in observed.crs.items()
-        if cr.annotations.get(names.STACK_ANNOTATION, stack_id if cr.ours else None) == stack_id
-    }
+    # This stack's deployments as the cluster records them: the CRs its state holds (without
+    # the state, e.g. in library use: by annotation; CRs made by this program before it
+    # annotated them count as this stack's).
+    def is_mine(cr: ObservedObject) -> bool:
+        if state is not None:
+            return state.holds(cr.key, cr.uid)
+        owner = cr.stack_owner
+        return identity.names_this_stack(owner, stack_id) or (owner is None and cr.ours)
+
+    mine = {name: cr for name, cr in observed.crs.items() if is_mine(cr)}
+    if state is not None:
+        for i, d in enumerate(deps):
+            cr = mine.get(d.name)
+            taken = cr and _taken_away(stack, out, cr, state, key_path(("deployments", i, "name")))
+            if taken:
+                out.problems.append(taken)
     renamed = {d.renamed_from for d in deps if d.renamed_from}
     for i, d in enumerate(deps):
         cr = observed.crs.get(d.name)
         if cr is not None and d.name not in mine:
-            owner = cr.annotations.get(names.STACK_ANNOTATION)
-            if owner is not None:
+            owner = cr.stack_owner
+            key = key_path(("deployments", i, "name"))
+            if state is not None and (owner is not None or cr.ours):
+                problem = _unheld(
+                    stack, out, cr, stack_id, key, "another driver name (one driver name is "
+                    "managed by one stack)"
+                )
+                if problem:
+                    out.problems.append(problem)
+                else:
+                    mine[d.name] = cr  # adopted: judged as this stack's from now on
+            elif owner is not None:
                 out.problems.append(
-                    f"{key_path(('deployments', i, 'name'))}: the Deployment CR {d.name!r} "
+                    f"{key}: the Deployment CR {d.name!r} "
                     f"belongs to stack {owner!r}; one driver name is managed by one stack"
                 )
             elif not d.adopt_existing:
                 out.problems.append(
-                    f"{key_path(('deployments', i, 'name'))}: a Deployment CR {d.name!r} exists "
+                    f"{key}: a Deployment CR {d.name!r} exists "
                     "that this stack did not create (the PMEM-CSI operator's?); to take the "
                     "deployment over, stop the operator, remove the old CR with "
                     f"`kubectl delete deployments.{names.CRD_GROUP} {d.name} --cascade=orphan` "
@@ -366,9 +443,85 @@ def plan(stack: StackConfig, observed: Observed, stack_id: str) -> Plan:
         live = observed.namespaces.get(ns)
         if ns in created or live is None:
             continue
-        if live.annotations.get(names.STACK_ANNOTATION) == stack_id:
+        if state is not None:
+            # The engine would delete it otherwise. Without any stack annotation it was
+            # released by the last update (program.deploy): this one drops it from the state.
+            if state.holds(live.key, live.uid) and live.stack_owner is not None:
+                out.keep_namespaces.add(ns)
+        elif identity.names_this_stack(live.stack_owner, stack_id):
             out.keep_namespaces.add(ns)
     return out
+
+
+def _unheld(
+    stack: StackConfig,
+    out: Plan,
+    live: ObservedObject,
+    stack_id: str,
+    key: str,
+    alternative: str,
+) -> str | None:
+    """The decision on a live object a pmem-csi-pulumi stack made that this stack's state does
+    not hold: adopted (``pmem-csi:adopt`` names it, recorded in :attr:`Plan.adopted`), or the
+    refusal naming the object, the identity it carries and the settings that resolve it."""
+    ref = adopt_ref(live)
+    if stack.adopts(ref):
+        out.adopted.append(ref)
+        return None
+    kind = "the Deployment CR" if live.kind == names.CRD_KIND else live.kind.lower()
+    what = f"{kind} {live.name!r}"
+    owner = live.stack_owner
+    if identity.names_this_stack(owner, stack_id):
+        whose = (
+            f"carries this stack's identity {owner!r} ({names.STACK_ANNOTATION}), but this "
+            "stack's state does not hold it: an earlier stack of this name kept it (pulumi "
+            "stack rm after destroy with retainNamespaces, or without destroy), or a stack "
+            "of the same name on another backend manages it"
+        )
+    elif owner is not None:
+        whose = (
+            f"is managed by stack {owner!r} ({names.STACK_ANNOTATION}), and this stack's "
+            "state does not hold it"
+        )
+    else:
+        whose = (
+            f"was made by {names.MANAGED_BY} ({names.LABEL_MANAGED_BY}) but carries no stack "
+            "identity, and this stack's state does not hold it"
+        )
+    return (
+        f"{key}: {what} {whose}. If no other stack manages it any more (or it is to move to "
+        f"this one), set pmem-csi:adopt: [\"{ref}\"] (or true) to take it over (its fields "
+        f"and field managers become this stack's); otherwise use {alternative}"
+    )
+
+
+def _taken_away(
+    stack: StackConfig, out: Plan, live: ObservedObject, state: identity.StackState, key: str
+) -> str | None:
+    """The decision on an object this stack's state holds that another stack has adopted
+    since: its Pulumi apply entry is another manager's, and this stack's (the one the state
+    records) is gone, merged away by that stack's adoption. Applying it again would make two
+    stacks fight over it; taking it back needs the same consent as any adoption."""
+    own = state.field_manager(live.key)
+    if not own or not live.pulumi_managers or own in live.pulumi_managers:
+        return None
+    ref = adopt_ref(live)
+    if stack.adopts(ref):
+        out.adopted.append(ref)
+        return None
+    kind = "the Deployment CR" if live.kind == names.CRD_KIND else live.kind.lower()
+    return (
+        f"{key}: {kind} {live.name!r} is in this stack's state, but another stack has taken "
+        f"it over since: its field manager is {', '.join(live.pulumi_managers)}, not this "
+        f"stack's {own} (a stack of the same name on another backend, or one that adopted "
+        f"it with pmem-csi:adopt). Remove it from this stack, or, if this stack is to manage "
+        f'it again, set pmem-csi:adopt: ["{ref}"] (and remove it from the other stack)'
+    )
+
+
+def adopt_ref(live: ObservedObject) -> str:
+    """How ``pmem-csi:adopt`` names an object: ``"Namespace <name>"``, ``"Deployment <name>"``."""
+    return f"{live.kind} {live.name}"
 
 
 def _device_mode_problem(
@@ -485,6 +638,15 @@ def _observed(obj: Mapping[str, Any], kind: str) -> ObservedObject:
         annotations=dict(meta.get("annotations") or {}),
         owners=owners,
         spec=dict(obj.get("spec") or {}),
+        uid=str(meta.get("uid") or ""),
+        api_version=str(obj.get("apiVersion") or ""),
+        pulumi_managers=tuple(
+            str(e.get("manager"))
+            for e in meta.get("managedFields") or []
+            if str(e.get("manager") or "").startswith("pulumi-kubernetes")
+            and e.get("operation") == "Apply"
+            and not e.get("subresource")
+        ),
     )
 
 
@@ -667,7 +829,12 @@ def patch_rejections(
     return out
 
 
-def run(stack: StackConfig, stack_id: str, api_client: Any) -> Plan:
+def run(
+    stack: StackConfig,
+    stack_id: str,
+    api_client: Any,
+    state: identity.StackState | None = None,
+) -> Plan:
     """Observe and plan; cluster errors become :class:`PreflightError` with the way out."""
     try:
         observed = observe(api_client, stack)
@@ -680,4 +847,4 @@ def run(stack: StackConfig, stack_id: str, api_client: Any) -> Plan:
             "select. Set pmem-csi:preflight: "
             "false to skip them (adoption, rename and migration are then not checked)"
         ) from None
-    return plan(stack, observed, stack_id)
+    return plan(stack, observed, stack_id, state)

@@ -13,6 +13,7 @@ set with ``pulumi config set --secret --path``). They are only ever used wrapped
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -60,9 +61,40 @@ def read_config() -> StackConfig:
 
     problems = [p for i, d in enumerate(stack.deployments) for p in check_patches(d, i)]
     problems += reporter_problems(stack)
+    problems += secret_mutability_problems(
+        stack, runtime_config.get_config(SECRET_MUTABLE_KEY), os.environ
+    )
     if problems:
         raise ConfigError(problems)
     return stack
+
+
+# The Kubernetes provider's setting that makes a change of a Secret's data an update in place;
+# off, the provider replaces the Secret (delete, then create: the name is fixed). Pulumi.yaml
+# sets it for every stack of this project.
+SECRET_MUTABLE_KEY = "kubernetes:enableSecretMutable"
+SECRET_MUTABLE_ENV = "PULUMI_K8S_ENABLE_SECRET_MUTABLE"
+
+
+def secret_mutability_problems(
+    stack: StackConfig, setting: str | None, env: Mapping[str, str]
+) -> list[str]:
+    """Generated certificates change (renewal, CA change stages) while the driver runs; each
+    change must update the Secrets in place. With ``enableSecretMutable`` off the provider
+    deletes and re-creates them instead: for a moment they do not exist (a pod starting then
+    fails to mount them, an interrupted run leaves them missing). The provider reads the
+    setting, else the environment variable, as here (pulumi-kubernetes ``Configure``)."""
+    if not any(not d.certificates.provided for d in stack.deployments):
+        return []
+    value = setting if setting is not None else env.get(SECRET_MUTABLE_ENV)
+    if value == "true":
+        return []
+    return [
+        f"{SECRET_MUTABLE_KEY}: is {value!r}, but must be true: certificate renewal updates "
+        "the driver's Secrets, and without it the Kubernetes provider deletes and re-creates "
+        "them (the driver is without certificates meanwhile). Pulumi.yaml sets it for this "
+        f"project; remove the stack's own setting (pulumi config rm {SECRET_MUTABLE_KEY})"
+    ]
 
 
 def reporter_problems(stack: StackConfig) -> list[str]:
@@ -134,10 +166,18 @@ def register_reporter(
     # bundle.reporter_objects), and the URNs are those its own reporter had.
     owner = components[next(i for i, d in enumerate(stack.deployments) if d.reporter.enabled)]
     out = []
+    rbac: list[Any] = []
     for obj in objects:
         if obj["kind"] == "Deployment":
             obj = with_allowed_field_owners(obj, stack.allowed_field_owners)
-        out.append(owner.register_reporter_object(obj, deps))
+            # Rolled out only once its ServiceAccount and every Role/ClusterRole (and binding)
+            # granting it the served deployments' namespaces exist (review of issue 16: its
+            # new pods met 403s and said "could not be read" meanwhile).
+            out.append(owner.register_reporter_object(obj, [*deps, *rbac]))
+            continue
+        made = owner.register_reporter_object(obj, deps)
+        rbac.append(made)
+        out.append(made)
     return out
 
 
@@ -145,6 +185,8 @@ def deploy(
     stack: StackConfig,
     previous: Mapping[int, Any] | None = None,
     keep_namespaces: Collection[str] = (),
+    running_certificates: Mapping[int, Sequence[str]] | None = None,
+    adopted: Collection[str] = (),
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
 
@@ -160,6 +202,14 @@ def deploy(
     the state says so), and with them the deployments that live there. They are registered
     once more, kept on delete and without the stack annotation: the next ``pulumi up`` no
     longer counts them as the stack's and drops them from the state, leaving them in place.
+
+    ``running_certificates``: per deployment index, the certificate fingerprints of its
+    running driver pods (:func:`certificate_rollout`); a deployment missing there has an
+    unknown rollout, and a CA change of its generated certificates waits.
+    ``adopted``: refs the preflight adopted with the administrator's consent
+    (``pmem-csi:adopt``). They are applied with force, as ``adoptNamespace`` /
+    ``adoptExisting`` do, and the field managers the earlier stack left on them are merged
+    into this stack's once they are created (:mod:`pmem_components.takeover_transform`).
     """
     from pmem_components import registry
     from pmem_components.components import (
@@ -175,13 +225,14 @@ def deploy(
 
     crd = install_crd(retain=stack.retain_crd) if stack.manage_crd else None
     namespaces: dict[str, pulumi.Resource] = {}
+    ns_opts = _namespace_take_over() if stack.take_over_fields else pulumi.ResourceOptions()
     creators = dict.fromkeys(d.namespace for d in stack.deployments if d.create_namespace)
     released = [ns for ns in keep_namespaces if ns not in creators]
     for ns in [*creators, *released]:
         members = [d for d in stack.deployments if d.namespace == ns]
         obj = bundle.build_shared_namespace(ns, members)
         annotations = {names.STACK_ANNOTATION: stack_id()} if ns in creators else {}
-        if any(d.adopt_namespace for d in members):
+        if any(d.adopt_namespace for d in members) or f"Namespace {ns}" in adopted:
             annotations[PATCH_FORCE_ANNOTATION] = "true"
         obj["metadata"]["annotations"] = annotations
         obj = _patched_namespace(stack, obj, annotations)
@@ -192,19 +243,25 @@ def deploy(
         )
         namespaces[ns] = registry.register(
             obj,
-            pulumi.ResourceOptions(
-                retain_on_delete=stack.retain_namespaces or ns not in creators,
-                aliases=[old_urn],
+            pulumi.ResourceOptions.merge(
+                ns_opts,
+                pulumi.ResourceOptions(
+                    retain_on_delete=stack.retain_namespaces or ns not in creators,
+                    aliases=[old_urn],
+                ),
             ),
         )
     outputs: dict[str, Any] = {}
     components: list[Any] = []
     for i, dep in enumerate(stack.deployments):
         prev = (previous or {}).get(i)
+        update: dict[str, Any] = {"create_namespace": False}
+        if f"Deployment {dep.name}" in adopted:
+            update["adopt_existing"] = True  # forced apply of its objects, as adoptExisting
         component = PmemCsiDeployment(
             dep.name,
             PmemCsiDeploymentArgs(
-                dep.model_copy(update={"create_namespace": False}),
+                dep.model_copy(update=update),
                 crd=crd,
                 namespace=namespaces.get(dep.namespace),
                 index=i,
@@ -212,6 +269,9 @@ def deploy(
                 previous=PreviousDeployment(prev.name, prev.namespace) if prev else None,
                 take_over_fields=stack.take_over_fields,
                 allowed_field_owners=stack.allowed_field_owners,
+                running_certificates=(
+                    None if running_certificates is None else running_certificates.get(i)
+                ),
             ),
         )
         components.append(component)
@@ -230,6 +290,26 @@ def deploy(
                     "reporter": reporter_name,
                 }
     return outputs
+
+
+def _namespace_take_over() -> pulumi.ResourceOptions:
+    """Transform and hooks that merge the entries other Pulumi managers left on a stack
+    namespace (an adopted one: another or an earlier stack's) into this stack's entry, when
+    the engine creates (adopts) or updates it; nothing else of other managers is touched
+    (:class:`pmem_components.takeover_transform.TakeOver` with ``stale_only``)."""
+    from pmem_components import takeover_transform as tt
+    from pmem_components.components import default_provider_settings
+
+    take_over = tt.TakeOver(
+        tt.ClusterSource(None, default_provider_settings),
+        stale_only=True,
+        skipped_types=tt.SKIPPED_TYPES - {"kubernetes:core/v1:Namespace"},
+    )
+    hooks = pulumi.ResourceHookBinding(
+        before_update=[pulumi.ResourceHook("pmem-csi-namespace-update", take_over.before_update)],
+        after_create=[pulumi.ResourceHook("pmem-csi-namespace-adopted", take_over.after_create)],
+    )
+    return pulumi.ResourceOptions(transforms=[take_over.transform], hooks=hooks)
 
 
 def _patched_namespace(
@@ -280,7 +360,10 @@ def preflight(stack: StackConfig) -> Any:
     """Read the cluster and refuse unsafe changes (see :mod:`pmem_components.preflight`).
 
     Returns the :class:`~pmem_components.preflight.Plan`: the deployments that move
-    (renamedFrom / allowReinstall) and the namespaces to keep. The reads go to the default
+    (renamedFrom / allowReinstall), the namespaces to keep, the certificate fingerprints
+    the driver pods run (:func:`certificate_rollout`) and the objects adopted
+    (``pmem-csi:adopt``). Which namespaces and CRs are this stack's is decided by the stack's
+    own state, read first (:func:`pmem_components.identity.read_state`). The reads go to the default
     Kubernetes provider's cluster (:func:`cluster_target`); with
     ``kubernetes:renderYamlToDirectory`` nothing is read, because no cluster is the target.
     """
@@ -301,14 +384,46 @@ def preflight(stack: StackConfig) -> Any:
     if not target.makes_requests:
         pulumi.log.info(f"pmem-csi:preflight: skipped, {target.description}")
         return pf.Plan()
+    from pmem_components import identity
+
+    try:
+        state = identity.read_state(stack_id())
+    except identity.StateError as err:
+        raise pf.PreflightError(
+            f"pmem-csi:preflight: cannot read this stack's own state ({err}), which tells "
+            "this stack's namespaces and Deployment CRs from those of another stack of the "
+            "same name; set pmem-csi:preflight: false to skip the checks"
+        ) from None
     client = kubetarget.api_client(target)
     try:
-        result = pf.run(stack, stack_id(), client)
+        result = pf.run(stack, stack_id(), client, state)
+        if not result.problems:
+            result.running_certificates = certificate_rollout(stack, client)
     finally:
         client.close()
     if result.problems:
         raise ConfigError(result.problems)
+    for ref in result.adopted:
+        pulumi.log.info(f"pmem-csi:adopt: taking over {ref} (another stack's, or retained)")
     return result
+
+
+def certificate_rollout(stack: StackConfig, client: Any) -> dict[int, list[str]] | None:
+    """The running driver pods' certificate fingerprints per deployment
+    (:mod:`pmem_components.certrollout`), read with the preflight's client; None when the
+    read fails: then no CA change advances, which is always safe."""
+    from pmem_components import certrollout
+
+    if all(d.certificates.provided for d in stack.deployments):
+        return None
+    try:
+        return certrollout.running_fingerprints(client, stack)
+    except Exception as err:  # a failed read only holds a CA change back; say why
+        pulumi.log.warn(
+            f"pmem-csi: cannot read the driver pods ({type(err).__name__}: {str(err)[:200]}); "
+            "a certificate CA change in progress waits for the next pulumi up"
+        )
+        return None
 
 
 def main() -> None:
@@ -321,6 +436,12 @@ def main() -> None:
     except (ConfigError, PreflightError) as e:
         # Raising fails the update; the message already names each config key.
         raise pulumi.RunError(str(e)) from None
-    outputs = deploy(stack, checked.previous, checked.keep_namespaces)
+    outputs = deploy(
+        stack,
+        checked.previous,
+        checked.keep_namespaces,
+        running_certificates=checked.running_certificates,
+        adopted=checked.adopted,
+    )
     pulumi.export("crd", "deployments.pmem-csi.intel.com" if stack.manage_crd else None)
     pulumi.export("deployments", outputs)

@@ -64,10 +64,29 @@ def pulumi_entry(managed_fields: Sequence[Mapping[str, Any]]) -> Mapping[str, An
     return max(applies, key=lambda e: str(e.get("time") or "")) if applies else None
 
 
+def stale_pulumi_entries(
+    managed_fields: Sequence[Mapping[str, Any]], own_manager: str
+) -> list[Mapping[str, Any]]:
+    """Entries of Pulumi managers other than this stack's own (``own_manager``, which its
+    state records per object): what an earlier stack, or a same-named stack elsewhere, left
+    on an object this stack adopted. Kept, such an entry co-owns every field it set, so the
+    first change of one of them fails with a server-side apply conflict (the provider forces
+    only with ``pulumi.com/patchForce``), and a field this stack stops declaring stays."""
+    return [
+        e
+        for e in managed_fields
+        if is_pulumi_manager(str(e.get("manager", "")))
+        and str(e.get("manager", "")) != own_manager
+        and not e.get("subresource")
+    ]
+
+
 def plan(
     managed_fields: Sequence[Mapping[str, Any]],
     resource_version: str,
     allowed: Sequence[Allowance] = (),
+    own_manager: str | None = None,
+    stale_only: bool = False,
 ) -> TakeOver | None:
     """The take-over for an object with these managedFields, or None when there is nothing to
     take (no foreign entry) or nobody to give it to (Pulumi has not applied the object yet:
@@ -79,17 +98,42 @@ def plan(
     Fields the ownership policy allows their manager (``allowed``: the administrator's
     entries, on top of :data:`pmem_components.fieldowners.BUILT_IN_ALLOWED`) stay with it: its
     entry is kept with just those fields.
+
+    ``own_manager``: this stack's field manager for the object, when known (the state's, or
+    the provider's answer to a create): then it receives the fields, and every other Pulumi
+    manager's entry is taken too (:func:`stale_pulumi_entries`). ``stale_only``: take only
+    those (namespaces, whose other managers' labels stay theirs).
     """
-    foreign = [e for e in managed_fields if is_foreign(e, allowed)]
-    ours = pulumi_entry(managed_fields)
+    foreign = [] if stale_only else [e for e in managed_fields if is_foreign(e, allowed)]
+    if own_manager:
+        own = [
+            e
+            for e in managed_fields
+            if e.get("manager") == own_manager
+            and e.get("operation") == "Apply"
+            and not e.get("subresource")
+        ]
+        # None of ours: another stack took the object over, and this one takes it back
+        # (pmem-csi:adopt); the newest Pulumi entry becomes this stack's.
+        ours = own[0] if own else pulumi_entry(managed_fields)
+        stale = stale_pulumi_entries(managed_fields, own_manager)
+        foreign += [e for e in stale if e is not ours and not any(e is f for f in foreign)]
+        if ours is not None and not own:
+            foreign.append(ours)
+    else:
+        ours = pulumi_entry(managed_fields)
     if not foreign or ours is None:
         return None
     merged = dict(ours)
+    if own_manager:
+        merged["manager"] = own_manager
     fields: Mapping[str, Any] = ours.get("fieldsV1") or {}
     entries: list[dict[str, Any]] = []
     for e in managed_fields:
         if e is ours:
             entries.append(merged)
+        elif any(e is f for f in foreign) and is_pulumi_manager(str(e.get("manager", ""))):
+            fields = merge_fields(fields, e.get("fieldsV1") or {})  # a stale Pulumi entry
         elif any(e is f for f in foreign):
             rest, kept = split_entry(e, allowed)
             fields = merge_fields(fields, rest)
@@ -103,4 +147,4 @@ def plan(
         {"op": "replace", "path": "/metadata/managedFields", "value": entries},
     )
     names = tuple(dict.fromkeys(str(e.get("manager", "")) for e in foreign))
-    return TakeOver(manager=str(ours["manager"]), foreign=names, patch=patch)
+    return TakeOver(manager=str(merged["manager"]), foreign=names, patch=patch)

@@ -17,7 +17,19 @@ resource it is about to update (never in a preview, never for a resource left ou
 2. the declared object is applied with ``force`` under Pulumi's own field manager, so
    declared values come back and whatever others added is removed.
 
-The provider's own update then finds the declared state and no conflict. So that a resource
+The provider's own update then finds the declared state and no conflict. In the update
+hook, Pulumi's entry is the one of the manager the stack's state records for the resource
+(``__fieldManager``), and entries of *other* Pulumi managers count as foreign: another or an
+earlier stack's, left on an object this stack adopted (``pmem-csi:adopt``).
+
+An ``after_create`` hook does the same for a create of an object that already existed (an
+adoption: ``pmem-csi:adopt``, ``adoptExisting``, or what a cut-short create left), with the
+manager the provider just created it under: the entries the earlier owner left are merged
+into it at once. Left in place, an earlier stack's ``pulumi-kubernetes-<random>`` entry
+co-owns every field it set, and the first later update that changes one of them without
+``pulumi.com/patchForce`` fails with a server-side apply conflict (measured on a namespace
+label, ``tests/e2e/test_identity.py``). Stack namespaces get these hooks with ``stale_only``:
+only other Pulumi managers' entries go, administrators' labels stay theirs. So that a resource
 whose *declared* fields someone changed is updated at all (its inputs did not change), the
 transform sets :data:`TAKEN_OVER_ANNOTATION` to the live object's ``resourceVersion``: a new
 input value, so the engine updates it -- only if it is not left out. A resource where others
@@ -162,10 +174,16 @@ def correct(
     obj: dict[str, Any],
     dry_run: bool,
     allowed: Sequence[fieldowners.Allowance] = (),
+    own_manager: str | None = None,
+    stale_only: bool = False,
+    apply: bool = True,
 ) -> Outcome | None:
     """Take over one object (see the module docstring); returns what was taken, if anything.
 
     In a dry run nothing is written; the message says what ``pulumi up`` would do.
+    ``own_manager`` (this stack's field manager of the object) and ``stale_only``: see
+    :func:`pmem_components.takeover.plan`. ``apply`` False: only the managedFields are
+    rewritten (the provider applies next, or has just applied).
     """
     path = object_path(obj)
     for attempt in range(ATTEMPTS):
@@ -174,10 +192,13 @@ def correct(
             return None  # not there: the provider creates it
         meta = live.get("metadata") or {}
         managed = meta.get("managedFields") or []
-        plan = takeover.plan(managed, str(meta.get("resourceVersion", "")), allowed)
+        version = str(meta.get("resourceVersion", ""))
+        plan = takeover.plan(
+            managed, version, allowed, own_manager=own_manager, stale_only=stale_only
+        )
         if plan is None:
             return None
-        owners = fieldowners.foreign_owners(managed, allowed)
+        owners = [] if stale_only else fieldowners.foreign_owners(managed, allowed)
         what = fieldowners.describe(owners) or ", ".join(plan.foreign)
         if dry_run:
             return Outcome(plan, f"pulumi up would take over fields of {describe(obj)} ({what})")
@@ -189,6 +210,8 @@ def correct(
             if err.status in (409, 422) and attempt + 1 < ATTEMPTS:
                 continue
             raise
+        if not apply:
+            return Outcome(plan, f"took over the fields of {describe(obj)} from {what}")
         api.apply(path, obj, plan.manager)
         return Outcome(plan, f"took over fields of {describe(obj)} and applied it ({what})")
     return None
@@ -341,8 +364,16 @@ class TakeOver:
     source: ClusterSource
     allowed: Sequence[fieldowners.Allowance] = ()
     log: Callable[[str], None] | None = None
+    # Only the entries other Pulumi managers left (another or an earlier stack's, on an
+    # adopted object); for namespaces, whose labels administrators set for others' sake.
+    stale_only: bool = False
+    skipped_types: frozenset[str] = SKIPPED_TYPES
     # Objects whose fields others own, seen at registration: (type, name) -> declared object.
     pending: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # Objects that exist: (type, name) -> (declared object, how many Pulumi managers have an
+    # entry on it). A create of one adopts it (after_create); an update of one with such an
+    # entry may find another stack's there (before_update).
+    existing: dict[tuple[str, str], tuple[dict[str, Any], int]] = field(default_factory=dict)
     _warned: list[str] = field(default_factory=list)
 
     def info(self, message: str) -> None:
@@ -377,7 +408,7 @@ class TakeOver:
     ) -> pulumi.ResourceTransformResult | None:
         if not args.custom or not args.type_.startswith("kubernetes:"):
             return None
-        if args.type_ in SKIPPED_TYPES:
+        if args.type_ in self.skipped_types:
             return None
         try:
             obj = await _plain(dict(args.props))
@@ -403,6 +434,10 @@ class TakeOver:
             return None
         meta = live.get("metadata") or {}
         managed = meta.get("managedFields") or []
+        pulumi_entries = takeover.stale_pulumi_entries(managed, own_manager="")
+        self.existing[(args.type_, args.name)] = (obj, len(pulumi_entries))
+        if self.stale_only:
+            return None
         stamp = (meta.get("annotations") or {}).get(TAKEN_OVER_ANNOTATION)
         plan = takeover.plan(managed, str(meta.get("resourceVersion", "")), self.allowed)
         if plan is None:
@@ -426,14 +461,43 @@ class TakeOver:
 
     async def before_update(self, args: pulumi.ResourceHookArgs) -> None:
         """The writes, for a resource the engine is about to update."""
-        obj = self.pending.get((args.type, args.name))
-        if obj is None or await self._target() is None:
+        key = (args.type, args.name)
+        obj = self.pending.get(key)
+        if obj is None and self.existing.get(key, ({}, 0))[1]:
+            # Another Pulumi manager's entry may be there, even in place of this stack's.
+            obj = self.existing[key][0]
+        if obj is None:
+            return
+        own = _field_manager(getattr(args, "old_outputs", None))
+        await self._correct(obj, own, apply=not self.stale_only)
+
+    async def after_create(self, args: pulumi.ResourceHookArgs) -> None:
+        """A create of an object that existed adopted it (``pmem-csi:adopt``, ``adoptExisting``
+        or an object a cut-short create left): merge what other managers own, the earlier
+        stack's Pulumi manager above all, into the entry the provider just made.
+
+        Without this, that manager keeps co-owning every field it set: the first later
+        ``pulumi up`` that changes one of them fails with a server-side apply conflict
+        (e.g. a namespace label, applied without force), and a field this stack stops
+        declaring is kept.
+        """
+        key = (args.type, args.name)
+        seen = self.existing.get(key)
+        own = _field_manager(getattr(args, "new_outputs", None))
+        if seen is None or not own:
+            return
+        obj = self.pending.get(key) or seen[0]
+        await self._correct(obj, own, apply=not self.stale_only)
+
+    async def _correct(self, obj: dict[str, Any], own: str | None, apply: bool) -> None:
+        if await self._target() is None:
             return
         api = await self.source.api()
         loop = asyncio.get_running_loop()
         try:
             outcome = await loop.run_in_executor(
-                _executor(), correct, api, obj, False, self.allowed
+                _executor(),
+                lambda: correct(api, obj, False, self.allowed, own, self.stale_only, apply),
             )
         except Exception as err:
             raise TakeOverError(
@@ -443,6 +507,14 @@ class TakeOver:
             ) from None
         if outcome is not None:
             self.info(outcome.message)
+
+
+def _field_manager(outputs: Mapping[str, Any] | None) -> str | None:
+    """The provider's field manager of a resource, as its outputs record it."""
+    from pmem_components.identity import FIELD_MANAGER_KEY
+
+    value = rpc.unwrap_rpc_secret((outputs or {}).get(FIELD_MANAGER_KEY))
+    return value if isinstance(value, str) and value else None
 
 
 def _result(

@@ -230,7 +230,7 @@ class Reporter:
             renew_deadline=renew_deadline,
             retry_period=RENEW_PERIOD,
             on_started_leading=self._started_leading,
-            on_stopped_leading=lambda: self.metrics.is_leader.set(0),
+            on_stopped_leading=self._stopped_leading,
         )
         self.writer = StatusWriter(
             KubeStatusApi(self.raw),
@@ -260,6 +260,10 @@ class Reporter:
             namespace,
             lease,
         )
+
+    def _stopped_leading(self) -> None:
+        self.metrics.is_leader.set(0)
+        self.writer.not_leading()
 
     def _started_leading(self) -> None:
         self.metrics.is_leader.set(1)

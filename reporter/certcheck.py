@@ -86,10 +86,12 @@ class CertVerifier:
         node_controller_key: str,
         *,
         now: dt.datetime,
+        node_ca_cert: str | None = None,
     ) -> list[certs.CertProblem]:
         args = (ca_cert, registry_cert, registry_key, node_controller_cert, node_controller_key)
+        node_ca = ca_cert if node_ca_cert is None else node_ca_cert
         # A digest, not the PEM text, is the key: no second copy of private keys in memory.
-        key = hashlib.sha256("\0".join(args).encode()).hexdigest()
+        key = hashlib.sha256("\0".join((*args, node_ca)).encode()).hexdigest()
         with self._lock:
             verdict = self._entries.get(key)
             if verdict is not None and verdict.holds_at(now):
@@ -100,14 +102,16 @@ class CertVerifier:
         self.calls += 1
         error: str | None = None
         try:
-            problems = tuple(self._validate(*args, now=now))
+            # Only when the sides differ, so validators that know one ca.crt keep working.
+            extra = {} if node_ca == ca_cert else {"node_ca_cert": node_ca}
+            problems = tuple(self._validate(*args, now=now, **extra))
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
         if error is not None:
             # Raised outside the except block: not even __context__ keeps the original.
             self._remember(key, _Verdict((), now, now + FAILURE_RETRY, error))
             raise VerifierError(error)
-        points = _time_boundaries((ca_cert, registry_cert, node_controller_cert))
+        points = _time_boundaries((ca_cert, node_ca, registry_cert, node_controller_cert))
         self._remember(
             key,
             _Verdict(

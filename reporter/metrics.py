@@ -27,6 +27,12 @@ class Metrics:
             "Status patches that failed after all retries.",
             registry=self.registry,
         )
+        self.status_conflicts = Counter(
+            "pmem_csi_reporter_status_conflicts",
+            "Times a served CR's status was found replaced by another writer (another "
+            "stack's reporter, or one of the per-deployment layout): this reporter yields.",
+            registry=self.registry,
+        )
         self.watch_restarts = Counter(
             "pmem_csi_reporter_watch_restarts",
             "Watches that ended and were re-established (timeout, error or 410 Gone re-list).",

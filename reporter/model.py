@@ -95,6 +95,11 @@ def expected_objects(names: DeploymentNames) -> list[ExpectedObject]:
     return [ExpectedObject(kind, API_RESOURCES[kind].namespaced, name) for kind, name in entries]
 
 
+class LookupFailed(Exception):
+    """Reading an absent object by name failed (403, 500, a timeout): whether it exists,
+    relabelled, or is missing is unknown (``reporter.observe.Observer.lookup_labels``)."""
+
+
 @dataclass(frozen=True)
 class Observed:
     """What the reporter saw for one Deployment CR at one moment.

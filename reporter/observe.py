@@ -26,12 +26,13 @@ Shape:
     watches then stay constant however many deployments exist (it needs cluster-wide read
     RBAC, which is the price of watching every deployment with one process).
   * shared (``--deployment`` ... ``--shared-watches``, what the Pulumi program deploys: one
-    reporter for all deployments of a stack): one cluster-wide informer for the CRs and one per
-    kind by label (``instance in (<the named deployments>)``), except Secrets: each CR's two
-    are watched by name, as in the named layout, because RBAC can limit Secret access to
-    names but not to labels -- a watch of Secrets by label, cluster-wide or per namespace,
-    would need read access to every Secret there. Watches: 11, plus 2 per deployment (idle
-    by-name watches; nothing else grows with the number of deployments).
+    reporter for all deployments of a stack): one cluster-wide informer for the CRs and one
+    per cluster-scoped kind by label (``instance in (<the named deployments>)``), and in each
+    driver namespace one informer per namespaced kind by the same label, Secrets included.
+    Namespaced kinds are watched per namespace because the reporter's RBAC grants them only
+    in its deployments' namespaces (Roles, no cluster-wide read: review of issue 16).
+    Watches: 4, plus 8 per driver namespace -- constant in the number of deployments (however
+    many share a namespace); a namespace's informers stop with its last CR.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ NOT_FOUND = 404
 AUTH_WARMUP_SECONDS = 15.0
 # How long the labels of an object found by name (``Observer.lookup_labels``) are believed.
 LOOKUP_TTL = 60.0
+# How long a failed lookup (403, 500, a timeout) is remembered: the kind is Unknown meanwhile.
+LOOKUP_RETRY = 5.0
 
 
 def resource_for(kind: str) -> Resource:
@@ -560,14 +563,16 @@ class Observer:
         self._started = False
         self._crd_missing = False  # last state logged and exported by _served_changed
         # (kind, namespace, name) -> (expires, labels or None): see lookup_labels.
-        self._lookups: dict[tuple[str, str, str], tuple[float, dict[str, str] | None]] = {}
+        self._lookups: dict[
+            tuple[str, str, str], tuple[float, dict[str, str] | model.LookupFailed | None]
+        ] = {}
         # kind -> {namespace or ALL_NAMESPACES or "" (cluster-scoped) -> informers}
         self._index: dict[str, dict[str, list[Informer]]] = {}
         if self.shared_watches:
             self.cr_informers = [self._informer(CR)]
+            # Namespaced kinds: per driver namespace (ensure_for), where RBAC grants them.
             self.shared = [
-                self._informer(res, label_selector=self.selector)
-                for res in (*CLUSTER_KINDS, *NAMESPACED_KINDS)
+                self._informer(res, label_selector=self.selector) for res in CLUSTER_KINDS
             ]
             for inf in self.shared:
                 self._register(inf, "" if not inf.res.namespaced else ALL_NAMESPACES)
@@ -709,7 +714,7 @@ class Observer:
 
     def lookup_labels(self, kind: str, name: str, namespace: str) -> dict[str, str] | None:
         """The ``part-of``/``instance`` labels of an expected object absent from the caches,
-        read by name (None: it does not exist, or it could not be read).
+        read by name (None: it does not exist; ``model.LookupFailed`` when the GET failed).
 
         The label-selected watches drop an object whose labels were removed or changed, as
         if it was deleted; one GET tells the two apart. Remembered until the object shows up
@@ -729,14 +734,22 @@ class Observer:
         with self._lock:
             known = self._lookups.get(key)
         if known is not None and now < known[0]:
+            if isinstance(known[1], model.LookupFailed):
+                raise known[1]
             return known[1]
         try:
             found = self.api.get_metadata(
                 resource_for(kind), name, namespace if api.namespaced else None
             )
         except Exception as exc:
-            log.debug("looking up %s/%s failed: %s", kind, name, describe_error(exc))
-            found = None
+            # Not "missing": the object may well exist (review of issue 16). Unknown, and
+            # asked again after LOOKUP_RETRY seconds, not believed for LOOKUP_TTL.
+            why = f"{kind}/{name} could not be looked up: {describe_error(exc)}"
+            log.info("%s", why)
+            failed = model.LookupFailed(why)
+            with self._lock:
+                self._lookups[key] = (now + LOOKUP_RETRY, failed)
+            raise failed from None
         labels = None
         if found is not None:
             all_labels = (found.get("metadata") or {}).get("labels") or {}
@@ -769,7 +782,7 @@ class Observer:
                 return
             if self.shared_watches:
                 self._ensure_group(
-                    f"cr/{name}/{namespace}", lambda: self._secret_informers(name, namespace)
+                    f"ns/{namespace}", lambda: self._namespace_informers(namespace, SECRET)
                 )
                 return
             self._ensure_group(f"ns/{namespace}", lambda: self._namespace_informers(namespace))
@@ -777,17 +790,12 @@ class Observer:
                 f"cr/{name}/{namespace}", lambda: self._cr_informers(name, namespace)
             )
 
-    def _namespace_informers(self, namespace: str) -> list[tuple[Informer, str]]:
+    def _namespace_informers(
+        self, namespace: str, *extra: Resource
+    ) -> list[tuple[Informer, str]]:
         return [
             (self._informer(res, namespace=namespace, label_selector=self.selector), namespace)
-            for res in NAMESPACED_KINDS
-        ]
-
-    def _secret_informers(self, name: str, namespace: str) -> list[tuple[Informer, str]]:
-        return [
-            (inf, where)
-            for inf, where in self._cr_informers(name, namespace)
-            if inf.res.kind == model.SECRET
+            for res in (*NAMESPACED_KINDS, *extra)
         ]
 
     def _cr_informers(self, name: str, namespace: str) -> list[tuple[Informer, str]]:
@@ -830,7 +838,7 @@ class Observer:
             for cr in self.crs():
                 wanted |= {f"ns/{cr_namespace(cr)}", f"cr/{_name(cr)}/{cr_namespace(cr)}"}
             if self.shared_watches:
-                wanted = {k for k in wanted if k.startswith("cr/")}
+                wanted = {k for k in wanted if k.startswith("ns/")}
             dead = {k: g for k, g in self._groups.items() if k not in wanted}
             for key, group in dead.items():
                 del self._groups[key]

@@ -45,8 +45,11 @@ class Writer(Protocol):
 
     deferred: dict[str, float]
     awaiting_leader: set[str]
+    backing_off: dict[str, float]
 
     def reconcile(self, name: str, changed_at: float | None = None) -> bool: ...
+
+    def not_leading(self) -> None: ...
 
 
 def merge_dirty(into: dict[str, float | None], more: dict[str, float | None]) -> None:
@@ -100,7 +103,9 @@ class ReconcileLoop:
                 later = dirty.pop(name)
                 known = [t for t in (changed_at, later) if t is not None]
                 changed_at = min(known) if known else None
-                due = min(due, self.last_run.get(name, 0.0) + RECOMPUTE_SECONDS)
+                if name not in self.writer.backing_off:
+                    # A failed write's backoff is not pulled forward (review of issue 16).
+                    due = min(due, self.last_run.get(name, 0.0) + RECOMPUTE_SECONDS)
                 self.pending[name] = (due, changed_at)
             if due <= now:
                 del self.pending[name]
@@ -112,6 +117,7 @@ class ReconcileLoop:
                 if name:
                     dirty.setdefault(name, None)
         if not self.is_leader():
+            self.writer.not_leading()  # another replica's writes are no conflict
             merge_dirty(self.held, dirty)  # non-leaders keep caches warm, and their changes
             return
         if self.held:

@@ -251,6 +251,7 @@ def _certs_verified(
                 node["tls.crt"],
                 node["tls.key"],
                 now=now,
+                node_ca_cert=node["ca.crt"],
             )
         )
     except Exception as exc:  # a verifier bug must not stop status reporting
@@ -264,21 +265,10 @@ def _certs_verified(
             f"Certificate check could not run: {detail[:200]}",
             gen,
         )
-    # Each side verifies its peer with the ca.crt of its own Secret, so they must agree. Checked
-    # last so that a certificate from another CA reports the verifier's own reason first.
-    if registry["ca.crt"].strip() != node["ca.crt"].strip():
-        ns = observed.namespace
-        problems.append(
-            {
-                "field": "ca.crt",
-                "reason": "CAMismatch",
-                "severity": "error",
-                "message": (
-                    f"Secrets {ns}/{names.registry_secret} and {ns}/{names.node_secret} "
-                    "hold different ca.crt"
-                ),
-            }
-        )
+    # Each side verifies its peer with the ca.crt of its own Secret: the verifier checks the
+    # registry's certificate against the node Secret's ca.crt and the node's against the
+    # registry Secret's (CAMismatch when one side would reject the other). The two may differ
+    # legitimately, e.g. while a CA change rolls out (old CA vs. old+new CA bundle).
     errors = [p for p in problems if _problem_field(p, "severity") != "warning"]
     warnings = [p for p in problems if _problem_field(p, "severity") == "warning"]
     messages = "; ".join(_problem_field(p, "message") for p in errors + warnings)
@@ -597,6 +587,21 @@ def degraded_node_pods(observed: Observed) -> list[BrokenPod]:
             )
         )
     return out
+
+
+def tolerated_node_pods(observed: Observed) -> frozenset[str]:
+    """Names of the broken node pods the "few broken nodes" rule tolerates (the driver counts
+    as serving, ``NODE_TOLERANCE_FRACTION``); empty when they are more than that. Their
+    coming and going is not urgent for the writer: it changes only the message."""
+    broken = degraded_node_pods(observed)
+    if not broken:
+        return frozenset()
+    ds = observed.get(DAEMON_SET, observed.names.node_driver) or {}
+    desired = _int(ds, "status", "desiredNumberScheduled")
+    serving = min(_int(ds, "status", "numberReady"), _int(ds, "status", "numberAvailable"))
+    if serving <= 0 or desired - serving > node_tolerance(desired):
+        return frozenset()
+    return frozenset(b.pod for b in broken)
 
 
 class ComponentState(NamedTuple):

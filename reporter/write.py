@@ -34,10 +34,14 @@ therefore split in two:
 The writer reports when a deferred CR is due (``deferred``) and the main loop comes back then,
 so the final state always lands.
 
-No lost update: a write that still fails after its quick retries (``backoff``: about 3-6 s of
-500/429, e.g. an etcd leader change, or any other error) is not dropped until the next resync:
-the CR goes into ``deferred`` with a growing delay (``retry_backoff``, 1 s doubling to 30 s)
-and is tried again until the write lands or the CR is gone (404, or no longer cached). A CR
+No lost update, and no write holding up the others: a conflict (409) is retried at once from
+a fresh read; any other failed write (500/429, e.g. an etcd leader change, a timeout) is not
+slept for on the main loop, nor dropped until the next resync: the CR goes into ``deferred``
+and ``backing_off`` with a growing delay (``retry_backoff``: 0.2 s doubling to 30 s, jittered,
+Retry-After honoured) and is tried again until the write lands or the CR is gone (404, or no
+longer cached). Watch events, resyncs and leadership changes in between do not shorten that
+delay (a struggling API server is not hammered by a busy CR); other CRs are written meanwhile.
+An Event that meets a transient error waits for its CR's next reconcile the same way. A CR
 that could not be written because this replica was not leading (at the start, or lost in
 the middle of retries) goes into ``awaiting_leader``; the main loop keeps it until
 ``is_leader()`` is True again, whether or not the elector saw a flip.
@@ -71,8 +75,20 @@ log = logging.getLogger(__name__)
 
 EVENTS = Resource("Event", "v1", "events", True)
 COMPONENT = "pmem-csi-reporter"
-# Warning Events per reconcile about newly broken node pods; the rest are summed up in one.
+# Node Events of one CR (issue 16's "a few broken nodes named"), bounded: at most
+# MAX_NODE_EVENTS Warning Events naming a node pod, plus one summary of the rest, per
+# NODE_EVENT_REPEAT_SECONDS window; and one pod on one node is named at most once per window,
+# however often it flaps. So a CR costs at most 11 node Events per 10 minutes.
 MAX_NODE_EVENTS = 10
+NODE_EVENT_REPEAT_SECONDS = 600.0
+# Another writer replaced a served CR's status (review of issue 16): this reporter writes the
+# CR again only once that writer has been quiet this long (short: while moving to one reporter
+# per stack, an old reporter writes until it is deleted), and Events it at most every
+# CONFLICT_EVENT_SECONDS.
+CONFLICT_QUIET_SECONDS = 60.0
+CONFLICT_EVENT_SECONDS = 600.0
+# Events of one CR kept for another attempt after a transient error (the rest are dropped).
+MAX_PENDING_EVENTS = 10
 _MISSING = object()
 
 
@@ -167,7 +183,12 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
         found = cache.find(exp.kind, exp.name, namespace)
         objects.setdefault(exp.kind, {})[exp.name] = found
         if found is None and exp.kind not in unreadable:
-            labels = cache.lookup_labels(exp.kind, exp.name, namespace)
+            try:
+                labels = cache.lookup_labels(exp.kind, exp.name, namespace)
+            except model.LookupFailed as exc:
+                # Present (relabelled) or missing: unknown, so the kind is Unknown.
+                unreadable = {**unreadable, exp.kind: str(exc)}
+                continue
             if labels is not None:
                 relabelled[(exp.kind, exp.name)] = labels
     controller_pods: list[Obj] = []
@@ -265,10 +286,13 @@ class StatusWriter:
     # CR name -> monotonic time when its deferred write (rate limit, or retry after a failed
     # write) is due.
     deferred: dict[str, float] = field(default_factory=dict)
-    # Between rounds of ``backoff`` retries of a write that keeps failing.
+    # Between attempts of a write that keeps failing (per CR, through ``deferred``: the main
+    # loop goes on with the other CRs meanwhile, and events do not pull it forward).
     retry_backoff: Backoff = field(
-        default_factory=lambda: Backoff(base=1.0, cap=30.0, max_attempts=0)
+        default_factory=lambda: Backoff(base=0.2, cap=30.0, max_attempts=0)
     )
+    # CR name -> monotonic time before which its failed write is not tried again.
+    backing_off: dict[str, float] = field(default_factory=dict)
     # CRs not written because this replica was not leading: written once it leads again.
     awaiting_leader: set[str] = field(default_factory=set)
     # CR name -> failed write rounds in a row.
@@ -282,6 +306,20 @@ class StatusWriter:
     # CR name -> (pod, node) of the broken node pods already announced by an Event. Kept in
     # memory only: a restarted or new leader announces the currently broken ones once more.
     _broken: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict, init=False)
+    # CR name -> (pod, node) -> monotonic time it was last named in an Event.
+    _announced: dict[str, dict[tuple[str, str | None], float]] = field(
+        default_factory=dict, init=False
+    )
+    # CR name -> (start of its node Event window, Events sent in it, summary sent in it).
+    _node_window: dict[str, tuple[float, int, bool]] = field(default_factory=dict, init=False)
+    # CR name -> (resourceVersion, status) of this reporter's last accepted write.
+    _written: dict[str, tuple[str | None, Obj]] = field(default_factory=dict, init=False)
+    # CR name -> (monotonic time until which it yields to another writer, the status it saw).
+    _yielding: dict[str, tuple[float, Obj]] = field(default_factory=dict, init=False)
+    # CR name -> monotonic time of its last StatusWriteConflict Event.
+    _conflict_event_at: dict[str, float] = field(default_factory=dict, init=False)
+    # CR name -> Events that met a transient error, created at its next reconcile.
+    _pending_events: dict[str, list[Obj]] = field(default_factory=dict, init=False)
 
     def _urgent(self, name: str, old: Obj, new: Obj, failing: frozenset[str]) -> bool:
         if significant_key(old) != significant_key(new):
@@ -315,9 +353,19 @@ class StatusWriter:
             self.cache.ensure_for(cr)
             return False
         if not self.is_leader():
+            self.not_leading()
             self.awaiting_leader.add(name)
             return False
         self.awaiting_leader.discard(name)
+        due = self.backing_off.get(name)
+        if due is not None and self.monotonic() < due:
+            # A change, a resync or a leadership flip does not shorten the backoff of a
+            # write the API server keeps refusing (review of issue 16).
+            self.deferred[name] = due
+            return False
+        self._flush_events(name)
+        if self._yields_to_another_writer(name, cr):
+            return False
         self.metrics.reconciles.inc()
         state: dict[str, Any] = {"cr": cr, "written": None}
 
@@ -340,7 +388,11 @@ class StatusWriter:
                 self.deferred.pop(name, None)
                 return
             available = self._available(name)
-            failing = state["failing"] = status.failing_pods(observed)
+            # Tolerated broken nodes (a few of many) go through the budget: their flaps change
+            # the message only (review of issue 16).
+            failing = state["failing"] = status.failing_pods(
+                observed
+            ) - status.tolerated_node_pods(observed)
             if not self._urgent(name, old, new, failing) and available < 1.0 - 1e-6:
                 wait = (1.0 - available) * self.message_interval
                 self.deferred[name] = self.monotonic() + wait
@@ -363,13 +415,16 @@ class StatusWriter:
             state["written"] = (current, old, new, result)
 
         try:
+            # Only a conflict is retried here, at once, from a fresh read; every other error
+            # waits in ``backing_off`` (nothing sleeps on the main loop).
             call_with_retry(
                 attempt,
                 self.backoff,
-                self.sleep,
-                retryable=lambda e: is_transient(e) or getattr(e, "status", None) == CONFLICT,
+                lambda _s: None,
+                retryable=lambda e: getattr(e, "status", None) == CONFLICT,
             )
         except NotLeading as why:
+            self.not_leading()
             log.info("%s: status not written: %s; written once leading again", name, why)
             self.awaiting_leader.add(name)
             return False
@@ -381,8 +436,8 @@ class StatusWriter:
             self.metrics.status_write_errors.inc()
             failures = self._failures.get(name, 0)
             self._failures[name] = failures + 1
-            delay = self.retry_backoff.wait_for(min(failures, 8), exc)
-            self.deferred[name] = self.monotonic() + delay
+            delay = self.retry_backoff.wait_for(min(failures, 10), exc)
+            self.deferred[name] = self.backing_off[name] = self.monotonic() + delay
             log.error(
                 "%s: writing status failed (%d time(s) in a row): %s; trying again in %.1f s",
                 name,
@@ -392,6 +447,7 @@ class StatusWriter:
             )
             return False
         self._failures.pop(name, None)
+        self.backing_off.pop(name, None)
         self._node_events(name, state["cr"], state["observed"])
         if state["written"] is None:
             return False
@@ -409,8 +465,64 @@ class StatusWriter:
             self.metrics.change_to_write.observe(max(0.0, self.monotonic() - changed_at))
         if isinstance(result, dict) and result.get("metadata"):
             self.cache.remember_cr(result)
+            self._written[name] = (
+                (result.get("metadata") or {}).get("resourceVersion"),
+                dict(result.get("status") or new),
+            )
         log.info("%s: status written: phase %r -> %r", name, old.get("phase", ""), new.get("phase"))
         self._event(result if isinstance(result, dict) else current, old, new)
+        return True
+
+    def not_leading(self) -> None:
+        """Leadership is lost (or was never held): what this replica wrote last says nothing
+        about the next writes, which are the new leader's, not another writer's."""
+        self._written.clear()
+        self._yielding.clear()
+
+    def _yields_to_another_writer(self, name: str, cr: Obj) -> bool:
+        """True while another writer owns the CR's status (see ``CONFLICT_QUIET_SECONDS``).
+
+        Who owns a CR: the reporter of the stack whose ``--deployment`` names it. Two
+        reporters naming one CR (two stacks, or an old-layout reporter left running) is a
+        mistake only a person can undo; each recomputing on the other's write and writing
+        back would be a write war. So the one that finds its last write replaced (a newer
+        resourceVersion with a different status: only status writers change it) says so and
+        yields: no write until the CR's status has stayed as the other left it for the
+        quiet period. A spec change (newer resourceVersion, our status) is no conflict.
+        """
+        now = self.monotonic()
+        rv = (cr.get("metadata") or {}).get("resourceVersion")
+        current = dict(cr.get("status") or {})
+        yielding = self._yielding.get(name)
+        if yielding is not None:
+            until, seen = yielding
+            if not status.status_equal_ignoring_time(seen, current):
+                until = now + CONFLICT_QUIET_SECONDS  # the other writer is still at it
+            if now < until:
+                self._yielding[name] = (until, current)
+                self.deferred[name] = until
+                return True
+            del self._yielding[name]
+            self._written.pop(name, None)
+            return False
+        mine = self._written.get(name)
+        if mine is None or mine[0] == rv or status.status_equal_ignoring_time(mine[1], current):
+            return False
+        self._written.pop(name, None)
+        self.metrics.status_conflicts.inc()
+        self._yielding[name] = (now + CONFLICT_QUIET_SECONDS, current)
+        self.deferred[name] = now + CONFLICT_QUIET_SECONDS
+        message = (
+            f"the status of {name} was replaced by another writer (phase "
+            f"{current.get('phase')!r} at resourceVersion {rv}): another stack's reporter, or "
+            "a per-deployment reporter of the layout before, serves this CR too; this reporter "
+            f"writes it again only after {CONFLICT_QUIET_SECONDS:.0f} s without such changes"
+        )
+        log.warning("%s: %s", name, message)
+        last = self._conflict_event_at.get(name)
+        if last is None or now - last >= CONFLICT_EVENT_SECONDS:
+            self._conflict_event_at[name] = now
+            self._record(cr, "Warning", "StatusWriteConflict", message[0].upper() + message[1:])
         return True
 
     def _node_events(self, name: str, cr: Obj, observed: model.Observed) -> None:
@@ -420,11 +532,21 @@ class StatusWriter:
         broken = status.degraded_node_pods(observed)
         now_broken = {(b.pod, b.node) for b in broken}
         known = self._broken.get(name, set())
-        new = [b for b in broken if (b.pod, b.node) not in known]
         self._broken[name] = now_broken
+        now = self.monotonic()
+        announced = self._announced.setdefault(name, {})
+        for key, at in list(announced.items()):
+            if now - at >= NODE_EVENT_REPEAT_SECONDS:
+                del announced[key]
+        new = [b for b in broken if (b.pod, b.node) not in known | set(announced)]
         if not new:
             return
-        for b in new[:MAX_NODE_EVENTS]:
+        start, sent, summarized = self._node_window.get(name, (now, 0, False))
+        if now - start >= NODE_EVENT_REPEAT_SECONDS:
+            start, sent, summarized = now, 0, False
+        named = new[: max(0, MAX_NODE_EVENTS - sent)]
+        for b in named:
+            announced[(b.pod, b.node)] = now
             where = f"on node {b.node}" if b.node else "(not scheduled)"
             self._record(
                 cr,
@@ -433,14 +555,17 @@ class StatusWriter:
                 f"Node driver pod {b.pod} {where}: {b.problem}; the driver serves on the "
                 "other nodes",
             )
-        if len(new) > MAX_NODE_EVENTS:
+        rest = len(new) - len(named)
+        if rest and not summarized:
+            summarized = True
             self._record(
                 cr,
                 "Warning",
                 "NodeDriversNotReady",
-                f"and {len(new) - MAX_NODE_EVENTS} more node driver pod(s) are not ready; "
+                f"and {rest} more node driver pod(s) are not ready; "
                 "see the Node component of the status",
             )
+        self._node_window[name] = (start, sent + len(named), summarized)
 
     def _forget(self, name: str) -> None:
         """Drop every per-CR record of a CR that is gone."""
@@ -449,8 +574,15 @@ class StatusWriter:
         self._recovering.discard(name)
         self._failing.pop(name, None)
         self._failures.pop(name, None)
+        self.backing_off.pop(name, None)
+        self._pending_events.pop(name, None)
         self.awaiting_leader.discard(name)
         self._broken.pop(name, None)
+        self._announced.pop(name, None)
+        self._node_window.pop(name, None)
+        self._written.pop(name, None)
+        self._yielding.pop(name, None)
+        self._conflict_event_at.pop(name, None)
 
     def _event(self, cr: Obj, old: Obj, new: Obj) -> None:
         spec = status.phase_event(old, new)
@@ -461,19 +593,39 @@ class StatusWriter:
 
     def _record(self, cr: Obj, etype: str, reason: str, message: str) -> None:
         event = build_event(cr, self.event_namespace, etype, reason, message, self.now())
+        self._create_event(event)
 
-        def attempt(_: int) -> None:
+    def _create_event(self, event: Obj) -> None:
+        """One attempt; after a transient error the Event waits for the CR's next reconcile
+        (``_flush_events``; at most ``MAX_PENDING_EVENTS`` per CR), so no sleep holds up the
+        main loop."""
+        name = str(event["involvedObject"]["name"])
+        try:
             if not self.is_leader():
                 raise NotLeading("leadership lost")
             self.api.create_event(self.event_namespace, event)
-
-        try:
-            call_with_retry(attempt, self.backoff, self.sleep)
             self.metrics.events.inc()
         except Exception as exc:  # an Event is a courtesy; the status is already written
+            if is_transient(exc):
+                pending = self._pending_events.setdefault(name, [])
+                if len(pending) < MAX_PENDING_EVENTS:
+                    pending.append(event)
+                    due = self.monotonic() + self.retry_backoff.wait_for(0, exc)
+                    self.deferred[name] = min(self.deferred.get(name, due), due)
+                    log.info(
+                        "event %s on %s not created yet: %s; trying again",
+                        event["reason"],
+                        name,
+                        describe_error(exc),
+                    )
+                    return
             log.warning(
                 "event %s on %s not created: %s",
-                reason,
-                event["involvedObject"]["name"],
+                event["reason"],
+                name,
                 describe_error(exc),
             )
+
+    def _flush_events(self, name: str) -> None:
+        for event in self._pending_events.pop(name, []):
+            self._create_event(event)

@@ -35,6 +35,14 @@ from tools import cluster, localenv, postgres, realnode, toolchain  # noqa: E402
 if os.environ.get("PMEM_CSI_TEST_SESSION") != "1":
     os.environ["PMEM_CSI_STATE_DIR"] = str(localenv.state_dir() / localenv.TEST_SESSION_SUBDIR)
     os.environ["PMEM_CSI_TEST_SESSION"] = "1"
+# `make test` runs the suite in pytest-xdist workers (``-n 2``): each worker is a session of its
+# own, with its own state directory inside the session's (``test-session/gw0``), so its own
+# cluster and backend; no two workers share a cluster, a stack or an object name.
+# PMEM_CSI_TEST_WORKER marks that directory as chosen, for the worker's child processes.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER and os.environ.get("PMEM_CSI_TEST_WORKER") != _WORKER:
+    os.environ["PMEM_CSI_STATE_DIR"] = str(localenv.state_dir() / _WORKER)
+    os.environ["PMEM_CSI_TEST_WORKER"] = _WORKER
 # Never the administrator's (or the demo's) cluster or secrets: until `local_cluster` names the
 # session's cluster, a client that looks for a kubeconfig finds none (an unset KUBECONFIG
 # would make it fall back to ~/.kube/config); Pulumi would prefer a passphrase in the
@@ -55,10 +63,69 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"local cluster unavailable: {reason} (run 'make tools')")
 
 
+# How `make test` spreads the suite over pytest-xdist workers (``-n 2 --dist loadscope``): each
+# worker takes whole modules (a module's module-scoped fixtures are set up once), and the modules
+# that use the machine's one real node (tools/realnode.py) all go to one worker, one after the
+# other. The list is checked at collection: a test elsewhere that uses the node fails there.
+REAL_NODE_GROUP = "real-node"
+REAL_NODE_MODULES = ("tests/e2e/test_real_node.py", "tests/e2e/test_demo.py")
+# Modules that take minutes, first in the queue, so the workers end at about the same time
+# (``--no-loadscope-reorder`` hands out modules in collection order). Only the order depends on
+# this list, never a result.
+LONGEST_FIRST = (
+    "tests/e2e/test_day2.py",
+    REAL_NODE_GROUP,
+    "tests/e2e/test_one_cluster.py",
+    "tests/e2e/test_cli.py",
+    "tests/e2e/test_operator_scenarios.py",
+    "tests/e2e/test_program.py",
+    "tests/e2e/test_reporter.py",
+    "tests/e2e/test_cli_interruptions.py",
+    "tests/e2e/test_drift.py",
+)
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work an xdist worker takes whole: the test's module, or
+    :data:`REAL_NODE_GROUP` for the modules in :data:`REAL_NODE_MODULES`."""
+    module = nodeid.split("::", 1)[0]
+    return REAL_NODE_GROUP if module in REAL_NODE_MODULES else module
+
+
+def _queue_rank(nodeid: str) -> int:
+    unit = work_unit(nodeid)
+    return LONGEST_FIRST.index(unit) if unit in LONGEST_FIRST else len(LONGEST_FIRST)
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # absent with -p no:xdist
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope`` with :func:`work_unit` as the scope."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the e2e tests, refuse a real-node test outside :data:`REAL_NODE_MODULES`, and put
+    the long work units first (stable: otherwise the collection order stays)."""
     for item in items:
-        if "tests/e2e/" in str(item.path).replace(os.sep, "/"):
+        module = item.nodeid.split("::", 1)[0]
+        if module.startswith("tests/e2e/"):
             item.add_marker(pytest.mark.e2e)
+        if "real_node_free" in getattr(item, "fixturenames", ()) and module not in (
+            REAL_NODE_MODULES
+        ):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the real node: add {module} to REAL_NODE_MODULES in "
+                "tests/conftest.py (one xdist worker runs those modules, one at a time)"
+            )
+    items.sort(key=lambda i: _queue_rank(i.nodeid))
 
 
 # Outcomes that are not a pass: a test skipped, or expected to fail (``pytest.xfail`` or an

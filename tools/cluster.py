@@ -11,17 +11,26 @@ Usage: ``python -m tools.cluster start [--nodes N]``, ``python -m tools.cluster 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tools import localenv, realnode, toolchain
 
 CLUSTER_NAME = "pmem-csi"
+# kwokctl gives each component the first free port below 32767, chosen afresh by each process:
+# two clusters created at the same moment (the test suite's xdist workers, the second cluster of
+# tests/e2e/test_one_cluster.py, another checkout) would pick the same ports. So one creation at
+# a time on this machine, until its components listen (``--wait``).
+CREATE_LOCK = Path(tempfile.gettempdir()) / "pmem-csi-pulumi-cluster-create.lock"
 PMEM_LABEL = {"storage": "pmem"}
 # kwokctl's kwok controller manages the nodes that carry this annotation.
 KWOK_NODE_ANNOTATION = {"kwok.x-k8s.io/node": "fake"}
@@ -105,7 +114,13 @@ def add_node(name: str, labels: dict[str, str], timeout: float = 60) -> None:
     wait_nodes_ready([name], timeout=timeout)
 
 
-def wait_nodes_ready(names: list[str], timeout: float = 60) -> None:
+# kwok marks a fake node Ready within seconds on an idle machine; on a loaded 2-core one (two
+# test workers, a demo, a nested session) it took over 60 s once. The limit only says when to
+# give up on a cluster that will not come up.
+NODES_READY_TIMEOUT = 300.0
+
+
+def wait_nodes_ready(names: list[str], timeout: float = NODES_READY_TIMEOUT) -> None:
     core = _core_api()
     deadline = time.monotonic() + timeout
     pending = set(names)
@@ -189,10 +204,46 @@ def _start_control_plane(pmem_nodes: int, plain_nodes: int) -> Path:
         return kubeconfig
     stop(quiet=True)
     _log(f"starting control plane '{CLUSTER_NAME}' (state in {kwok_workdir()})")
-    binary = toolchain.bin_path
     config = localenv.state_dir() / "kwokctl.yaml"
     config.write_text(kwokctl_config())
-    result = _kwokctl(
+    with one_create_at_a_time():
+        result = _create_cluster(config, kubeconfig)
+    if result.returncode != 0:
+        raise RuntimeError(
+            f"kwokctl create cluster failed ({result.returncode}):\n{result.stdout}\n"
+            f"{result.stderr}\nComponent logs: {kwok_workdir() / 'clusters' / CLUSTER_NAME}"
+        )
+    _log(f"API server healthy after {time.monotonic() - t0:.1f}s; creating nodes")
+    core = _core_api()
+    names = []
+    for i in range(1, pmem_nodes + 1):
+        names.append(f"pmem-node-{i}")
+        core.create_node(node_manifest(names[-1], PMEM_LABEL))
+    for i in range(1, plain_nodes + 1):
+        names.append(f"plain-node-{i}")
+        core.create_node(node_manifest(names[-1], {}))
+    wait_nodes_ready(names)
+    _log(
+        f"ready in {time.monotonic() - t0:.1f}s: {pmem_nodes} PMEM node(s), "
+        f"{plain_nodes} plain node(s); KUBECONFIG={kubeconfig}"
+    )
+    return kubeconfig
+
+
+@contextlib.contextmanager
+def one_create_at_a_time() -> Iterator[None]:
+    """Hold :data:`CREATE_LOCK` (waiting for another creation to finish)."""
+    fd = os.open(CREATE_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _create_cluster(config: Path, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
+    binary = toolchain.bin_path
+    return _kwokctl(
         "create",
         "cluster",
         "--config",
@@ -216,26 +267,6 @@ def _start_control_plane(pmem_nodes: int, plain_nodes: int) -> Path:
         "120s",
         check=False,
     )
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"kwokctl create cluster failed ({result.returncode}):\n{result.stdout}\n"
-            f"{result.stderr}\nComponent logs: {kwok_workdir() / 'clusters' / CLUSTER_NAME}"
-        )
-    _log(f"API server healthy after {time.monotonic() - t0:.1f}s; creating nodes")
-    core = _core_api()
-    names = []
-    for i in range(1, pmem_nodes + 1):
-        names.append(f"pmem-node-{i}")
-        core.create_node(node_manifest(names[-1], PMEM_LABEL))
-    for i in range(1, plain_nodes + 1):
-        names.append(f"plain-node-{i}")
-        core.create_node(node_manifest(names[-1], {}))
-    wait_nodes_ready(names)
-    _log(
-        f"ready in {time.monotonic() - t0:.1f}s: {pmem_nodes} PMEM node(s), "
-        f"{plain_nodes} plain node(s); KUBECONFIG={kubeconfig}"
-    )
-    return kubeconfig
 
 
 def stop(quiet: bool = False) -> None:

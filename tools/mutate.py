@@ -4,12 +4,14 @@ mutmut (pinned in requirements-dev.txt, configured under ``[tool.mutmut]`` in py
 copies the code into ``mutants/`` (git-ignored), changes one thing at a time inside the
 functions of the modules below (a ``<`` into ``<=``, a string into ``"XX...XX"``, an ``and``
 into ``or``, an argument into ``None``) and runs the unit tests that cover that function
-against each change. A change no test notices ("survived") marks a behaviour that no test
-pins. docs/testing.md records the scores and explains each survivor that is left.
+against each change, only those in its module's own test files (``OWN_TESTS``). A change no
+test notices ("survived") marks a behaviour that no test pins. docs/testing.md records the
+scores and explains each survivor that is left.
 
     python -m tools.mutate run        # fresh run (removes mutants/ first), then the table
     python -m tools.mutate run --keep # continue the last run (mutants not checked yet)
     python -m tools.mutate run --again-survivors  # the last run's survivors against new tests
+    python -m tools.mutate run 'pmem_components.takeover.*'  # these mutants again (globs)
     python -m tools.mutate run --keep --sample 150  # a seeded random sample per module
     python -m tools.mutate report --sample 150      # ... and its score per module
     python -m tools.mutate report     # the table of the last run
@@ -17,7 +19,10 @@ pins. docs/testing.md records the scores and explains each survivor that is left
 
 Why a wrapper: mutmut reports per file and counts the preflight's cluster reading
 (``observe`` and friends, exercised by the end-to-end tests) like its planning; this groups
-the scores by the modules issue 17 names and scores only their pure decisions.
+the scores by the modules issue 17 names and scores only their pure decisions. And it runs
+each module's mutants against that module's own test files only (``OWN_TESTS``): mutmut
+would run every unit test that merely passes through the mutated function (a Pulumi-mock
+component test through config.py), which made a full run take hours.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +55,81 @@ MODULES: dict[str, tuple[str, ...]] = {
     "reporter/status.py": ("reporter/status.py",),
     "reporter/write.py": ("reporter/write.py",),
 }
+
+# Module in the table -> its own unit test files: the tests written to pin that module's
+# behaviour. A mutant of the module runs only those of them that call the mutated function
+# (mutmut's stats run says which), never the tests of other modules that merely pass through
+# it. Sound in one direction: a mutant these tests kill is killed; a mutant that survives them
+# may be caught elsewhere, but then the module's own tests miss a behaviour of it, a gap to
+# close in its own test files. The union is [tool.mutmut] pytest_add_cli_args_test_selection
+# in pyproject.toml (tests/unit/test_mutate.py checks that they agree).
+OWN_TESTS: dict[str, tuple[str, ...]] = {
+    "pmem_components/config.py": (
+        "tests/unit/test_config.py",
+        "tests/unit/test_bad_input.py",
+    ),
+    "pmem_components/patches.py": (
+        "tests/unit/test_patches.py",
+        "tests/unit/test_patches_mutants.py",
+        "tests/unit/test_bad_input_certs_patches.py",
+    ),
+    "pmem_components/preflight.py (planning)": (
+        "tests/unit/test_preflight.py",
+        "tests/unit/test_preflight_mutants.py",
+    ),
+    "pmem_components/takeover.py": (
+        "tests/unit/test_takeover.py",
+        "tests/unit/test_takeover_mutants.py",
+    ),
+    "pmem_components/fieldowners.py": (
+        "tests/unit/test_fieldowners.py",
+        "tests/unit/test_fieldowners_mutants.py",
+    ),
+    "pmem_components/manifests/": (
+        "tests/unit/test_manifests.py",
+        "tests/unit/test_crd.py",
+        "tests/unit/test_crd_mutants.py",
+        "tests/unit/test_bundle_mutants.py",
+        "tests/unit/test_driver_rbac_reference.py",
+        "tests/unit/test_reporter_rbac.py",
+        "tests/unit/test_reporter_manifest_mutants.py",
+    ),
+    "reporter/status.py": (
+        "tests/unit/test_status.py",
+        "tests/unit/test_status_mutants.py",
+        "tests/unit/test_status_garbage.py",
+        "tests/unit/test_status_scale.py",
+        "tests/unit/test_status_truth.py",
+        "tests/unit/test_reporter_trim.py",
+    ),
+    "reporter/write.py": (
+        "tests/unit/test_reporter_write.py",
+        "tests/unit/test_write_mutants.py",
+        "tests/unit/test_reporter_write_timing.py",
+        "tests/unit/test_reporter_node_events.py",
+    ),
+}
+
+
+def source_of_function(mangled: str) -> str:
+    """mutmut's key of a mutated function -> its source file:
+    ``pmem_components.manifests.node.x_build`` -> ``pmem_components/manifests/node.py``."""
+    parts = mangled.split(".")
+    while parts and not parts[-1].startswith(("x_", "xǁ")):
+        parts.pop()
+    return "/".join(parts[:-1]) + ".py"
+
+
+def own_tests_only(tests_by_function: Mapping[str, Iterable[str]]) -> dict[str, set[str]]:
+    """mutmut's function -> tests map, each function keeping only its module's own tests
+    (``OWN_TESTS``); a function of a file outside ``MODULES`` keeps none."""
+    selected: dict[str, set[str]] = {}
+    for function, tests in tests_by_function.items():
+        module = module_of(source_of_function(function))
+        own = OWN_TESTS.get(module, ()) if module else ()
+        selected[function] = {t for t in tests if t.split("::", 1)[0] in own}
+    return selected
+
 
 # Functions that do I/O rather than decide: mutated (mutmut cannot leave them out without
 # markers in the code) but not scored. The end-to-end tests run them against a cluster.
@@ -193,14 +273,20 @@ def survivors(pattern: str) -> None:
 
 
 def run(
-    keep: bool, children: int, again_survivors: bool = False, sample_size: int | None = None
+    keep: bool,
+    children: int,
+    again_survivors: bool = False,
+    sample_size: int | None = None,
+    only: list[str] | None = None,
 ) -> int:
     """A mutmut run; ``again_survivors``: only the last run's survivors (after new tests: a
     killed mutant stays killed when tests are only added); ``sample_size``: only the sampled
     mutants not checked yet (or timed out, checked again with the current limit)."""
-    names: list[str] = []
+    names: list[str] = list(only or [])
     sampled: set[str] | None = None
-    if again_survivors:
+    if names:
+        pass  # these mutants (names or globs), checked again
+    elif again_survivors:
         names = [m.name for m in mutants() if m.status in (SURVIVED, NO_TESTS) and scored(m)]
         if not names:
             print("no survivors to run again")
@@ -217,19 +303,26 @@ def run(
             return 0
     elif not keep and MUTANTS_DIR.exists():
         shutil.rmtree(MUTANTS_DIR)
-    mutmut = Path(sys.executable).with_name("mutmut")
     started = time.monotonic()
     cpu_before = os.times()
     done = subprocess.run(
-        [str(mutmut), "run", "--max-children", str(children), *names],
+        [
+            sys.executable,
+            "-m",
+            "tools.mutate",
+            "mutmut",
+            "run",
+            "--max-children",
+            str(children),
+            *names,
+        ],
         cwd=PROJECT_DIR,
         check=False,
     )
     wall = time.monotonic() - started
     cpu_after = os.times()
     cpu = sum(
-        getattr(cpu_after, f) - getattr(cpu_before, f)
-        for f in ("children_user", "children_system")
+        getattr(cpu_after, f) - getattr(cpu_before, f) for f in ("children_user", "children_system")
     )
     print()
     print(table(list(mutants()), sampled))
@@ -237,7 +330,37 @@ def run(
     return done.returncode
 
 
+def mutmut_with_own_tests(argv: list[str]) -> int:
+    """mutmut's command line, in this process, with each mutant's tests cut down to its
+    module's own (``own_tests_only``) once mutmut has collected or loaded its stats. Only
+    the copy in memory is cut: mutants/mutmut-stats.json keeps every test, so a changed
+    ``OWN_TESTS`` applies to the next run without collecting the stats again."""
+    import mutmut.__main__ as mutmut_main
+    from mutmut.state import state
+
+    # The tests import ``tools`` (conftest.py) from mutants/, as under plain mutmut; this
+    # process imported it from the checkout to get here.
+    for name in [n for n in sys.modules if n == "tools" or n.startswith("tools.")]:
+        del sys.modules[name]
+    collect_or_load_stats = mutmut_main.collect_or_load_stats
+
+    def collect_or_load_then_select(*args: object, **kwargs: object) -> None:
+        collect_or_load_stats(*args, **kwargs)  # type: ignore[arg-type]
+        mine = own_tests_only(state().tests_by_mangled_function_name)
+        state().tests_by_mangled_function_name = defaultdict(set, mine)
+
+    mutmut_main.collect_or_load_stats = collect_or_load_then_select
+    try:
+        mutmut_main.cli.main(argv, prog_name="mutmut", standalone_mode=False)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["mutmut"]:  # what ``run`` starts: not for use by hand
+        return mutmut_with_own_tests(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m tools.mutate", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run_p = sub.add_parser("run", help="run mutmut, then print the table")
@@ -247,13 +370,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     run_p.add_argument("--sample", type=int, help="check only a random sample per module")
     run_p.add_argument("--children", type=int, default=os.cpu_count() or 2)
+    run_p.add_argument(
+        "mutants", nargs="*", help="only these mutants (names or globs), checked again"
+    )
     report_p = sub.add_parser("report", help="the table of the last run")
     report_p.add_argument("--sample", type=int, help="add the score of this sample per module")
     surv_p = sub.add_parser("survivors", help="diffs of the surviving mutants")
     surv_p.add_argument("pattern", nargs="?", default="*", help="mutant name or file glob")
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.keep, args.children, args.again_survivors, args.sample)
+        return run(args.keep, args.children, args.again_survivors, args.sample, args.mutants)
     if not MUTANTS_DIR.is_dir():
         print("no mutants/ yet: run `make mutate` first", file=sys.stderr)
         return 1

@@ -44,7 +44,7 @@ def select_stack(
     work_dir.mkdir(parents=True, exist_ok=True)
     if not (work_dir / "Pulumi.yaml").exists():
         (work_dir / "Pulumi.yaml").write_text(
-            yaml.safe_dump({"name": PROJECT_NAME, "runtime": "python"})
+            yaml.safe_dump({"name": PROJECT_NAME, "runtime": "python", **project_config()})
         )
     if config is not None:
         write_stack_config(work_dir, stack_name, config)
@@ -61,6 +61,14 @@ def select_stack(
     for key, value in (secret_config or {}).items():
         stack.set_config(key, auto.ConfigValue(value=value, secret=True), path=True)
     return stack
+
+
+def project_config() -> dict[str, Any]:
+    """The project's own Pulumi.yaml ``config`` (provider settings every stack of the project
+    gets, such as ``kubernetes:enableSecretMutable``), so that test stacks run as the
+    project's stacks do."""
+    project = yaml.safe_load((toolchain.PROJECT_DIR / "Pulumi.yaml").read_text()) or {}
+    return {"config": project["config"]} if project.get("config") else {}
 
 
 def write_stack_config(work_dir: Path, stack_name: str, config: dict[str, Any]) -> None:

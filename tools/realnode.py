@@ -33,7 +33,7 @@ kubelet changed (written back), mounts, cgroups, the namespace, the Node object 
 routes, and those paths; it runs at every start too, so a killed run's leftovers go before
 anything new is made.
 
-Usage: ``python -m tools.realnode start|stop|status|check-guard``.
+Usage: ``python -m tools.realnode start|stop|status|check-guard|restart-kubelet``.
 """
 
 from __future__ import annotations
@@ -870,10 +870,7 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
         json.dumps(_cni_config(), indent=1)
     )
     (NODE_RUN / "containerd.toml").write_text(_containerd_config())
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join(
-        [str(toolchain.bin_path("containerd").parent), "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-    )
+    env = _component_env()
     containerd = _spawn(
         "containerd",
         in_netns(toolchain.bin_path("containerd"), "--config", NODE_RUN / "containerd.toml"),
@@ -900,28 +897,104 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
     kubeconfig, _, _ = _kubelet_kubeconfig()
     (NODE_RUN / "kubeconfig").write_text(json.dumps(kubeconfig))
     (NODE_RUN / "kubelet.json").write_text(json.dumps(_kubelet_config(), indent=1))
-    kubelet = _spawn(
-        "kubelet",
-        in_netns(
-            toolchain.bin_path("kubelet"),
-            "--config", NODE_RUN / "kubelet.json",
-            "--kubeconfig", NODE_RUN / "kubeconfig",
-            "--root-dir", NODE_ROOT / "kubelet",
-            "--cert-dir", NODE_ROOT / "kubelet-pki",
-            "--hostname-override", NODE_NAME,
-            "--node-ip", NODE_IP,
-            "--node-labels", f"{NODE_LABEL[0]}={NODE_LABEL[1]},type=real",
-            "--v=2",
-        ),
-        env=env,
-    )  # fmt: skip
-    record.started_at_boottime = boottime()
-    _remember(record, "kubelet", kubelet.pid)
+    kubelet = _spawn_kubelet(record, env)
     _wait("node Ready", _node_ready, timeout, kubelet)
     # The kubelet (and containerd's CNI) changed the namespace while starting: check again.
     problems = _isolation_problems(api_port)
     if problems:
         raise RealNodeError("the node's isolation broke while it started: " + "; ".join(problems))
+
+
+def _component_env() -> dict[str, str]:
+    """containerd's and the kubelet's environment: the shim next to containerd, runc, nft."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join(
+        [str(toolchain.bin_path("containerd").parent), "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+    )
+    return env
+
+
+def _kubelet_command() -> list[str]:
+    return in_netns(
+        toolchain.bin_path("kubelet"),
+        "--config", NODE_RUN / "kubelet.json",
+        "--kubeconfig", NODE_RUN / "kubeconfig",
+        "--root-dir", NODE_ROOT / "kubelet",
+        "--cert-dir", NODE_ROOT / "kubelet-pki",
+        "--hostname-override", NODE_NAME,
+        "--node-ip", NODE_IP,
+        "--node-labels", f"{NODE_LABEL[0]}={NODE_LABEL[1]},type=real",
+        "--v=2",
+    )  # fmt: skip
+
+
+def _spawn_kubelet(record: Record, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start the kubelet (in the tracking cgroup, inside the namespace) and record its PID."""
+    kubelet = _spawn("kubelet", _kubelet_command(), env=env)
+    record.started_at_boottime = boottime()
+    _remember(record, "kubelet", kubelet.pid)
+    return kubelet
+
+
+def _kubelet_healthy() -> bool:
+    """The kubelet's /healthz (on 127.0.0.1 inside the namespace) answers ok."""
+    try:
+        return node_http_get("127.0.0.1", 10248, "/healthz", timeout=2) == (200, "ok")
+    except OSError:
+        return False
+
+
+def restart_kubelet(timeout: float = 120) -> Record:
+    """Stop the node's kubelet and start it again; containerd, the pods and the guard stay.
+
+    What a kubelet upgrade or crash does to a node. The kubelet keeps some state in memory
+    only, the pods' ServiceAccount tokens among it: the new process requests a token for
+    every running pod's projected volume and writes it (tests/e2e/test_real_node.py uses
+    that to rotate a token now rather than at 80 % of its lifetime).
+
+    Only this checkout's running node, with its guard complete before and after. The lock
+    stays with the forwarder for the node's life: the new kubelet is started only while that
+    process (verified by PID and start time) still holds it, so never beside a teardown.
+    """
+    record = Record.load()
+    if record is None or not is_running():
+        raise RealNodeError("no real node runs")
+    if record.state_dir != str(localenv.state_dir()):
+        raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
+    _, _, api_port = _kubelet_kubeconfig()
+    problems = _isolation_problems(api_port)
+    if problems:
+        raise RealNodeError("the node's isolation is incomplete: " + "; ".join(problems))
+
+    def lock_holder_lives() -> bool:
+        return _same_process(record.pids.get("forwarder"), record.pid_starts.get("forwarder"))
+
+    if not lock_held():
+        raise RealNodeError("the node's lock is not held: its forwarder is not the node's")
+    old = record.pids["kubelet"]
+    _kill({old}, signal.SIGTERM)
+    _wait_gone({old}, 30)
+    if _same_process(old, record.pid_starts.get("kubelet")):
+        _kill({old}, signal.SIGKILL)
+        _wait_gone({old}, 10)
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(old, os.WNOHANG)
+    if _same_process(old, record.pid_starts.get("kubelet")):
+        raise RealNodeError(f"the kubelet ({old}) did not exit")
+    if not lock_holder_lives() or not lock_held():
+        raise RealNodeError("the node's forwarder (the lock's holder) is gone: being torn down")
+    kubelet = _spawn_kubelet(record, _component_env())
+    if not lock_holder_lives():  # a teardown began meanwhile: it kills the cgroup, and so do we
+        _kill({kubelet.pid}, signal.SIGKILL)
+        kubelet.wait()
+        raise RealNodeError("the node was torn down while its kubelet restarted")
+    _wait("kubelet /healthz", _kubelet_healthy, timeout, kubelet)
+    problems = _isolation_problems(api_port)
+    if problems:
+        raise RealNodeError("the node's isolation broke as the kubelet restarted: "
+                            + "; ".join(problems))  # fmt: skip
+    _log(f"kubelet restarted (pid {kubelet.pid})")
+    return record
 
 
 def _node_ready() -> bool:
@@ -1234,6 +1307,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stop", help="remove the real node and every trace of it")
     sub.add_parser("status", help="exit 0 when the real node runs")
     sub.add_parser("check-guard", help="list what is missing of the node's isolation")
+    sub.add_parser("restart-kubelet", help="stop the kubelet and start it again (pods stay)")
     f = sub.add_parser("forward", help=argparse.SUPPRESS)
     f.add_argument("host")
     f.add_argument("port", type=int)
@@ -1243,6 +1317,8 @@ def main(argv: list[str] | None = None) -> int:
         start()
     elif args.cmd == "stop":
         stop()
+    elif args.cmd == "restart-kubelet":
+        restart_kubelet()
     elif args.cmd == "forward":
         forward(args.host, args.port, args.lock_fd)
     elif args.cmd == "check-guard":

@@ -8,10 +8,10 @@ the builders only place them, never inspect them.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from pmem_components import certs
 from pmem_components.config import DeploymentConfig
 from pmem_components.manifests import (
     controller,
@@ -50,14 +50,10 @@ CERTIFICATES_HASH_ANNOTATION = "pmem-csi.intel.com/certificates-hash"
 def certificates_fingerprint(ca_cert: str, registry_cert: str, node_controller_cert: str) -> str:
     """SHA-256 over the three public certificates: changes whenever any of them does.
 
-    Only public material goes in: the private keys change together with their certificates,
-    and hashing them would make the pod templates secret in Pulumi's eyes.
+    The same function as :func:`pmem_components.certs.material_fingerprint`, which the
+    certificate provider uses to recognise pods that run the current material.
     """
-    digest = hashlib.sha256()
-    for pem in (ca_cert, registry_cert, node_controller_cert):
-        digest.update(pem.strip().encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:32]
+    return certs.material_fingerprint(ca_cert, registry_cert, node_controller_cert)
 
 
 def _with_fingerprint(workload: dict[str, Any], fingerprint: Any) -> dict[str, Any]:

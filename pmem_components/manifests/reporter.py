@@ -10,23 +10,26 @@ the name that deployment's own reporter had: an existing stack keeps that Deploy
 Lease and its Events Role (updated in place, see ``pmem_components.program``) and only the
 others' reporters go away, after the stack's reporter has rolled out.
 
-It runs with ``--shared-watches`` (``reporter.observe``): one cluster-wide watch per kind by
-label (``instance in (<served deployments>)``), so pods, Lease requests and watches do not
-grow with the number of deployments -- except the certificate Secrets, watched by name (two
-idle watches per deployment), because RBAC can limit Secrets to names but not to labels.
+It runs with ``--shared-watches`` (``reporter.observe``): one watch per kind by label
+(``instance in (<served deployments>)``) -- cluster-wide for the CRs and the cluster-scoped
+kinds, per driver namespace for the namespaced ones (Secrets included) -- so pods, Lease
+requests and watches do not grow with the number of deployments (watches: 4 + 8 per driver
+namespace).
 
 Each rule exists because ``reporter/`` makes exactly that call (the unit test
 ``tests/unit/test_reporter_rbac_calls.py`` drives the reporter against a recording API and
 checks every call is granted and every grant is used):
 - ClusterRole: list/watch on the Deployment CRs (one cluster-wide watch; the reporter ignores
   CRs it does not serve), get (a fresh copy after a 409) and patch on ``/status`` of the
-  served CRs only (resourceNames); list/watch on the kinds of the driver objects (by label,
-  cluster-wide: pods, services, service accounts, daemon sets, stateful sets, roles, role
-  bindings, cluster roles, cluster role bindings, CSI drivers), and get on them but pods (the
-  metadata of an expected object absent from the label-selected cache: relabelled, or
-  missing?). No Secret access cluster-wide.
-- Role in each driver namespace: list/watch on its deployments' two certificate Secrets by
-  name (watched with a name field selector, which resourceNames authorize; no other Secret).
+  served CRs only (resourceNames); list/watch/get on the cluster-scoped kinds of the driver
+  objects (cluster roles, cluster role bindings, CSI drivers; get: the metadata of an
+  expected object absent from the label-selected cache: relabelled, or missing?). Nothing
+  namespaced: no pod, Secret or workload of any other namespace (review of issue 16).
+- Role in each driver namespace (the namespaces of the served deployments only): list/watch
+  on pods and Secrets (by label; Secrets never read with a GET), list/watch/get on services,
+  service accounts, daemon sets, stateful sets, roles and role bindings. So the reporter can
+  read the Secrets of its deployments' namespaces -- namespaces the stack owns -- but no
+  Secret elsewhere.
 - Role in the reporter's namespace: the Lease: ``create`` (cannot be limited by name) and
   get/update on its own Lease by name.
 - Role in ``default`` (``names.CLUSTER_EVENT_NAMESPACE``): create on Events (never patched).
@@ -86,11 +89,14 @@ def reporter_selector(names: n.DeploymentNames) -> dict[str, str]:
 # One served deployment: its names and the namespace of its objects.
 Served = tuple[n.DeploymentNames, str]
 
-# Namespaced kinds watched cluster-wide by label (Secrets are watched per driver namespace).
-WATCHED = [
+# Kinds watched by label and read by name (an expected object absent from the cache):
+# namespaced ones in each driver namespace (Roles), cluster-scoped ones cluster-wide.
+WATCHED_NAMESPACED = [
     ("", ["services", "serviceaccounts"]),
     ("apps", ["daemonsets", "statefulsets"]),
     (RBAC_API, ["roles", "rolebindings"]),
+]
+WATCHED_CLUSTER = [
     (RBAC_API, ["clusterroles", "clusterrolebindings"]),
     ("storage.k8s.io", ["csidrivers"]),
 ]
@@ -104,10 +110,19 @@ def cluster_role_rules(served: list[Served]) -> list[dict]:
         _rule(n.CRD_GROUP, [n.CRD_PLURAL], WATCH),
         _rule(n.CRD_GROUP, [n.CRD_PLURAL], ["get"], cr_names),
         _rule(n.CRD_GROUP, [f"{n.CRD_PLURAL}/status"], ["patch"], cr_names),
-        _rule("", ["pods"], WATCH),
     ]
-    rules += [_rule(group, resources, [*WATCH, "get"]) for group, resources in WATCHED]
+    rules += [_rule(group, resources, [*WATCH, "get"]) for group, resources in WATCHED_CLUSTER]
     return rules
+
+
+def driver_namespace_rules() -> list[dict]:
+    """What the reporter reads in each namespace of its deployments (and nowhere else)."""
+    return [
+        _rule("", ["pods"], WATCH),
+        *(_rule(group, resources, [*WATCH, "get"]) for group, resources in WATCHED_NAMESPACED),
+        # By label, one watch for every deployment of the namespace; never a GET.
+        _rule("", ["secrets"], WATCH),
+    ]
 
 
 EVENT_RULE = _rule("", ["events"], ["create"])
@@ -123,14 +138,26 @@ def lease_rules(owner: n.DeploymentNames) -> list[dict]:
 def namespace_rules(served: list[Served], namespace: str) -> dict[str, list[dict]]:
     """namespace -> the rules of the reporter's Role there (see the module docstring)."""
     out: dict[str, list[dict]] = {}
-    secrets: dict[str, list[str]] = {}
-    for names, driver_ns in served:
-        secrets.setdefault(driver_ns, []).extend([names.registry_secret, names.node_secret])
-    for driver_ns, secret_names in secrets.items():
-        out[driver_ns] = [_rule("", ["secrets"], WATCH, secret_names)]
+    for _names, driver_ns in served:
+        out.setdefault(driver_ns, driver_namespace_rules())
     out.setdefault(namespace, []).extend(lease_rules(served[0][0]))
     out.setdefault(n.CLUSTER_EVENT_NAMESPACE, []).append(dict(EVENT_RULE))
     return out
+
+
+def rbac_name(owner: n.DeploymentNames) -> str:
+    """The name of the stack reporter's ClusterRole, Roles and bindings: not the one the
+    per-deployment layout's had (``owner.reporter``), so moving to this layout is additive.
+
+    Why (review of issue 16): that ``pulumi up`` narrows the ClusterRole (no cluster-wide
+    pods, no workloads) and widens the Roles (more namespaces), while the Deployment rolls
+    from old pods to new ones. Updated in place, either the old pods lose their grants
+    before they are gone or the new pods start before theirs exist. Under new names the new
+    grants are created first (the Deployment depends on them, ``program.register_reporter``)
+    and the old ones, no longer declared, are deleted at the end of the update, after the
+    Deployment has rolled out -- with the ServiceAccount kept, both sets apply meanwhile.
+    """
+    return f"{owner.reporter}-stack"
 
 
 def build_reporter_objects(
@@ -161,27 +188,28 @@ def build_reporter_objects(
         return m
 
     subjects = [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]
+    grants = rbac_name(owner)
     objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(namespace)},
         {
             "apiVersion": f"{RBAC_API}/v1",
             "kind": "ClusterRole",
-            "metadata": meta(None),
+            "metadata": {**meta(None), "name": grants},
             "rules": cluster_role_rules(served),
         },
         {
             "apiVersion": f"{RBAC_API}/v1",
             "kind": "ClusterRoleBinding",
-            "metadata": meta(None),
+            "metadata": {**meta(None), "name": grants},
             "subjects": subjects,
-            "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": name},
+            "roleRef": {"apiGroup": RBAC_API, "kind": "ClusterRole", "name": grants},
         },
     ]
     for ns, rules in namespace_rules(served, namespace).items():
-        # The Events Role in "default" keeps the name it always had (an existing stack's
-        # object is updated, not replaced); the others are named like the reporter.
+        # The Events Role in "default" keeps the name it always had (its one rule is the
+        # per-deployment layout's: updated in place); the others are new (``rbac_name``).
         role = (
-            owner.reporter_events if ns == n.CLUSTER_EVENT_NAMESPACE and ns != namespace else name
+            owner.reporter_events if ns == n.CLUSTER_EVENT_NAMESPACE and ns != namespace else grants
         )
         role_meta = {**meta(ns), "name": role}
         objects += [

@@ -70,6 +70,11 @@ class ControlPlane:
         docs = yaml.safe_load_all((self.dir / "kwok.yaml").read_text(encoding="utf-8"))
         config = next(d for d in docs if d and d.get("kind") == "KwokctlConfiguration")
         self._components = {c["name"]: c for c in config["components"]}
+        # While a component is down its port is free, and a cluster created meanwhile (another
+        # xdist worker's) could take it: kill() holds cluster.CREATE_LOCK until every component
+        # killed here is started again.
+        self._down: set[str] = set()
+        self._create_lock: contextlib.ExitStack | None = None
 
     def pid(self, name: str) -> int:
         return int((self.dir / "pids" / f"{name}.pid").read_text().strip())
@@ -82,6 +87,10 @@ class ControlPlane:
 
     def kill(self, name: str, sig: int = signal.SIGKILL, timeout: float = 30) -> None:
         """Signal the component and wait until its process is gone."""
+        if self._create_lock is None:
+            self._create_lock = contextlib.ExitStack()
+            self._create_lock.enter_context(cluster.one_create_at_a_time())
+        self._down.add(name)
         pid = self.pid(name)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
@@ -117,6 +126,10 @@ class ControlPlane:
             log.close()
         _CHILDREN[proc.pid] = proc
         (self.dir / "pids" / f"{name}.pid").write_text(str(proc.pid))
+        self._down.discard(name)
+        if not self._down and self._create_lock is not None:
+            self._create_lock.close()
+            self._create_lock = None
         return proc.pid
 
     def ensure_running(self, name: str) -> None:

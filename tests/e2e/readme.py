@@ -1,4 +1,5 @@
-"""The README's shell blocks, and a shell that runs them as an administrator types them."""
+"""The shell blocks of README.md and docs/*.md, and a shell that runs them as an administrator
+types them."""
 
 from __future__ import annotations
 
@@ -30,17 +31,59 @@ def project_copy(root: Path) -> Path:
     return root
 
 
+def doc_files() -> list[Path]:
+    """The documents whose command blocks tests run: README.md and every docs/*.md."""
+    root = toolchain.PROJECT_DIR
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def _headings(text: str) -> list[tuple[int, str]]:
+    """(offset, line) of each Markdown heading of ``text``, skipping fenced blocks."""
+    found, fenced, offset = [], False, 0
+    for line in text.splitlines(keepends=True):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,6} ", line):
+            found.append((offset, line.rstrip("\n")))
+        offset += len(line)
+    return found
+
+
+def doc_of(heading: str) -> Path:
+    """The one document that has ``heading`` as a heading line; none or several is an error,
+    so a section moved, renamed or repeated never leaves a test running the wrong blocks."""
+    having = [
+        doc for doc in doc_files() for _, line in _headings(doc.read_text()) if line == heading
+    ]
+    if len(having) != 1:
+        names = ", ".join(
+            sorted({str(doc.relative_to(toolchain.PROJECT_DIR)) for doc in having})
+        )
+        raise LookupError(f"heading {heading!r} appears {len(having)} times, not once: {names}")
+    return having[0]
+
+
 def sh_blocks(heading: str) -> list[list[str]]:
     """The non-empty command lines of each ``sh`` block under ``heading``, in order.
 
-    The section ends at the next second-level heading, so a block moved to another section
-    stops being run by the test that documents this one.
+    ``heading`` (e.g. ``"## Choosing a state backend"``) is looked up in README.md and
+    docs/*.md (``doc_of``). The section ends at the next heading of the same or a higher
+    level, so a block moved to another section stops being run by the test that documents
+    this one.
     """
-    text = (toolchain.PROJECT_DIR / "README.md").read_text()
-    start = text.index(heading) + len(heading)
-    end = text.find("\n## ", start)
-    section = text[start : end if end != -1 else None]
-    blocks = re.findall(r"^```sh\n(.*?)^```", section, re.M | re.S)
+    text = doc_of(heading).read_text()
+    level = len(heading) - len(heading.lstrip("#"))
+    headings = _headings(text)
+    start = next(offset for offset, line in headings if line == heading) + len(heading)
+    end = next(
+        (
+            offset
+            for offset, line in headings
+            if offset > start and len(line) - len(line.lstrip("#")) <= level
+        ),
+        len(text),
+    )
+    blocks = re.findall(r"^```sh\n(.*?)^```", text[start:end], re.M | re.S)
     return [[line for line in block.splitlines() if line.strip()] for block in blocks]
 
 

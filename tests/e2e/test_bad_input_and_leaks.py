@@ -2,6 +2,10 @@
 
 * A bad config fails ``pulumi up`` with one message naming the key, and nothing reaches the
   cluster (``test_bad_configs_fail_naming_the_key_and_create_nothing``).
+* A patch value of the wrong type, stored by ``pulumi config set --path`` (an all-digit
+  nodeSelector value becomes a number: CI's red run), fails ``pulumi up`` naming the key and
+  the fix, with nothing created; and the program's type check agrees with the API server on
+  what it refuses and accepts (``test_the_type_check_agrees_with_the_api_server``).
 * On a running stack, a patch that would change a workload's (immutable) selector fails the
   same way and changes nothing.
 * No private key leaks (issue 10, item 7): after one ``pulumi up`` of a stack with one
@@ -24,6 +28,7 @@ import contextlib
 import datetime as dt
 import json
 import os
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -37,8 +42,11 @@ from kubernetes.client.exceptions import ApiException
 from pulumi import automation as auto
 
 from pmem_components import certs as certlib
-from pmem_components import names
+from pmem_components import names, patchtypes
+from pmem_components import preflight as pf
 from pmem_components.config import DeploymentConfig
+from pmem_components.manifests import controller
+from pmem_components.patches import merge_patch
 from reporter import status as st
 from reporter.kubeapi import RawApi
 from tests.e2e.reporter_helpers import (
@@ -171,6 +179,92 @@ def test_bad_configs_fail_naming_the_key_and_create_nothing(
         dispose(stack)
 
 
+def test_a_number_for_a_string_in_a_patch_fails_up_and_creates_nothing(
+    pulumi_ready: dict[str, str], crd: None, stacks_dir: Path, kube: Cluster
+) -> None:
+    """CI's red run, as it happened: ``config set --path ... 253578`` stores a number."""
+    raw = unique_deployment(patches=[{"kind": "StatefulSet"}])
+    key = (
+        "pmem-csi:deployments[0].patches[0].mergePatch.spec.template.spec.nodeSelector"
+        ".interrupt-gate"
+    )
+    stack = make_stack(stacks_dir, stack_config(raw))
+    try:
+        stack.set_config(key, auto.ConfigValue(value="253578"), path=True)
+        stored = stack.get_config("pmem-csi:deployments", path=False).value
+        assert '"interrupt-gate":253578' in stored.replace(" ", ""), stored  # a number
+        text = _expect_up_error(stack, key)
+        assert "must be a string, not the number 253578" in text, text
+        assert f"pulumi config set --type string --path '{key}' -- 253578" in text, text
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": raw["namespace"]}}
+        assert kube.get(ns) is None
+        assert leftovers(kube, DeploymentConfig(name=raw["name"], namespace=raw["namespace"])) == []
+        resources = stack.export_stack().deployment.get("resources") or []
+        assert [r["type"] for r in resources if r["type"] != "pulumi:pulumi:Stack"] == []
+        # The fix the message gives works, run as given (--type string, and "--" before the
+        # value): the preview passes the checks.
+        suggested = shlex.split(text.split("pulumi config set ", 1)[1].splitlines()[0])
+        assert suggested == ["--type", "string", "--path", key, "--", "253578"], suggested
+        subprocess.run(
+            [str(toolchain.bin_path("pulumi")), "config", "set", "--stack", stack.name,
+             *suggested],
+            cwd=stack.workspace.work_dir,
+            env={**os.environ, **(stack.workspace.env_vars or {})},
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        stack.preview(on_output=ps.printer("[fixed preview] "))
+    finally:
+        dispose(stack)
+
+
+def _pod(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"template": {"spec": spec}}}
+
+
+def _driver(**container: Any) -> dict[str, Any]:
+    return _pod({"containers": [{"name": "pmem-driver", "image": "x", **container}]})
+
+
+# (merge patch of the controller StatefulSet, refused by the API server)
+AGREEMENT_CASES: dict[str, tuple[dict[str, Any], bool]] = {
+    "nodeSelector-number": (_pod({"nodeSelector": {"gate": 253578}}), True),
+    "nodeSelector-true": (_pod({"nodeSelector": {"gate": True}}), True),
+    "label-number": ({"metadata": {"labels": {"team": 7}}}, True),
+    "env-value-number": (_driver(env=[{"name": "N", "value": 3}]), True),
+    "replicas-string": ({"spec": {"replicas": "3"}}, True),
+    "minReadySeconds-fraction": ({"spec": {"minReadySeconds": 1.5}}, True),
+    "hostNetwork-string": (_pod({"hostNetwork": "true"}), True),
+    "quantity-garbage": (_driver(resources={"limits": {"cpu": "lots"}}), True),
+    "int-or-string-int": ({"spec": {"updateStrategy": {"rollingUpdate": {"partition": 0,
+                                                                        "maxUnavailable": 1}}}},
+                          False),
+    "int-or-string-string": ({"spec": {"updateStrategy": {"rollingUpdate": {
+        "maxUnavailable": "50%"}}}}, False),
+    "quantity-int": (_driver(resources={"limits": {"cpu": 2}}), False),
+    "quantity-float": (_driver(resources={"requests": {"cpu": 0.5}}), False),
+    "probe-port-int": (_driver(livenessProbe={"tcpSocket": {"port": 8080}}), False),
+    "probe-port-name": (_driver(livenessProbe={"tcpSocket": {"port": "metrics"}}), False),
+    "merge-null": (_pod({"nodeSelector": {"storage": None}}), False),
+    "replicas-integral-float": ({"spec": {"replicas": 2.0}}, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AGREEMENT_CASES))
+def test_the_type_check_agrees_with_the_api_server(api_client: Any, case: str) -> None:
+    """The program refuses exactly the types the API server refuses (server-side apply, dry
+    run, as the provider applies): no valid input is refused, no wrong type gets through."""
+    patch, refused = AGREEMENT_CASES[case]
+    obj = merge_patch(controller.build_controller_statefulset(DeploymentConfig()), patch)
+    obj["metadata"]["namespace"] = "default"  # exists; a dry run writes nothing
+    path = pf._path("apps/v1", "StatefulSet", "default", obj["metadata"]["name"])
+    status, body = pf._Reader(api_client).dry_apply(path, obj, "pulumi-kubernetes")
+    assert (status >= 400) == refused, (status, body.get("message"))
+    found = patchtypes.mismatches(obj)
+    assert bool(found) == refused, found
+
+
 # --------------------------------------------------------------------------- the deployed pair
 
 
@@ -223,7 +317,7 @@ def pair(
         # The engine's most verbose display a user gets without asking for secrets, plus its
         # own log at -v=8. From -v=9 on the engine logs the raw gRPC payloads it exchanges
         # with providers, secrets in plaintext included (Pulumi's behaviour, measured here:
-        # the generated keys appear), so that level is not one to share; see the README.
+        # the generated keys appear), so that level is not one to share; see docs/faults.md.
         result = stack.up(
             on_output=ps.printer("[leak up] "),
             debug=True,

@@ -4,15 +4,16 @@ Three scenarios, one stack each, all in one copy of the checkout with a file bac
 module's own (the offline environment of ``tools/localenv.py``):
 
 - ``pulumi up`` stopped with Ctrl-C (SIGINT to its process group, as a terminal sends it) half
-  way, then the README's steps for that case;
-- ``pulumi up`` killed with SIGKILL while an object is being created, then the README's steps
-  for a killed run (``pulumi cancel``, ``pulumi refresh --clear-pending-creates``, ``pulumi up``);
+  way, then docs/day2.md's steps for that case;
+- ``pulumi up`` killed with SIGKILL while an object is being created, then docs/day2.md's
+  steps for a killed run (``pulumi cancel``, ``pulumi refresh --clear-pending-creates``,
+  ``pulumi up``);
 - a second ``pulumi up`` (and a ``pulumi destroy``) while the first one runs: refused by the
   file backend's stack lock; and ``pulumi cancel`` shown to remove that lock without stopping
-  the run, which is why the README says to check the lock's pid first.
+  the run, which is why docs/day2.md says to check the lock's pid first.
 
-The README steps are read from its section "When ``pulumi up`` was interrupted" and run line by
-line, as written, on the scenario's stack (selected with ``pulumi stack select``).
+The steps are read from the section "When ``pulumi up`` was interrupted" of docs/day2.md and
+run line by line, as written, on the scenario's stack (selected with ``pulumi stack select``).
 
 "Half way" is made deterministic with a gate, not a sleep: each stack patches the controller
 StatefulSet with a ``nodeSelector`` that no node matches until the test labels a node. The
@@ -58,7 +59,9 @@ pytestmark = pytest.mark.timeout(900)
 SECTION = "## When `pulumi up` was interrupted"
 GATE_LABEL = "interrupt-gate"
 # What a stack holds besides its Kubernetes objects: the stack, the four components, the
-# dynamic resource that generates the certificates and the two default providers.
+# dynamic resource that generates the certificates and the three default providers (the
+# builtin "pulumi" one serves the preflight's read of the stack's own state,
+# pmem_components/identity.py).
 OTHER_RESOURCES = Counter(
     {
         "pulumi:pulumi:Stack": 1,
@@ -69,6 +72,7 @@ OTHER_RESOURCES = Counter(
         "pulumi-python:dynamic/pmem-csi:Certificates": 1,
         "pulumi:providers:kubernetes": 1,
         "pulumi:providers:pulumi-python": 1,
+        "pulumi:providers:pulumi": 1,
     }
 )
 LOCKED = "the stack is currently locked by 1 lock(s)"
@@ -175,7 +179,7 @@ def admin(
     env["KUBECONFIG"] = str(local_cluster)
     shell = Admin(root, env, backend=backend)
     # manageCrd is false in these stacks (destroying them must not remove the shared CRD), so
-    # the CRD is applied as the README documents for that setting.
+    # the CRD is applied as docs/configuration.md documents for that setting.
     shell.kubectl("apply", "--server-side", "-f", str(root / "crd"))
     return shell
 
@@ -319,7 +323,7 @@ def _uids(found: dict[Key, list[str]]) -> dict[Key, str]:
 def assert_converged(admin: Admin, sc: Scenario, *, preview: bool = True) -> dict[Key, str]:
     """Cluster, state and program agree, exactly once each; returns the objects' UIDs.
 
-    ``preview=False`` when the README block just run ended with ``pulumi preview
+    ``preview=False`` when the docs/day2.md block just run ended with ``pulumi preview
     --expect-no-changes`` (and passed), to spend one program run less.
     """
     expected = sc.expected()
@@ -345,12 +349,12 @@ def assert_converged(admin: Admin, sc: Scenario, *, preview: bool = True) -> dic
 
 
 def _report(what: str, started: float) -> None:
-    """The README table's recovery times come from here (``pytest -s``); never asserted."""
-    print(f"\nrecovery {what}: the README steps took {time.monotonic() - started:.1f} s")
+    """The recovery times of docs/day2.md's table come from here (``pytest -s``); never asserted."""
+    print(f"\nrecovery {what}: the documented steps took {time.monotonic() - started:.1f} s")
 
 
 def _select(admin: Admin, sc: Scenario) -> None:
-    """The README's steps act on the selected stack, as an administrator's shell does."""
+    """The documented steps act on the selected stack, as an administrator's shell does."""
     admin.run(f"pulumi stack select {sc.stack}")
 
 
@@ -385,7 +389,7 @@ def test_up_stopped_with_ctrl_c_half_way_completes_when_run_again(
     recorded = _state_objects(state)
     found = _cluster_objects(admin, sc)
     # Every recorded object exists. One that exists unrecorded is one whose create was cut
-    # short after its request had reached the API server: why the README says `up`, not
+    # short after its request had reached the API server: why docs/day2.md says `up`, not
     # `destroy`, next. Which case a run meets depends on timing; both are checked.
     untracked = set(found) - set(recorded)
     print(f"\nCtrl-C: creates cut short {sorted(cut_short)}, untracked {sorted(untracked)}")
@@ -418,7 +422,7 @@ def test_up_killed_recovers_with_the_documented_steps(admin: Admin, scenario: Sc
     proc.kill()  # SIGKILL to the CLI alone, as the OOM killer or `kill -9 PID` does
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
-    # The plugins it started are not told; end them by pid as the README says.
+    # The plugins it started are not told; end them by pid as docs/day2.md says.
     for pid in _session_pids(proc.pid):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -439,7 +443,7 @@ def test_up_killed_recovers_with_the_documented_steps(admin: Admin, scenario: Sc
 
     _open_gate(admin, sc)
     assert after_kill[-1] == NO_CHANGES
-    # The checks between the lines below must run: the README keeps both steps.
+    # The checks between the lines below must run: docs/day2.md keeps both steps.
     assert after_kill.count("pulumi cancel --yes") == 1, after_kill
     assert sum(line.startswith("pulumi refresh") for line in after_kill) == 1, after_kill
     started, checks = time.monotonic(), 0.0
@@ -482,7 +486,7 @@ def test_second_up_while_one_runs_is_refused_by_the_stack_lock(
     assert first.poll() is None
 
     # `pulumi cancel` (file backend) deletes the lock files and nothing else: it reports the
-    # update as canceled, but the run goes on, unprotected. Hence the README's pid check.
+    # update as canceled, but the run goes on, unprotected. Hence docs/day2.md's pid check.
     cancel = admin.run(f"pulumi cancel --yes --stack {sc.stack}")
     assert "has been canceled" in cancel.stdout, cancel.stdout
     assert admin.lock_files(sc.stack) == []

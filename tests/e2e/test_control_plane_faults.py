@@ -5,7 +5,7 @@ subprocess with a TokenRequest token of the reporter's ServiceAccount, as ``test
 does; then it injects one fault, changes the driver while the fault lasts (or right after),
 and waits until the CR status says so. After every fault the same reporter process (same
 pid, never restarted) has the status right again. Recovery times are printed (run with
-``-s``) for the README's fault table and BENCHMARKS.md; nothing asserts on them.
+``-s``) for the fault table of docs/faults.md and BENCHMARKS.md; nothing asserts on them.
 
 The faults (see ``tests.e2e.faults``):
 - the kube-apiserver killed and started again with kwokctl's command line;

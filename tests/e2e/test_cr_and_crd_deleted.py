@@ -315,7 +315,7 @@ def test_deleted_crd_is_waited_for_and_up_refresh_recreates_it(
     assert "Traceback" not in rep.log()
     assert len(reporter_warnings(rep.log()[mark:])) == 1  # the CRD's return is no warning
     assert env.uids() == uids
-    # Figures for the README: requests while the CRD was gone, resume after it came back.
+    # Figures for docs/faults.md: requests while the CRD was gone, resume after it came back.
     total = rep.metric(CR_RESTARTS) - restarts_at_gone
     ext = client.ApiextensionsV1Api(env.api_client)
     crd_created = ext.read_custom_resource_definition(names.CRD_NAME).metadata.creation_timestamp

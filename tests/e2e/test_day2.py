@@ -2,7 +2,7 @@
 nothing is lost (the real engine and provider against the local cluster).
 
 Each scenario is one stack that the tests of a section change step by step, in file order
-(pytest keeps it), as the README's "Day-2 operations" section describes:
+(pytest keeps it), as docs/day2.md describes:
 
 * Namespaces and the CRD belong to the stack: an existing namespace is adopted only when
   asked; removing the deployment that named a shared namespace first leaves the namespace
@@ -471,7 +471,7 @@ def _fingerprint(kube: Cluster, cfg: DeploymentConfig) -> str:
 
 
 def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pods(
-    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+    pulumi_ready: dict[str, str], crd: None, stacks_dir: Path, api_client: Any, kube: Cluster
 ) -> None:
     core = client.CoreV1Api(api_client)
     sfx = suffix()
@@ -492,8 +492,12 @@ def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pod
     stack = make_stack(stacks_dir, config({"validityDays": 20, "renewBeforeDays": 10}))
 
     def state() -> tuple[str, str, list[str]]:
-        ca = secret_data(core, cfg.names.node_secret, cfg.namespace)["ca.crt"]
-        return ca, _fingerprint(kube, cfg), pod_uids(core, cfg)
+        # The node's leaf first (its lifetime is what _cert reads), then the trust bundle.
+        data = secret_data(core, cfg.names.node_secret, cfg.namespace)
+        return data["tls.crt"] + data["ca.crt"], _fingerprint(kube, cfg), pod_uids(core, cfg)
+
+    def ca() -> str:
+        return secret_data(core, cfg.names.node_secret, cfg.namespace)["ca.crt"]
 
     def changed_and_rolled(before: tuple[str, str, list[str]]) -> tuple[str, str, list[str]]:
         after = state()
@@ -505,12 +509,15 @@ def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pod
     try:
         assert up(stack, "certs: first").summary.result == "succeeded"
         first = state()
+        first_ca = ca()
         assert (_cert(first[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (19, 20)
 
-        # Renewal: a lead time longer than what is left renews on this pulumi up.
+        # Renewal: a lead time longer than what is left renews on this pulumi up, under the
+        # same CA (it lives three leaf lifetimes).
         _write_config(stack, config({"validityDays": 40, "renewBeforeDays": 30}))
         assert up(stack, "certs: renew").summary.result == "succeeded"
         renewed = changed_and_rolled(first)
+        assert ca() == first_ca
         assert (_cert(renewed[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (39, 40)
         again = up(stack, "certs: stable")
         assert set(resource_changes(again.summary)) == {"same"}
@@ -522,6 +529,8 @@ def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pod
         )
         assert up(stack, "certs: rotate").summary.result == "succeeded"
         rotated = changed_and_rolled(renewed)
+        # Stage 1 of the CA change (tests/e2e/test_cert_rollover.py has all three).
+        assert ca().startswith(first_ca.strip()) and ca().count("BEGIN CERTIFICATE") == 2
 
         # Provided certificates, then back to generated ones.
         provided = certlib.generate_driver_certificates()
@@ -543,15 +552,15 @@ def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pod
             stack.set_config(f"{prefix}.{key}", auto.ConfigValue(value, secret=True), path=True)
         assert up(stack, "certs: provided").summary.result == "succeeded"
         switched = changed_and_rolled(rotated)
-        assert switched[0] == provided.ca_cert
+        assert ca() == provided.ca_cert
         assert secret_data(core, cfg.names.node_secret, cfg.namespace)["tls.key"] == (
             provided.node_controller_key
         )
 
         _write_config(stack, config({}))  # drops the secret keys too
         assert up(stack, "certs: generated again").summary.result == "succeeded"
-        back = changed_and_rolled(switched)
-        assert back[0] != provided.ca_cert
+        changed_and_rolled(switched)
+        assert ca() != provided.ca_cert
     finally:
         dispose(stack)
 

@@ -140,8 +140,10 @@ def test_demo_then_the_suites_readme_flow_in_one_clone_then_the_demo_again(
     state = tmp_path / "state"  # the newcomer's `.state/`
     session = state / localenv.TEST_SESSION_SUBDIR
     # A newcomer's shell: none of this session's own settings.
-    own = ("KUBECONFIG", "PMEM_CSI_TEST_SESSION", "PMEM_CSI_KEEP_CLUSTER")
-    env = {k: v for k, v in os.environ.items() if k not in own}
+    own = ("KUBECONFIG", "PMEM_CSI_TEST_SESSION", "PMEM_CSI_TEST_WORKER", "PMEM_CSI_KEEP_CLUSTER")
+    env = {
+        k: v for k, v in os.environ.items() if k not in own and not k.startswith("PYTEST_XDIST")
+    }
     env["PMEM_CSI_STATE_DIR"] = str(state)
     demo_kubeconfig = state / "kubeconfig"
     try:

@@ -308,7 +308,7 @@ def test_up_refresh_restores_the_declared_state_and_owns_every_field(
 
     start = time.monotonic()
     result = drifted.stack.up(refresh=True, on_output=out)
-    # A figure for the README (not asserted: timing depends on the machine).
+    # A figure for docs/faults.md (not asserted: timing depends on the machine).
     print(f"\nrestoring pulumi up --refresh: {time.monotonic() - start:.1f} s")
     text = "".join(lines)
     assert result.summary.result == "succeeded"

@@ -19,6 +19,7 @@ import math
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,7 +61,12 @@ SERVICE = Resource("Service", "v1", "services", True)
 # Pod start (the image is local) plus the reporter's start, list and first write, on a machine
 # whose two cores are shared.
 READY_TIMEOUT = 240.0
-# Lease duration 10 s plus a retry period (README, "leader election").
+# The documented bound ("takeover within 15 s", docs/reporter.md, leader election;
+# reporter/leader.py: at most about 12 s after the leader's last renewal): a deleted leader's
+# pod is given SIGTERM by the kubelet and releases the Lease at once, so the other replica takes
+# it at its next try (1 s). Measured from the DELETE; waited for longer, so that a slow
+# hand-over fails with its time.
+DOCUMENTED_TAKEOVER = 15.0
 TAKEOVER_TIMEOUT = 60.0
 # Three failed liveness probes, 10 s apart, 3 s timeout each; then the kubelet's restart.
 LIVENESS_TIMEOUT = 120.0
@@ -396,6 +402,156 @@ def _jwt_claims(token: str) -> dict[str, Any]:
     return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
 
 
+SERVICE_ACCOUNT = Resource("ServiceAccount", "v1", "serviceaccounts", True)
+TOKEN_REVIEW = "/apis/authentication.k8s.io/v1/tokenreviews"
+TOKEN_FILE = "var/run/secrets/kubernetes.io/serviceaccount/token"
+# The kubernetes client's in-cluster config reads the token file again at the first request a
+# minute after it last read it (kubernetes.config.incluster_config: _token_refresh_period).
+CLIENT_TOKEN_REFRESH = 60.0
+# After that, what the reporter needs to report a change again: a Lease try (1 s), the
+# informers' next list after 401s (their backoff is capped at 30 s) and a status write.
+RECOVERY_AFTER_REFRESH = 60.0
+# The API server caches a token's successful authentication for 10 s (kube-apiserver's
+# built-in TokenSuccessCacheTTL): the old token may pass that long after the SA is gone.
+AUTH_CACHE = 10.0
+WRITES = "pmem_csi_reporter_status_writes_total"
+
+
+def _token(pid: int) -> str:
+    return Path(f"/proc/{pid}/root/{TOKEN_FILE}").read_text()
+
+
+def _review(raw: RawApi, token: str) -> dict[str, Any]:
+    """The API server's verdict on ``token`` (TokenReview, as the admin)."""
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+            "spec": {"token": token}}  # fmt: skip
+    return dict(raw.request_json("POST", TOKEN_REVIEW, body=body).get("status") or {})
+
+
+def _metric(pod: dict[str, Any], name: str) -> float:
+    code, text = _pod_get(pod, "/metrics")
+    assert code == 200, code
+    for line in text.splitlines():
+        if line.split(" ", 1)[0] == name:
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics of {pod['metadata']['name']}")
+
+
+def _pod_log(pod: dict[str, Any]) -> str:
+    meta = pod["metadata"]
+    logs = realnode.pod_log_dir() / f"{meta['namespace']}_{meta['name']}_{meta['uid']}"
+    return "".join(p.read_text(errors="replace") for p in sorted(logs.rglob("*.log")))
+
+
+def _epoch(rfc3339: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def test_a_token_the_kubelet_rotates_is_picked_up_by_the_same_reporter_process(
+    deploy: Callable, raw: RawApi, node: realnode.Record
+) -> None:
+    """The kubelet writes a new token into the running pods; the reporter needs it and uses it.
+
+    The pods' tokens are made worthless by giving their ServiceAccount a new UID (deleted and
+    created again under its name: a bound token names the UID, and the API server refuses it
+    with 401). Nobody may then lead or write. The kubelet keeps the tokens it requested in
+    memory only: restarted, it requests new ones for the running pods (bound to the new UID)
+    and rewrites their projected volumes. The same containers then lead and write again
+    within the client's refresh period, and report a change made while they could not.
+    """
+    drv, _ = deploy()
+    pods = wait_for(lambda: _ready_pods(drv, 2), READY_TIMEOUT, "two reporter pods Ready")
+    wait_for(lambda: _all_true(drv), READY_TIMEOUT, "all conditions True")
+    wait_for(lambda: any(_metric(p, "pmem_csi_reporter_is_leader") == 1 for p in pods), 60,
+             "a replica leading")  # fmt: skip
+    sa_name, ns = drv.names.reporter, drv.namespace
+    sa = raw.get(SERVICE_ACCOUNT, sa_name, ns)
+    assert sa is not None
+    before = {}
+    for pod in pods:
+        pid, token = _pid(pod), _token(_pid(pod))
+        claims = _jwt_claims(token)
+        assert claims["kubernetes.io"]["serviceaccount"]["uid"] == sa["metadata"]["uid"]
+        assert _review(raw, token)["authenticated"] is True
+        before[pod["metadata"]["name"]] = (_container(pod), pid, token, claims)
+
+    # (b) The ServiceAccount under the same name, with a new UID (the bundle's object).
+    (declared,) = [o for o in drv.objects if o["kind"] == "ServiceAccount"
+                   and o["metadata"]["name"] == sa_name]  # fmt: skip
+    raw.request("DELETE", SERVICE_ACCOUNT.path(ns, sa_name)).read()
+    wait_for(lambda: raw.get(SERVICE_ACCOUNT, sa_name, ns) is None, 60, "the SA gone")
+    raw.create(SERVICE_ACCOUNT, declared, ns, field_manager=AS_PULUMI)
+    new_sa = raw.get(SERVICE_ACCOUNT, sa_name, ns)
+    assert new_sa is not None and new_sa["metadata"]["uid"] != sa["metadata"]["uid"]
+    for _, _, token, _ in before.values():
+        refused = wait_for(lambda t=token: (r := _review(raw, t)).get("authenticated") is not True
+                           and r, AUTH_CACHE + 30, "the old token refused")  # fmt: skip
+        print(f"[token] old token: {refused.get('error')}")
+    # The reporter's requests fail: neither replica can renew or take the Lease, both log 401.
+    wait_for(lambda: all(_metric(p, "pmem_csi_reporter_is_leader") == 0 for p in pods), 60,
+             "no replica leading (its Lease requests refused)")  # fmt: skip
+    wait_for(lambda: all("401 Unauthorized" in _pod_log(p) for p in pods), 60,
+             "401 Unauthorized in both pods' logs")  # fmt: skip
+    # A change made now is not reported by anybody.
+    writes = {p["metadata"]["name"]: _metric(p, WRITES)
+              for p in pods}  # fmt: skip
+    changed_at = time.time()
+    delete_object(raw, SERVICE, drv.names.metrics_service, ns)
+    # Not reported, and nobody can: only a leader writes, and leading takes a Lease request
+    # the API server accepts.
+    assert condition(drv.status(), "DriverDeployed").get("status") == "True"
+    assert all(_metric(p, "pmem_csi_reporter_is_leader") == 0 for p in pods)
+    assert {p["metadata"]["name"]: _metric(p, WRITES)
+            for p in pods} == writes  # fmt: skip
+
+    # (c) The kubelet restarted: containerd, the pods and the guard stay.
+    restarted_at = time.time()
+    record = realnode.restart_kubelet()
+    node.pids.update(record.pids)
+    node.pid_starts.update(record.pid_starts)
+    assert realnode.guard_problems() == []
+
+    # (d) A new token in each pod's volume, from the new kubelet, bound to the new UID.
+    rotated = {}
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        _, pid, old, old_claims = before[name]
+        token = wait_for(lambda pid=pid, old=old: (t := _token(pid)) != old and t, 120,
+                         f"a new token in {name}'s volume")  # fmt: skip
+        rotated[name] = time.monotonic()
+        claims = _jwt_claims(token)
+        assert claims["jti"] != old_claims["jti"] and claims["iat"] >= int(restarted_at)
+        assert claims["kubernetes.io"]["serviceaccount"]["uid"] == new_sa["metadata"]["uid"]
+        assert claims["kubernetes.io"]["pod"]["uid"] == pod["metadata"]["uid"]
+        assert _review(raw, token)["authenticated"] is True
+        print(f"[token] {name}: new token {claims['iat'] - int(restarted_at)}s after the "
+              f"restart began, exp-iat {claims['exp'] - claims['iat']}s")  # fmt: skip
+
+    # The same processes lead and write again with it: the change made before the rotation
+    # is in the CR now, written after the new tokens were issued.
+    def deployed_false() -> dict[str, Any]:
+        cond = condition(drv.status(), "DriverDeployed")
+        return cond if cond.get("status") == "False" else {}
+
+    cond = wait_for(deployed_false, CLIENT_TOKEN_REFRESH + RECOVERY_AFTER_REFRESH,
+                    "DriverDeployed False, written with the new token")  # fmt: skip
+    recovered = time.monotonic() - min(rotated.values())
+    print(f"[token] the change reported {recovered:.1f}s after the first new token was seen")
+    assert f"Service/{drv.names.metrics_service}" in cond["message"], cond
+    assert _epoch(cond["lastTransitionTime"]) >= int(restarted_at) > changed_at - 1
+    leaders = [p for p in pods if _metric(p, "pmem_csi_reporter_is_leader") == 1]
+    (leader,) = leaders
+    assert _metric(leader, WRITES) > writes[leader["metadata"]["name"]]
+    # Same containers, same processes: no restart, nothing new but the token.
+    now = {p["metadata"]["name"]: p for p in drv.pods(_selector(drv))}
+    for name, (status, pid, _, _) in before.items():
+        assert _container(now[name])["containerID"] == status["containerID"]
+        assert _container(now[name])["restartCount"] == status["restartCount"]
+        assert _pid(now[name]) == pid
+
+
 def test_readiness_fails_while_the_crd_is_missing_and_the_pods_are_not_restarted(
     deploy: Callable, raw: RawApi
 ) -> None:
@@ -459,12 +615,17 @@ def test_a_deleted_leader_pod_hands_the_lease_to_the_other_replica(
     leader = wait_for(lambda: _holder(raw, drv).rsplit("_", 1)[0] in names and _holder(raw, drv),
                       60, "a pod holding the Lease").rsplit("_", 1)[0]  # fmt: skip
     (other,) = names - {leader}
+    deleted = time.monotonic()
     raw.request("DELETE", POD.path(drv.namespace, leader)).read()
     wait_for(
         lambda: _holder(raw, drv).rsplit("_", 1)[0] == other,
         TAKEOVER_TIMEOUT,
         f"{other} holding the Lease after {leader} was deleted",
+        interval=0.1,
     )
+    took = time.monotonic() - deleted
+    print(f"[lease] {other} holds the Lease {took:.1f}s after {leader} was deleted")
+    assert took <= DOCUMENTED_TAKEOVER, f"hand-over took {took:.1f}s (docs: within 15 s)"
     # The new leader writes: a change made now shows in the status.
     delete_object(raw, SERVICE, drv.names.metrics_service, drv.namespace)
 

@@ -282,8 +282,8 @@ def test_objects_changed_by_other_managers_are_named_until_pulumi_takes_them_bac
         "PATCH",
         SERVICE.path(driver.namespace, svc_name),
         # A field the stack declares: `pulumi up` takes back only what it declares (fields
-        # someone merely added go when the object is next updated; README, "Changed behind
-        # Pulumi's back").
+        # someone merely added go when the object is next updated; docs/day2.md, "Changed
+        # behind Pulumi's back").
         body={"metadata": {"annotations": {SKIP_AWAIT: "false"}}},
         query=[("fieldManager", "kubectl-patch")],
         content_type="application/merge-patch+json",
@@ -310,7 +310,7 @@ def test_objects_changed_by_other_managers_are_named_until_pulumi_takes_them_bac
     assert cond["status"] == "False"
     assert driver.status()["phase"] == "Failed"
 
-    # The recovery the README gives: `pulumi up --refresh` of the project's program.
+    # The recovery docs/day2.md gives: `pulumi up --refresh` of the project's program.
     lines: list[str] = []
     result = stack.up(refresh=True, on_output=lines.append)
     assert result.summary.result == "succeeded", "".join(lines)[-3000:]

@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pulumi
 import pytest
 from kubernetes import client
 
@@ -39,23 +38,27 @@ STATUS_TIMEOUT = 120.0
 
 
 def old_program() -> None:
-    """The layout before issue 16: each deployment's own reporter, a child of its component
-    (exactly the URNs, names and objects that program registered)."""
-    from pmem_components import program, registry
-    from pmem_components.manifests import bundle
+    """The layout before issue 16: each deployment's own reporter, a child of its component,
+    with the objects that program built (``old_reporter_layout``, that commit's builder:
+    review of issue 16 -- today's builder made the new layout's RBAC for the "old" stack)."""
+    from pmem_components import program
+    from tests.e2e import old_reporter_layout
 
     def per_deployment(stack: Any, components: Any, namespaces: Any) -> list[Any]:
         out = []
         for component, dep in zip(components, stack.deployments, strict=True):
-            for obj in bundle.reporter_objects(dep):
-                out.append(
-                    registry.register(
-                        obj,
-                        pulumi.ResourceOptions(
-                            parent=component, depends_on=[component.deployment_cr]
-                        ),
-                    )
-                )
+            objs = old_reporter_layout.build_reporter_objects(
+                dep.names,
+                dep.namespace,
+                dep.reporter.image,
+                replicas=dep.reporter.replicas,
+                labels=dict(dep.labels),
+                log_level=dep.reporter.log_level,
+                image_pull_policy=dep.image_pull_policy,
+            )
+            for obj in objs:
+                # As that program's component registered them (a child, after its CR).
+                out.append(component.register_reporter_object(obj, [component.deployment_cr]))
         return out
 
     real = program.register_reporter
@@ -213,3 +216,28 @@ def test_an_existing_stack_moves_to_one_reporter_with_one_up(two: Any, api_clien
         and op == "start delete"
     )
     assert updated < deleted, order
+    # The RBAC (review of issue 16): the new grants existed before the Deployment rolled to
+    # serve B's namespace too, and the old grants -- what A's old pods watch with (pods
+    # cluster-wide...) -- were deleted only after it had rolled out.
+    created_role = next(
+        i
+        for i, (op, urn) in enumerate(order)
+        if urn.endswith(f"Role::{b.namespace}/{a.names.reporter}-stack") and op == "done create"
+    )
+    update_started = next(
+        i
+        for i, (op, urn) in enumerate(order)
+        if urn.endswith(f"apps/v1:Deployment::{a.namespace}/{a.names.reporter}")
+        and op.startswith("start ")
+    )
+    assert created_role < update_started, order
+    old_grant_deleted = next(
+        i
+        for i, (op, urn) in enumerate(order)
+        if urn.endswith(f"ClusterRole::{a.names.reporter}") and op == "start delete"
+    )
+    assert updated < old_grant_deleted, order
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    assert _uid(rbac.read_cluster_role, a.names.reporter) is None
+    assert _uid(rbac.read_cluster_role, f"{a.names.reporter}-stack")
+    assert _uid(rbac.read_namespaced_role, f"{a.names.reporter}-stack", b.namespace)

@@ -1,15 +1,16 @@
-"""A team's shared state backend: the README's "Choosing a state backend", run on PostgreSQL.
+"""A team's shared state backend: "Choosing a state backend" (docs/configuration.md), run on
+PostgreSQL.
 
 Two administrators, each with a checkout of their own (``project_copy``) and a Pulumi home of
-their own (their own ``pulumi login``; the provider plugin shared), run the README's blocks
-line by line against a local PostgreSQL server (``postgres_server``, tools/postgres.py), the
-README's example URL replaced by the local server's:
+their own (their own ``pulumi login``; the provider plugin shared), run that section's
+blocks line by line against a local PostgreSQL server (``postgres_server``, tools/postgres.py), the
+section's example URL replaced by the local server's:
 
 1. the first administrator deploys on a file backend, then moves the stack to PostgreSQL with
-   the README's first block (``stack export``, ``login postgres://…``, ``stack init``,
+   the section's first block (``stack export``, ``login postgres://…``, ``stack init``,
    ``stack import``, ``preview --expect-no-changes``);
 2. the second administrator, in the other checkout (``Pulumi.prod.yaml`` shared as a commit
-   would share it), runs the README's second block (``login``, ``stack select``, ``up``) while
+   would share it), runs the section's second block (``login``, ``stack select``, ``up``) while
    the first administrator's ``pulumi up`` runs: that ``up`` is refused by the stack's lock,
    and succeeds once the first run has finished;
 3. nothing in the database (a ``pg_dump`` of it) or in the exported state holds a private key
@@ -48,7 +49,7 @@ from tools import localenv, postgres, toolchain
 pytestmark = pytest.mark.timeout(900)
 
 SECTION = "## Choosing a state backend"
-# The URL the README's blocks log in to; the test logs in to the local server instead.
+# The URL the documented blocks log in to; the test logs in to the local server instead.
 README_URL = "postgres://pulumi@db.example.com:5432/pulumi?sslmode=verify-full"
 LOCKED = "the stack is currently locked by 1 lock(s)"
 STACK = "prod"
@@ -109,7 +110,7 @@ def team(
         suffix=suffix,
     )
     # manageCrd is false (destroying the stack must not remove the shared CRD), so the CRD is
-    # applied as the README documents for that setting.
+    # applied as docs/configuration.md documents for that setting.
     t.kubectl("apply", "--server-side", "-f", str(t.first.cwd / "crd"))
     try:
         yield t
@@ -131,7 +132,7 @@ def team(
 
 
 def _local(line: str, url: str) -> str:
-    """A README line with its example URL replaced by the local server's."""
+    """A documented line with its example URL replaced by the local server's."""
     return line.replace(README_URL, url)
 
 
@@ -182,7 +183,7 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
     ):
         first.run(line)
 
-    # ---- README block 1: the stack moves to PostgreSQL.
+    # ---- Block 1: the stack moves to PostgreSQL.
     for line in move:
         first.run(_local(line, postgres_server))
     exported = (first.cwd / "prod-state.json").read_text()
@@ -226,7 +227,7 @@ def test_two_administrators_share_a_stack_on_postgresql(team: Team, postgres_ser
 
         wait_for(held_at_the_gate, 180, "the first update applied and holding the lock", 1.0)
 
-        # ---- README block 2 by the second administrator, while the first update runs.
+        # ---- Block 2 by the second administrator, while the first update runs.
         for line in each[:-1]:
             second.run(_local(line, postgres_server))
         refused = second.run(_local(each[-1], postgres_server), check=False)

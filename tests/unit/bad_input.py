@@ -88,8 +88,10 @@ OVERRIDES: dict[str, Any] = {
             "kind": "StatefulSet",
             "name": "first-example-com-controller",
             "namespace": "first",
+            # One key: adding "/metadata/annotations" whole would replace the annotations the
+            # program sets (the spec digest: refused, review of issue 16).
             "jsonPatch": [
-                {"op": "add", "path": "/metadata/annotations", "value": {"example.com/b": "2"}}
+                {"op": "add", "path": "/metadata/annotations/example.com~1b", "value": "2"}
             ],
         },
     ],
@@ -320,6 +322,7 @@ def stack_config(raw: dict[str, Any]) -> Iterator[None]:
     from pmem_components import program
 
     config = {f"pmem-csi:{k}": json.dumps(v) for k, v in raw.items()}
+    config["kubernetes:enableSecretMutable"] = "true"  # Pulumi.yaml's, as every stack has it
     known = getattr(config_module, "STACK_KEYS", ("deployments", "manageCrd"))
     others = sorted(k for k in raw if k not in known)
     with (

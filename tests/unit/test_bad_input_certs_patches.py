@@ -16,6 +16,7 @@ import pytest
 from bad_input import (
     BASE,
     CERTIFICATES,
+    _accepted,
     assert_one_error_naming,
     certificates_verified_once,
     put,
@@ -28,6 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pmem_components.certs import NODE_CONTROLLER_NAME, REGISTRY_NAME
+from pmem_components.names import SPEC_DIGEST_ANNOTATION
 
 CERT_KEY = "pmem-csi:deployments[0].certificates"
 PATCH_KEY = "pmem-csi:deployments[0].patches[0]"
@@ -316,3 +318,40 @@ def test_patches_that_keep_identity_and_selectors_are_accepted() -> None:
     message, registered = run_program(raw)
     assert message == ""
     assert len(registered) > 20
+
+
+DIGEST_PATH = "/metadata/annotations/" + SPEC_DIGEST_ANNOTATION.replace("/", "~1")
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        {"kind": "DaemonSet", "jsonPatch": [{"op": "remove", "path": DIGEST_PATH}]},
+        {
+            "kind": "StatefulSet",
+            "jsonPatch": [{"op": "replace", "path": DIGEST_PATH, "value": "x"}],
+        },
+        {"kind": "DaemonSet", "mergePatch": {"metadata": {"annotations": None}}},
+        {
+            "kind": "StatefulSet",
+            "mergePatch": {"metadata": {"annotations": {SPEC_DIGEST_ANNOTATION: None}}},
+        },
+    ],
+    ids=["json-remove", "json-replace", "merge-all-annotations", "merge-null"],
+)
+def test_a_patch_removing_or_changing_the_spec_digest_annotation_is_named(
+    patch: dict[str, Any],
+) -> None:
+    """Review of issue 16: the reporter tells which CR spec a workload has rolled out by this
+    annotation; a patch removing it made the rule skip the check (Running too early), one
+    changing it kept the CR Progressing forever, both silently."""
+    line = assert_one_error_naming(with_patch(patch), PATCH_KEY)
+    assert SPEC_DIGEST_ANNOTATION in line and "cannot be patched" in line, line
+
+
+def test_a_patch_of_other_annotations_of_a_workload_is_accepted() -> None:
+    patch = {
+        "kind": "DaemonSet",
+        "mergePatch": {"metadata": {"annotations": {"example.com/x": "1"}}},
+    }
+    assert _accepted(with_patch(patch))

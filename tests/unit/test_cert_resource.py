@@ -17,7 +17,9 @@ from typing import Any
 
 import pulumi
 import pytest
-from certutil import NOW, make_ca, make_leaf
+from certutil import NOW, make_leaf
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime.mocks import MockMonitor
 from pulumi_mocks import RecordingMocks
@@ -96,7 +98,11 @@ def test_generated_set_is_wired_and_keys_are_secret(mocks: tuple[Mocks, Recordin
         assert dyn.name == "pmem-generated"
         assert dyn.inputs["rotation"] == "r1"
         assert "__provider" in dyn.inputs
-        assert sorted(monitor.secret_outputs[dyn.typ]) == ["node_controller_key", "registry_key"]
+        assert sorted(monitor.secret_outputs[dyn.typ]) == [
+            "issuer_key",
+            "node_controller_key",
+            "registry_key",
+        ]
 
     return _resolve(
         dc.ca_cert,
@@ -150,10 +156,20 @@ def created() -> pulumi.dynamic.CreateResult:
     return CertificateProvider().create({"rotation": "", "renewWithinDays": 0})
 
 
-def test_create_generates_a_valid_set_without_ca_key(created: pulumi.dynamic.CreateResult) -> None:
+def test_create_generates_a_valid_set_and_keeps_the_ca_key(
+    created: pulumi.dynamic.CreateResult,
+) -> None:
     outs = created.outs
     assert outs is not None
-    assert set(outs) == {"rotation", "renewWithinDays", "validityDays", *FAKE}
+    assert set(outs) == {
+        "rotation",
+        "renewWithinDays",
+        "validityDays",
+        "phase",
+        "issuer_cert",
+        "issuer_key",
+        *FAKE,
+    }
     problems = certs.validate_driver_certificates(
         outs["ca_cert"],
         outs["registry_cert"],
@@ -172,25 +188,42 @@ def test_diff_is_stable(created: pulumi.dynamic.CreateResult) -> None:
     assert not result.replaces
 
 
-def test_rotation_replaces(created: pulumi.dynamic.CreateResult) -> None:
+def test_rotation_is_an_update_never_a_replacement(created: pulumi.dynamic.CreateResult) -> None:
+    """A replacement of the set would replace the Secrets built from it (delete, create)."""
     olds = dict(created.outs or {})
     result = CertificateProvider().diff(created.id, olds, {"rotation": "2", "renewWithinDays": 0})
     assert result.changes is True
-    assert result.replaces == ["rotation"]
-    assert result.delete_before_replace is False
+    assert not result.replaces
+    updated = CertificateProvider().update(created.id, olds, {"rotation": "2"})
+    assert updated.outs is not None
+    # Stage 1 of the CA change: the old CA stays trusted next to the new one.
+    assert olds["ca_cert"].strip() in updated.outs["ca_cert"]
+    assert len(x509.load_pem_x509_certificates(updated.outs["ca_cert"].encode())) == 2
 
 
-def test_renewal_only_near_expiry(created: pulumi.dynamic.CreateResult) -> None:
+def test_renewal_only_near_expiry_and_in_place_under_the_same_ca(
+    created: pulumi.dynamic.CreateResult,
+) -> None:
     olds = dict(created.outs or {})
     fresh = CertificateProvider().diff(created.id, olds, {"rotation": "", "renewWithinDays": 30})
     assert not fresh.replaces  # one year left
     assert fresh.changes is True  # only the setting changes, in place
-    ca = make_ca()
+    # A leaf expiring in 5 days, from the stored CA (the state keeps its key).
+    issuer = certs.IssuedCertificate(
+        cert=x509.load_pem_x509_certificate(olds["ca_cert"].encode()),
+        key=serialization.load_pem_private_key(olds["issuer_key"].encode(), password=None),  # type: ignore[arg-type]
+    )
     olds["registry_cert"] = make_leaf(
-        ca, certs.REGISTRY_NAME, slot=1, not_after=NOW + dt.timedelta(days=5)
+        issuer, certs.REGISTRY_NAME, slot=1, not_after=NOW + dt.timedelta(days=5)
     ).cert_pem
-    due = CertificateProvider().diff(created.id, olds, {"rotation": "", "renewWithinDays": 30})
-    assert due.replaces == ["renewWithinDays"]
+    news = {"rotation": "", "renewWithinDays": 30}
+    due = CertificateProvider().diff(created.id, olds, news)
+    assert due.changes is True and not due.replaces
+    renewed = CertificateProvider().update(created.id, olds, news).outs or {}
+    assert renewed["ca_cert"] == olds["ca_cert"]
+    leaf = x509.load_pem_x509_certificate(renewed["registry_cert"].encode())
+    assert leaf.not_valid_after_utc > NOW + dt.timedelta(days=300)
+    leaf.verify_directly_issued_by(issuer.cert)
 
 
 def test_update_and_read_keep_certificates(created: pulumi.dynamic.CreateResult) -> None:

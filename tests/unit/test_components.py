@@ -495,6 +495,7 @@ def test_read_config_parses_pulumi_values(monkeypatch: pytest.MonkeyPatch) -> No
     config = {
         "pmem-csi:deployments": json.dumps([{"deviceMode": "direct"}]),
         "pmem-csi:manageCrd": "false",
+        "kubernetes:enableSecretMutable": "true",  # Pulumi.yaml's
     }
     monkeypatch.setattr(program.runtime_config, "get_config", config.get)
     monkeypatch.setattr(program, "_unknown_keys", lambda: [])
@@ -662,3 +663,96 @@ def test_the_config_face_follows_an_alias_of_the_named_face(
     seen = _aliases_of(monkeypatch, lambda: PmemCsiDeployment(cfg, opts))
     ds = seen[("DaemonSet", "pmem-csi/pmem-csi-intel-com-node")]
     assert f"{URN_HEAD}{DS_TYPES}::pmem-east:pmem-csi/pmem-csi-intel-com-node" in ds
+
+
+class OptionsMonitor(pulumi.runtime.mocks.MockMonitor):
+    """Remembers the replacement-related options of every registration (Mocks cannot)."""
+
+    def __init__(self, mocks: Mocks) -> None:
+        super().__init__(mocks)
+        self.options: dict[str, dict[str, Any]] = {}
+
+    def RegisterResource(self, request: Any) -> Any:  # the gRPC method name
+        self.options[f"{request.type}::{request.name}"] = {
+            "deleteBeforeReplace": request.deleteBeforeReplace,
+            "replaceOnChanges": list(request.replaceOnChanges),
+            "provider": request.provider,
+        }
+        return super().RegisterResource(request)
+
+
+def test_secrets_are_never_set_up_for_replacement_and_the_pods_reach_the_generator() -> None:
+    """Certificate changes must update the Secrets in place: nothing on them asks the engine
+    to replace (delete first) them, they stay with the default provider (switching provider
+    could itself replace them), and the running pods' fingerprints reach the dynamic resource
+    that decides when a CA change takes its next stage."""
+    m = Mocks()
+    monitor = OptionsMonitor(m)
+    pulumi.runtime.set_mocks(
+        m, project="pmem-csi-pulumi", stack="unit", preview=False, monitor=monitor
+    )
+    from pmem_components.program import deploy as program_deploy
+
+    def program() -> Callable[[], None]:
+        program_deploy(stack({}), running_certificates={0: ["b", "a", "b"]})
+
+        def check() -> None:
+            secrets = {
+                k: v
+                for k, v in monitor.options.items()
+                if k.startswith("kubernetes:core/v1:Secret")
+            }
+            assert len(secrets) == 2
+            for opts in secrets.values():
+                assert opts == {
+                    "deleteBeforeReplace": False,
+                    "replaceOnChanges": [],
+                    "provider": "",
+                }
+            dyn = m.one("pulumi-python:dynamic/pmem-csi:Certificates")
+            assert dyn.inputs["runningFingerprints"] == ["a", "b"]
+
+        return check
+
+
+def test_adopted_objects_are_applied_with_force_and_carry_the_full_identity(
+    mocks: Mocks,
+) -> None:
+    """``pmem-csi:adopt`` (the preflight's ``Plan.adopted``): the namespace and the deployment's
+    objects are applied with force, as ``adoptNamespace`` / ``adoptExisting`` do, also with
+    ``takeOverFields: false``; the identity annotation names the organization too."""
+
+    def program() -> Callable[[], None]:
+        from pmem_components.program import deploy as program_deploy
+
+        s = load_config({"deployments": [{}], "takeOverFields": False})
+        adopted = ["Namespace pmem-csi", f"Deployment {names.DEFAULT_DRIVER_NAME}"]
+        return settle(program_deploy(s, adopted=adopted), check)
+
+    def check(_: Any) -> None:
+        ident = f"{pulumi.get_organization()}/pmem-csi-pulumi/unit"
+        ns = mocks.one("kubernetes:core/v1:Namespace")
+        assert ns.inputs["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+        assert ns.inputs["metadata"]["annotations"][names.STACK_ANNOTATION] == ident
+        cr = mocks.one(f"kubernetes:{names.CRD_GROUP}/v1beta1:Deployment")
+        assert cr.inputs["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+        assert cr.inputs["metadata"]["annotations"][names.STACK_ANNOTATION] == ident
+        ds = mocks.one("kubernetes:apps/v1:DaemonSet")
+        assert ds.inputs["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+
+    run(program)
+
+
+def test_without_adoption_nothing_is_forced_when_take_over_is_off(mocks: Mocks) -> None:
+    def program() -> Callable[[], None]:
+        from pmem_components.program import deploy as program_deploy
+
+        s = load_config({"deployments": [{}], "takeOverFields": False})
+        return settle(program_deploy(s), check)
+
+    def check(_: Any) -> None:
+        for typ in ("kubernetes:core/v1:Namespace", "kubernetes:apps/v1:DaemonSet"):
+            annotations = mocks.one(typ).inputs["metadata"].get("annotations") or {}
+            assert "pulumi.com/patchForce" not in annotations, typ
+
+    run(program)

@@ -127,7 +127,16 @@ def test_reporter_enabled_without_image_is_caught_for_models_built_in_code() -> 
     assert c.deployment_problems(dep) == [
         "pmem-csi:deployments[0].reporter.image: is required when reporter.enabled is true: "
         "there is no public reporter image; build it with `make image`, push it (see "
-        "README.md) and set its name here, or leave enabled unset"
+        "docs/reporter.md, The reporter image) and set its name here, or leave enabled unset"
+    ]
+
+
+def test_cross_field_rules_on_camel_case_keys_hold_for_models_built_in_code() -> None:
+    """The checks read the config's keys (pmemPercentage), not the model's field names."""
+    dep = c.DeploymentConfig(device_mode="direct", pmem_percentage=50)
+    assert c.deployment_problems(dep, index=2) == [
+        "pmem-csi:deployments[2].pmemPercentage: is only valid with deviceMode lvm "
+        "(remove it or use lvm)"
     ]
 
 

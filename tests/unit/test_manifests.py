@@ -166,7 +166,11 @@ def test_controller_statefulset() -> None:
     assert term["nodeSelectorTerms"][0]["matchExpressions"] == [
         {"key": "pmem-csi.intel.com/controller", "operator": "NotIn", "values": ["no", "false"]}
     ]
-    assert {"key": "node-role.kubernetes.io/master", "effect": "NoSchedule"} in pod["tolerations"]
+    # The reference's master taint, and control-plane, its name on current clusters.
+    assert pod["tolerations"] == [
+        {"key": "node-role.kubernetes.io/master", "effect": "NoSchedule"},
+        {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"},
+    ]
     vols = volumes(ss)
     assert vols["plugin-socket-dir"] == {"name": "plugin-socket-dir", "emptyDir": {}}
     assert vols["tmp-dir"] == {"name": "tmp-dir", "emptyDir": {}}

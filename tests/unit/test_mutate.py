@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 from tools import mutate
@@ -47,3 +48,53 @@ def test_the_table_scores_decisions_and_leaves_out_the_preflights_io(tmp_path: P
     # A mutant without a test counts against the score.
     assert rows["reporter/write.py"] == "| reporter/write.py | 1 | 0 | 0 | 0 | 1 | 0 | 0.0 % | 0 |"
     assert rows["pmem_components/config.py"].endswith("| 0 | 0 | 0 | 0 | 0 | 0 | - | 0 |")
+
+
+def test_source_files_of_mutated_functions_and_methods() -> None:
+    assert mutate.source_of_function("pmem_components.config.x_load_config") == (
+        "pmem_components/config.py"
+    )
+    assert mutate.source_of_function("pmem_components.manifests.node.x_build") == (
+        "pmem_components/manifests/node.py"
+    )
+    assert mutate.source_of_function("reporter.write.xǁStatusWriterǁreconcile") == (
+        "reporter/write.py"
+    )
+
+
+def test_each_function_keeps_only_its_modules_own_tests() -> None:
+    stats = {
+        "pmem_components.config.x_load_config": [
+            "tests/unit/test_config.py::test_defaults_are_the_reference_defaults",
+            "tests/unit/test_bad_input.py::test_every_key_rejects_a_wrong_type_by_name[x]",
+            "tests/unit/test_components.py::test_stack_outputs",
+            "tests/unit/test_manifests.py::test_name_and_namespace",
+        ],
+        "pmem_components.manifests.node.x_build": [
+            "tests/unit/test_manifests.py::test_name_and_namespace",
+            "tests/unit/test_config.py::test_defaults_are_the_reference_defaults",
+        ],
+        "pmem_components.names.x_hyphened": ["tests/unit/test_config.py::test_x"],
+    }
+    assert mutate.own_tests_only(stats) == {
+        "pmem_components.config.x_load_config": {
+            "tests/unit/test_config.py::test_defaults_are_the_reference_defaults",
+            "tests/unit/test_bad_input.py::test_every_key_rejects_a_wrong_type_by_name[x]",
+        },
+        "pmem_components.manifests.node.x_build": {
+            "tests/unit/test_manifests.py::test_name_and_namespace",
+        },
+        # Not a module of the table: no tests, never run.
+        "pmem_components.names.x_hyphened": set(),
+    }
+
+
+def test_mutmut_collects_exactly_the_own_test_files_and_they_exist() -> None:
+    pyproject = tomllib.loads((mutate.PROJECT_DIR / "pyproject.toml").read_text(encoding="utf-8"))
+    selection = pyproject["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
+    own = [f for files in mutate.OWN_TESTS.values() for f in files]
+    assert sorted(selection) == sorted(own)
+    assert len(set(own)) == len(own), "a test file belongs to one module"
+    assert set(mutate.OWN_TESTS) == set(mutate.MODULES)
+    for path in own:
+        assert (mutate.PROJECT_DIR / path).is_file(), path

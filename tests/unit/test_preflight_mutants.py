@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_preflight import ME, cr, ns, stack
+from test_preflight import ME, DryRunApi, _lives, cr, ns, stack
 
 from pmem_components import names, preflight
 from pmem_components.preflight import Observed, ObservedObject, Previous, plan
 
-RUNBOOK = "see README, Day-2 operations: migrate from the operator"
+RUNBOOK = "see docs/day2.md: migrate from the PMEM-CSI operator"
 OURS = {names.LABEL_MANAGED_BY: names.MANAGED_BY}
 DRIVER = "pmem-csi.intel.com"
 
@@ -259,3 +259,55 @@ def test_api_paths_of_core_and_group_kinds() -> None:
     # A kind without a listed plural: lower case plus "s".
     widget = preflight._path("example.com/v1", "Widget", None, "w")
     assert widget == "/apis/example.com/v1/widgets/w"
+
+
+def test_an_unawaited_move_names_rename_or_reinstall_and_the_two_node_drivers() -> None:
+    from test_preflight import node_ds
+
+    moving = {DRIVER: cr(DRIVER, "old")}
+    renamed = stack({"name": "new.example", "renamedFrom": DRIVER, "await": {"enabled": False}})
+    (problem,) = problems(renamed, Observed(crs=moving, daemon_sets=[node_ds(namespace="old")]))
+    assert "the old node DaemonSet of this rename would still run its pods" in problem
+    skipping = node_ds(namespace="old", annotations={"pulumi.com/skipAwait": "true"})
+    (problem,) = problems(
+        stack({"allowReinstall": True}), Observed(crs=moving, daemon_sets=[skipping])
+    )
+    assert (
+        "so the move would not wait for the old node driver's pods to go: two node drivers on "
+        "the same nodes; first run pulumi up" in problem
+    )
+
+
+def test_an_object_of_another_kind_is_bound_to_no_driver() -> None:
+    pod = ObservedObject(kind="Pod", name="p", spec={"csi": {"driver": DRIVER}})
+    assert preflight.volume_driver(pod) is None
+
+
+def test_a_refusal_without_causes_gives_the_status_message_or_for_a_secret_its_reason() -> None:
+    status = {"reason": "Invalid", "message": "Secret x is invalid: value 's3cr3t'"}
+    assert preflight._refusal(status, secret=False) == ([], status["message"])
+    assert preflight._refusal(status, secret=True) == ([], "Invalid")
+    assert preflight._refusal({"reason": "Invalid"}, secret=False) == ([], "Invalid")
+
+
+class RefusesServiceAccounts:
+    """The test_preflight API, refusing every ServiceAccount with or without the patches."""
+
+    def __init__(self) -> None:
+        self.api = DryRunApi()
+
+    def dry_apply(self, path: str, obj: Any, manager: str) -> tuple[int, dict[str, Any]]:
+        if obj["kind"] == "ServiceAccount":
+            return 422, {"kind": "Status", "reason": "Invalid"}
+        return self.api.dry_apply(path, obj, manager)
+
+
+def test_objects_after_an_accepted_or_refused_anyway_one_are_still_dry_run() -> None:
+    # The ServiceAccount comes before the StatefulSet: accepted with the annotation, then
+    # refused whatever the patches say; neither ends the look at the StatefulSet.
+    annotate = {"kind": "ServiceAccount", "mergePatch": {"metadata": {"annotations": {"a": "b"}}}}
+    policy = {"kind": "StatefulSet", "mergePatch": {"spec": {"podManagementPolicy": "Parallel"}}}
+    s = stack({"patches": [annotate, policy]})
+    for api in (DryRunApi(), RefusesServiceAccounts()):
+        (rejection,) = preflight.patch_rejections(api, s, _lives(s.deployments[0]))
+        assert rejection.ref == "StatefulSet pmem-csi/pmem-csi-intel-com-controller"

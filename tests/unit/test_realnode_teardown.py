@@ -418,3 +418,165 @@ def test_status_says_in_use_while_the_lock_is_held(
         assert capsys.readouterr().out == "in use (lock held)\n"
     finally:
         os.close(holder)
+
+
+# --------------------------------------------------------------------------- kubelet restart
+
+
+@pytest.fixture
+def lock_holder() -> Iterator[subprocess.Popen[str]]:
+    """A stand-in for the forwarder: a process holding the node's lock until it ends."""
+    code = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(realnode.LOCK_FILE)],
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def _sleeper(on_term: Path | None = None) -> subprocess.Popen[bytes]:
+    """A process that sleeps; with ``on_term``, one that writes that file at SIGTERM and exits."""
+    if on_term is None:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    code = (
+        "import pathlib, signal, sys, time\n"
+        "def term(*_):\n"
+        "    pathlib.Path(sys.argv[1]).write_text('TERM')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(on_term)], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+def _running_node(forwarder: int, **others: subprocess.Popen[bytes]) -> realnode.Record:
+    pids = {"forwarder": forwarder, **{name: p.pid for name, p in others.items()}}
+    record = realnode.Record(
+        state_dir=str(realnode.localenv.state_dir()),
+        pids=pids,
+        pid_starts={name: realnode.process_start_boottime(pid) for name, pid in pids.items()},
+        host_routes=realnode._host_blackholes(),
+    )
+    record.save()
+    return record
+
+
+@pytest.fixture
+def restart_env(machine: FakeMachine, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
+    """restart_kubelet()'s surroundings faked: the guard's answers, _spawn, the kubelet's health."""
+    seen: dict = {"spawned": [], "guard": [], "healthy": True}
+    monkeypatch.setattr(realnode, "_kubelet_kubeconfig", lambda: ({}, "127.0.0.1", 1))
+
+    def problems(port: int) -> list[str]:
+        seen["guard"].append(port)
+        return list(seen.get("problems", []))
+
+    def spawn(name: str, cmd: list[str], env: object = None, pass_fds: object = ()) -> object:
+        proc = _sleeper()
+        seen["spawned"].append((name, cmd, proc))
+        return proc
+
+    monkeypatch.setattr(realnode, "_isolation_problems", problems)
+    monkeypatch.setattr(realnode, "_spawn", spawn)
+    monkeypatch.setattr(realnode, "_kubelet_healthy", lambda: seen["healthy"])
+    monkeypatch.setattr(realnode.toolchain, "bin_path", lambda name: Path("/tools/bin") / name)
+    yield seen
+    for _, _, proc in seen["spawned"]:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_kubelet_restart_replaces_only_the_kubelet_and_records_the_new_one(
+    restart_env: dict, lock_holder: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    kubelet, containerd = _sleeper(tmp_path / "kubelet-stopped"), _sleeper()
+    try:
+        _running_node(lock_holder.pid, kubelet=kubelet, containerd=containerd)
+        record = realnode.restart_kubelet(timeout=5)
+        # Stopped with SIGTERM (as a node's kubelet is), gone and reaped.
+        assert (tmp_path / "kubelet-stopped").read_text() == "TERM"
+        assert not Path(f"/proc/{kubelet.pid}").exists()
+        ((name, cmd, new),) = restart_env["spawned"]
+        assert name == "kubelet" and cmd == realnode._kubelet_command()
+        assert cmd[:2] == ["nsenter", f"--net={realnode.netns_path()}"]  # in the namespace
+        # The record names the new process (by PID and start time); the others are unchanged.
+        saved = realnode.Record.load()
+        assert saved is not None and saved.pids == record.pids
+        assert saved.pids["kubelet"] == new.pid != kubelet.pid
+        assert saved.pid_starts["kubelet"] == realnode.process_start_boottime(new.pid)
+        assert saved.pids["containerd"] == containerd.pid and containerd.poll() is None
+        assert realnode.is_running()
+        assert restart_env["guard"] == [1, 1]  # checked before the stop and after the start
+    finally:
+        for proc in (kubelet, containerd):
+            proc.kill()
+            proc.wait()
+
+
+def test_no_kubelet_restart_while_the_guard_is_incomplete(
+    restart_env: dict, lock_holder: subprocess.Popen[str]
+) -> None:
+    restart_env["problems"] = ["no blackhole route default in pmem-csi-node"]
+    kubelet = _sleeper()
+    try:
+        _running_node(lock_holder.pid, kubelet=kubelet)
+        with pytest.raises(realnode.RealNodeError, match="no blackhole route default"):
+            realnode.restart_kubelet(timeout=5)
+        assert kubelet.poll() is None and restart_env["spawned"] == []
+    finally:
+        kubelet.kill()
+        kubelet.wait()
+
+
+def test_no_kubelet_restart_without_the_lock_held_or_of_another_checkout(
+    restart_env: dict, tmp_path: Path
+) -> None:
+    """The forwarder recorded but not holding the lock (a teardown has it or nobody does)."""
+    kubelet, forwarder = _sleeper(), _sleeper()
+    try:
+        _running_node(forwarder.pid, kubelet=kubelet)
+        with pytest.raises(realnode.RealNodeError, match="lock is not held"):
+            realnode.restart_kubelet(timeout=5)
+        record = realnode.Record.load()
+        assert record is not None
+        record.state_dir = str(tmp_path / "other-checkout")
+        record.save()
+        with pytest.raises(realnode.RealNodeError, match="belongs to"):
+            realnode.restart_kubelet(timeout=5)
+        assert kubelet.poll() is None and restart_env["spawned"] == []
+    finally:
+        for proc in (kubelet, forwarder):
+            proc.kill()
+            proc.wait()
+
+
+def test_no_kubelet_restart_of_a_node_that_is_not_running(restart_env: dict) -> None:
+    realnode.Record(state_dir=str(realnode.localenv.state_dir()),
+                    pids={"kubelet": _dead_pid()}, pid_starts={"kubelet": 1.0}).save()  # fmt: skip
+    with pytest.raises(realnode.RealNodeError, match="no real node runs"):
+        realnode.restart_kubelet(timeout=5)
+    assert restart_env["spawned"] == []
+
+
+def test_a_restarted_kubelet_that_never_gets_healthy_fails_the_restart(
+    restart_env: dict, lock_holder: subprocess.Popen[str]
+) -> None:
+    restart_env["healthy"] = False
+    kubelet = _sleeper()
+    try:
+        _running_node(lock_holder.pid, kubelet=kubelet)
+        with pytest.raises(realnode.RealNodeError, match="kubelet /healthz: not ready"):
+            realnode.restart_kubelet(timeout=0.5)
+    finally:
+        kubelet.kill()
+        kubelet.wait()

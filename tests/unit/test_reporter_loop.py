@@ -6,6 +6,7 @@ a fake clock (``take_dirty`` waits by advancing it), so "minutes" of API trouble
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from datetime import UTC, datetime
@@ -148,17 +149,17 @@ def run_until(loop: ReconcileLoop, clock: Clock, done, seconds: float) -> None:
 
 
 def test_a_write_failing_longer_than_its_retries_lands_later_without_a_resync():
-    # 40 answers of 500: several rounds of 6 attempts each (~2-6 s per round).
-    clock, observer, api, writer, loop, _ = build(failures=40)
+    # 20 answers of 500 (several minutes: the per-CR backoff doubles to 30 s).
+    clock, observer, api, writer, loop, _ = build(failures=20)
     observer.mark_dirty(NAME, clock())
     start = clock()
     run_until(loop, clock, lambda: api.written, seconds=600)
     assert api.written, f"no status after {api.attempts} attempts"
     assert api.written[0]["status"]["phase"] == "Failed"
-    assert api.attempts == 41
-    # Far sooner than the (hour-long) resync, and backing off between rounds.
+    assert api.attempts == 21
+    # Far sooner than the (hour-long) resync, and backing off between attempts.
     assert clock() - start < 600
-    assert writer.metrics.status_write_errors._value.get() >= 6
+    assert writer.metrics.status_write_errors._value.get() == 20
 
 
 def test_retries_stop_when_the_cr_is_gone():
@@ -214,3 +215,75 @@ def test_a_change_held_longer_than_a_resync_is_written_but_not_counted_as_latenc
     run_until(loop, clock, lambda: api.written, seconds=30)
     assert len(api.written) == 1
     assert writer.metrics.change_to_write._sum.get() == 0.0
+
+
+# ------------------------------------------------- review of issue 16: backoff per CR
+
+
+OTHER = "zz-other"  # reconciled after NAME in one step (sorted)
+
+
+class TwoCrObserver(FakeObserver):
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self.crs_by_name[OTHER] = {
+            "metadata": {"name": OTHER, "resourceVersion": "1", "generation": 1, "uid": "o"},
+            "spec": {},
+        }
+
+
+class FailOneApi(FlakyApi):
+    """Every status patch of NAME fails with 500; the other CR's land. Records when."""
+
+    def __init__(self, observer: FakeObserver, clock: Clock) -> None:
+        super().__init__(observer, 0)
+        self.clock = clock
+        self.times: dict[str, list[float]] = {}
+
+    def patch_status(self, name, patch):
+        self.times.setdefault(name, []).append(self.clock())
+        if name == NAME:
+            self.attempts += 1
+            raise ApiException(status=500, reason="Internal Server Error")
+        return super().patch_status(name, patch)
+
+
+def build_two():
+    clock, _, _, writer, loop, _ = build()
+    observer = TwoCrObserver(clock)
+    api = FailOneApi(observer, clock)
+    writer.api, writer.cache, loop.observer = api, observer, observer
+    return clock, observer, api, writer, loop
+
+
+def test_a_failing_write_does_not_block_the_loop_for_other_crs():
+    """The quick retries of a failing write slept inside reconcile (3-6 s of 500s): every
+    other CR's change waited behind them."""
+    clock, observer, api, _writer, loop = build_two()
+    t = clock()
+    observer.mark_dirty(NAME, t)
+    observer.mark_dirty(OTHER, t)
+    loop.step()  # NAME's write fails, then OTHER's is written
+    assert api.attempts >= 1
+    assert api.times.get(OTHER), "the other CR was not written"
+    # Written within the loop's debounce, not after NAME's retries.
+    assert api.times[OTHER][0] - t < 0.5, api.times
+
+
+def test_events_do_not_pull_a_failed_writes_backoff_forward():
+    """Every watch event restarted a failed write at once (0.5 s), defeating the backoff
+    against a struggling API server."""
+    clock, observer, api, _writer, loop = build_two()
+    observer.mark_dirty(NAME, clock())
+    end = clock() + 120
+    while clock() < end:
+        observer.mark_dirty(NAME, clock())  # a pod of NAME changes every 100 ms
+        loop.step()
+        clock.sleep(0.1)
+    times = api.times[NAME]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # Backing off (1, 2, 4 ... up to 30 s between attempts), whatever the events say.
+    assert len(times) < 20, times
+    assert max(gaps) >= 15, gaps
+    # Equal jitter: a wait is never under half its nominal delay, which never shrinks.
+    assert all(gap >= 0.25 * max(gaps[:i]) for i, gap in enumerate(gaps) if i), gaps

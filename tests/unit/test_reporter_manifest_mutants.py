@@ -5,9 +5,14 @@ started with, its probes, resources, security settings and spreading.
 
 from __future__ import annotations
 
-from test_reporter_rbac import NAMES, objects
+from test_reporter_rbac import NAMES, all_objects, objects
 
-from pmem_components.manifests.reporter import METRICS_PORT, REPORTER_UID, reporter_selector
+from pmem_components.manifests.reporter import (
+    METRICS_PORT,
+    REPORTER_UID,
+    build_reporter_objects,
+    reporter_selector,
+)
 from reporter.__main__ import parse_args
 
 
@@ -79,3 +84,23 @@ def test_the_reporter_pods_run_as_the_images_user_and_spread_over_nodes() -> Non
     }
     assert pod["terminationGracePeriodSeconds"] == 10
     assert dep["spec"]["selector"] == {"matchLabels": reporter_selector(NAMES)}
+
+
+def test_every_reporter_object_carries_its_api_version() -> None:
+    assert {(o["kind"], o.get("apiVersion")) for o in all_objects()} == {
+        ("ClusterRole", "rbac.authorization.k8s.io/v1"),
+        ("ClusterRoleBinding", "rbac.authorization.k8s.io/v1"),
+        ("Deployment", "apps/v1"),
+        ("Role", "rbac.authorization.k8s.io/v1"),
+        ("RoleBinding", "rbac.authorization.k8s.io/v1"),
+        ("ServiceAccount", "v1"),
+    }
+
+
+def test_the_reporter_image_is_pulled_only_when_missing_unless_configured() -> None:
+    (deployment,) = [
+        o for o in build_reporter_objects([(NAMES, "drv")], "drv", "reg/r:1")
+        if o["kind"] == "Deployment"
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["imagePullPolicy"] == "IfNotPresent"

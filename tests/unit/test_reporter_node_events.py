@@ -1,7 +1,8 @@
 """A few broken nodes are reported by name: one Warning Event per newly broken node pod.
 
 The CR stays Running (tests/unit/test_status_scale.py); these Events say which node to look
-at, once per node going bad, capped so that a rack going down is not a storm.
+at, once per node going bad (and at most once per NODE_EVENT_REPEAT_SECONDS however often it
+flaps), capped per CR and window so that a rack going down is not a storm.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from test_reporter_write import NAME, setup
 
 from reporter import status
-from reporter.write import MAX_NODE_EVENTS
+from reporter.write import MAX_NODE_EVENTS, NODE_EVENT_REPEAT_SECONDS
 
 
 def broken(*indexes: int) -> list[status.BrokenPod]:
@@ -27,7 +28,10 @@ def test_each_newly_broken_node_pod_gets_one_warning_event(monkeypatch):
     writer.reconcile(NAME)
     (event,) = node_events(api)
     assert (event["type"], event["reason"]) == ("Warning", "NodeDriverNotReady")
-    assert "node-pod-17 on node node-17" in event["message"]
+    assert event["message"] == (
+        "Node driver pod node-pod-17 on node node-17: NotReady; the driver serves on the other "
+        "nodes"
+    )
     writer.reconcile(NAME)  # still broken: nothing new
     assert len(node_events(api)) == 1
     now_broken[0] = broken(17, 40)
@@ -36,9 +40,9 @@ def test_each_newly_broken_node_pod_gets_one_warning_event(monkeypatch):
     assert len(node_events(api)) == 2
     now_broken[0] = broken(40)  # 17 healed
     writer.reconcile(NAME)
-    now_broken[0] = broken(17, 40)  # and broke again: a new Event
+    now_broken[0] = broken(17, 40)  # and broke again at once: named already, no new Event
     writer.reconcile(NAME)
-    assert len(node_events(api)) == 3
+    assert len(node_events(api)) == 2
 
 
 def test_many_broken_nodes_at_once_are_capped_with_one_summary(monkeypatch):
@@ -56,3 +60,77 @@ def test_a_non_leader_records_no_node_events(monkeypatch):
     monkeypatch.setattr(status, "degraded_node_pods", lambda observed: broken(1))
     writer.reconcile(NAME)
     assert node_events(api) == []
+
+
+# ------------------------------------------------ review of issue 16: bounded, not urgent
+
+
+def test_a_flapping_node_gets_one_event_per_repeat_interval(monkeypatch):
+    """One broken node flapping made an Event per flap."""
+    _cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    now_broken = [broken(17)]
+    monkeypatch.setattr(status, "degraded_node_pods", lambda observed: now_broken[0])
+    writer.reconcile(NAME)
+    assert len(node_events(api)) == 1
+    for _ in range(20):  # flaps every 10 s
+        clock[0] += 5
+        now_broken[0] = []
+        writer.reconcile(NAME)
+        clock[0] += 5
+        now_broken[0] = broken(17)
+        writer.reconcile(NAME)
+    assert len(node_events(api)) == 1
+    clock[0] = 100.0 + NODE_EVENT_REPEAT_SECONDS
+    now_broken[0] = []
+    writer.reconcile(NAME)
+    now_broken[0] = broken(17)
+    writer.reconcile(NAME)
+    assert len(node_events(api)) == 2  # still flapping, named again after the interval
+
+
+def test_node_events_of_one_cr_are_bounded_per_window(monkeypatch):
+    """50 broken nodes coming and going (pods replaced: new names) made 50 Events a time."""
+    _cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    now_broken = [broken(*range(50))]
+    monkeypatch.setattr(status, "degraded_node_pods", lambda observed: now_broken[0])
+    writer.reconcile(NAME)
+    assert len(node_events(api)) == MAX_NODE_EVENTS + 1
+    for batch in range(1, 6):
+        clock[0] += 60
+        now_broken[0] = broken(*range(batch * 100, batch * 100 + 50))
+        writer.reconcile(NAME)
+    assert len(node_events(api)) == MAX_NODE_EVENTS + 1  # the window's budget is spent
+    clock[0] = 100.0 + NODE_EVENT_REPEAT_SECONDS
+    now_broken[0] = broken(*range(900, 950))
+    writer.reconcile(NAME)
+    assert len(node_events(api)) == 2 * (MAX_NODE_EVENTS + 1)
+
+
+def test_a_tolerated_node_pod_starting_or_ceasing_to_fail_is_not_an_urgent_write(monkeypatch):
+    """A crash-looping pod on one of 200 nodes is tolerated (the CR stays Running): its flaps
+    wrote the status at once, past the rate limit, every time."""
+    _cache, _api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    seq = [0]
+    failing = [frozenset()]
+
+    def compute(observed, now, progress_deadline=None):
+        seq[0] += 1
+        return {"phase": "Running", "observedGeneration": 1, "message": f"m{seq[0]}"}
+
+    monkeypatch.setattr(status, "compute_status", compute)
+    monkeypatch.setattr(status, "failing_pods", lambda observed: failing[0])
+    monkeypatch.setattr(status, "tolerated_node_pods", lambda observed: frozenset({"p"}))
+    for _ in range(writer.burst):
+        assert writer.reconcile(NAME)  # the burst is spent
+    failing[0] = frozenset({"p"})
+    assert not writer.reconcile(NAME)  # waits for a token like any message change
+    assert NAME in writer.deferred
+    # Not tolerated (the same pod, on a CR where it counts): at once.
+    monkeypatch.setattr(status, "tolerated_node_pods", lambda observed: frozenset())
+    assert writer.reconcile(NAME)

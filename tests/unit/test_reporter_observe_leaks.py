@@ -15,6 +15,7 @@ from test_reporter_observe import INSTANCE, FakeApi, NoStartInformer, by_kind, c
 
 from pmem_components import names as n
 from reporter.metrics import Metrics
+from reporter.model import expected_objects
 from reporter.observe import POD, Informer, Observer
 from reporter.write import build_observed
 
@@ -134,3 +135,48 @@ def test_an_object_gone_from_the_label_selected_cache_is_looked_up_by_name_and_r
         }
     )
     assert build_observed(observer, observer.cr("a")).relabelled == {}
+
+
+class FailingLookupApi(LookupApi):
+    def __init__(self, error: BaseException) -> None:
+        super().__init__({})
+        self.error = error
+
+    def get_metadata(self, res, name, namespace=None):
+        self.gets.append((res.kind, name, namespace))
+        raise self.error
+
+
+def test_a_failed_lookup_of_an_absent_object_is_unknown_not_missing():
+    """Review of issue 16: a GET that fails (403/500/timeout) says nothing about the object;
+    it was reported "missing" (DriverDeployed=False, phase Failed)."""
+    from reporter import status as st
+
+    for error in (
+        ApiException(status=403, reason="Forbidden"),
+        ApiException(status=500, reason="Internal Server Error"),
+        TimeoutError("read timed out"),
+    ):
+        api = FailingLookupApi(error)
+        observer = Observer(api, Metrics(), deployments=["a"], informer_factory=NoStartInformer)
+        observer.start()
+        observer.cr_informers[0]._handle({"type": "ADDED", "object": cr("a", "1", ns="drv")})
+        labels = {n.LABEL_PART_OF: n.PART_OF, n.LABEL_INSTANCE: n.DeploymentNames("a").hyphened}
+        for exp in expected_objects(n.DeploymentNames("a")):
+            if exp.kind == "DaemonSet":
+                continue  # absent from its cache: relabelled or deleted?
+            (inf, *_) = by_kind(observer, exp.kind)
+            where = "drv" if exp.namespaced else ""
+            inf._handle({"type": "ADDED", "object": obj(exp.name, "3", ns=where, labels=labels)})
+        seen = build_observed(observer, observer.cr("a"))
+        assert "DaemonSet" in seen.unreadable, error
+        assert "could not be looked up" in seen.unreadable["DaemonSet"]
+        from datetime import UTC, datetime
+
+        out = st.compute_status(seen, datetime(2026, 1, 1, tzinfo=UTC))
+        deployed = next(c for c in out["conditions"] if c["type"] == st.DRIVER_DEPLOYED)
+        assert deployed["status"] == st.UNKNOWN, deployed
+        assert "missing" not in deployed["message"].lower(), deployed
+        assert deployed["reason"] == "ObjectsUnreadable"
+        # A failure is asked again soon, not believed for a minute; a 404 is still missing.
+        assert api.gets.count(("DaemonSet", n.DeploymentNames("a").node_driver, "drv")) == 1

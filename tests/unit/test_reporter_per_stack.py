@@ -50,11 +50,15 @@ def watches(n_deployments: int, namespaces: int = 1) -> int:
 
 
 @pytest.mark.parametrize("n", [1, 10, 100])
-def test_only_the_secret_watches_grow_with_deployments(n: int) -> None:
-    # The CRs, 3 cluster-scoped kinds, 7 namespaced kinds: whatever the number of deployments
-    # and namespaces; plus each deployment's two Secrets by name (least privilege).
-    assert watches(n) == 1 + 3 + 7 + 2 * n
-    assert watches(n, namespaces=n) == 1 + 3 + 7 + 2 * n
+def test_watches_do_not_grow_with_deployments(n: int) -> None:
+    """Review of issue 16: each deployment added two Secret watches (by name). Now: the CRs
+    and 3 cluster-scoped kinds cluster-wide, and in each driver namespace one watch per
+    namespaced kind (8, Secrets included) by label, whatever the number of deployments
+    there. Namespaced kinds are watched per namespace because the reporter's RBAC grants
+    them only there (Roles, not a ClusterRole)."""
+    assert watches(n) == 1 + 3 + 8
+    assert watches(n, namespaces=2) == 1 + 3 + 8 * min(n, 2)
+    assert watches(n, namespaces=n) == 1 + 3 + 8 * n  # grows with namespaces, only
 
 
 def test_a_cr_the_reporter_does_not_serve_is_ignored_and_its_namespace_not_watched() -> None:
@@ -73,7 +77,7 @@ def test_a_cr_the_reporter_does_not_serve_is_ignored_and_its_namespace_not_watch
     assert observer.take_dirty(0) == {}
 
 
-def test_the_secret_watches_of_a_cr_stop_with_it() -> None:
+def test_the_watches_of_a_namespace_stop_with_its_last_cr() -> None:
     observer = Observer(
         FakeApi([], []),
         Metrics(),
@@ -86,13 +90,13 @@ def test_the_secret_watches_of_a_cr_stop_with_it() -> None:
     crs._handle({"type": "ADDED", "object": cr("a", "1", ns="one")})
     crs._handle({"type": "ADDED", "object": cr("b", "2", ns="one")})
     secrets = [i for i in observer.all_informers() if i.res.kind == "Secret"]
-    assert len(secrets) == 4
-    a_secrets = [i for i in secrets if i.owner == "a"]
+    assert len(secrets) == 1 and secrets[0].namespace == "one" and secrets[0].label_selector
+    assert secrets[0].field_selector is None  # by label: one watch for both CRs' Secrets
     crs._handle({"type": "DELETED", "object": cr("a", "3", ns="one")})
-    assert all(i._stop.is_set() for i in a_secrets)
-    assert not any(i._stop.is_set() for i in secrets if i.owner == "b")
+    assert not secrets[0]._stop.is_set()  # b still lives there
     crs._handle({"type": "DELETED", "object": cr("b", "4", ns="one")})
-    assert [i for i in observer.all_informers() if i.res.kind == "Secret"] == []
+    assert secrets[0]._stop.is_set()
+    assert [i for i in observer.all_informers() if i.res.namespaced] == []
 
 
 def test_reporter_settings_that_disagree_are_refused_naming_the_keys() -> None:
@@ -139,3 +143,32 @@ def _one_reporter(mocks) -> Any:
             assert out[name]["objectNames"]["reporter"] == "a-example-org-reporter"
 
     return settle(outputs, check)
+
+
+def test_the_reporter_deployment_waits_for_its_rbac() -> None:
+    """Review of issue 16: the reporter's Deployment (moved to serve every deployment) rolled
+    out in parallel with the RBAC that grants it the new deployments' namespaces: its new
+    pods met 403s and wrote "could not be read" until the Roles existed."""
+    from types import SimpleNamespace
+
+    from pmem_components.program import register_reporter
+
+    s = stack(dep("a.example.org", "one"), dep("b.example.org", "two"))
+    registered: list[tuple[str, str, list[Any]]] = []
+
+    def register(obj: dict[str, Any], deps: Any) -> Any:
+        handle = SimpleNamespace(kind=obj["kind"], name=obj["metadata"]["name"])
+        registered.append((obj["kind"], obj["metadata"].get("namespace", ""), list(deps)))
+        return handle
+
+    components = [
+        SimpleNamespace(deployment_cr=f"cr-{d.name}", register_reporter_object=register)
+        for d in s.deployments
+    ]
+    out = register_reporter(s, components, {})
+    rbac = [h for h in out if h.kind != "Deployment"]
+    (deployment_deps,) = [deps for kind, _, deps in registered if kind == "Deployment"]
+    assert {h.kind for h in rbac} >= {"ServiceAccount", "ClusterRole", "Role", "RoleBinding"}
+    for handle in rbac:
+        assert handle in deployment_deps, handle
+    assert all(cr in deployment_deps for cr in ("cr-a.example.org", "cr-b.example.org"))

@@ -47,7 +47,13 @@ def test_kinds_names_and_labels():
         "Deployment",
     }
     for o in objs.values():
-        assert o["metadata"]["name"] == "pmem-csi-intel-com-reporter"
+        if o["kind"] in ("ServiceAccount", "Deployment"):
+            assert o["metadata"]["name"] == "pmem-csi-intel-com-reporter"
+        else:
+            # Not the names the per-deployment layout's grants had (review of issue 16): one
+            # `pulumi up` creates these before the Deployment rolls, and deletes the old ones
+            # (still granting the old pods what they watch) only at its end.
+            assert o["metadata"]["name"] == "pmem-csi-intel-com-reporter-stack"
         labels = o["metadata"]["labels"]
         assert labels["app.kubernetes.io/part-of"] == "pmem-csi"
         assert labels["app.kubernetes.io/instance"] == "pmem-csi-intel-com"
@@ -56,6 +62,43 @@ def test_kinds_names_and_labels():
             assert "namespace" not in o["metadata"]
         else:
             assert o["metadata"]["namespace"] == "drv"
+
+
+NAMESPACED = [
+    ("", "pods"),
+    ("", "services"),
+    ("", "serviceaccounts"),
+    ("apps", "daemonsets"),
+    ("apps", "statefulsets"),
+    ("rbac.authorization.k8s.io", "roles"),
+    ("rbac.authorization.k8s.io", "rolebindings"),
+    ("", "secrets"),
+]
+
+
+def test_the_cluster_role_grants_no_namespaced_kind():
+    """Review of issue 16: going to one reporter per stack made the ClusterRole list/watch/get
+    pods, services, daemon sets... in every namespace of the cluster."""
+    served = [(NAMES, "drv"), (OTHER, "drv2")]
+    (role,) = [o for o in all_objects(served) if o["kind"] == "ClusterRole"]
+    for group, res in NAMESPACED:
+        assert verbs_for(role["rules"], group, res) == [], res
+
+
+def test_namespaced_kinds_are_granted_in_the_driver_namespaces_only():
+    served = [(NAMES, "drv"), (OTHER, "drv2")]
+    roles = {o["metadata"]["namespace"]: o for o in all_objects(served) if o["kind"] == "Role"}
+    for ns in ("drv", "drv2"):
+        rules = roles[ns]["rules"]
+        assert verbs_for(rules, "", "pods") == [(["list", "watch"], None)]
+        # Secrets by label in the driver namespace (one watch for all its deployments):
+        # list/watch, never get.
+        assert verbs_for(rules, "", "secrets") == [(["list", "watch"], None)]
+        for group, res in NAMESPACED:
+            if res not in ("pods", "secrets"):
+                assert verbs_for(rules, group, res) == [(["get", "list", "watch"], None)], res
+    for group, res in NAMESPACED:
+        assert verbs_for(roles["default"]["rules"], group, res) == [], res
 
 
 def test_cluster_role_grants_the_served_crs_and_label_watches_but_no_secrets():
@@ -68,14 +111,7 @@ def test_cluster_role_grants_the_served_crs_and_label_watches_but_no_secrets():
         (["get"], crs),
     ]
     assert verbs_for(rules, "pmem-csi.intel.com", "deployments/status") == [(["patch"], crs)]
-    assert verbs_for(rules, "", "pods") == [(["list", "watch"], None)]
     for group, res in [
-        ("", "services"),
-        ("", "serviceaccounts"),
-        ("apps", "daemonsets"),
-        ("apps", "statefulsets"),
-        ("rbac.authorization.k8s.io", "roles"),
-        ("rbac.authorization.k8s.io", "rolebindings"),
         ("rbac.authorization.k8s.io", "clusterroles"),
         ("rbac.authorization.k8s.io", "clusterrolebindings"),
         ("storage.k8s.io", "csidrivers"),
@@ -86,18 +122,14 @@ def test_cluster_role_grants_the_served_crs_and_label_watches_but_no_secrets():
     assert all("create" not in r["verbs"] and "delete" not in r["verbs"] for r in rules)
 
 
-def test_secrets_by_name_in_driver_namespaces_lease_where_the_reporter_runs():
+def test_secrets_in_driver_namespaces_lease_where_the_reporter_runs():
     served = [(NAMES, "drv"), (OTHER, "drv2")]
     roles = {o["metadata"]["namespace"]: o for o in all_objects(served) if o["kind"] == "Role"}
     assert set(roles) == {"drv", "drv2", "default"}
-    # By name only: no other Secret of those namespaces.
-    assert verbs_for(roles["drv2"]["rules"], "", "secrets") == [
-        (["list", "watch"], [OTHER.registry_secret, OTHER.node_secret])
-    ]
+    # By label in the driver namespaces (test_namespaced_kinds_are_granted_in_the_driver_...).
+    assert verbs_for(roles["drv2"]["rules"], "", "secrets") == [(["list", "watch"], None)]
     assert verbs_for(roles["drv2"]["rules"], "coordination.k8s.io", "leases") == []
-    assert verbs_for(roles["drv"]["rules"], "", "secrets") == [
-        (["list", "watch"], [NAMES.registry_secret, NAMES.node_secret])
-    ]
+    assert verbs_for(roles["drv"]["rules"], "", "secrets") == [(["list", "watch"], None)]
     assert verbs_for(roles["drv"]["rules"], "coordination.k8s.io", "leases") == [
         (["create"], None),
         (["get", "update"], ["pmem-csi-intel-com-reporter"]),
@@ -159,6 +191,4 @@ def test_driver_in_default_namespace_gets_events_rule_in_its_role():
     assert [o["kind"] for o in objs].count("Role") == 1
     (role,) = [o for o in objs if o["kind"] == "Role"]
     assert verbs_for(role["rules"], "", "events") == [(["create"], None)]
-    assert verbs_for(role["rules"], "", "secrets") == [
-        (["list", "watch"], [NAMES.registry_secret, NAMES.node_secret])
-    ]
+    assert verbs_for(role["rules"], "", "secrets") == [(["list", "watch"], None)]

@@ -197,11 +197,20 @@ def test_every_call_is_granted_and_every_grant_is_used() -> None:
                     ), f"granted but never used: {verb} {res} in {namespace or 'cluster'}"
 
 
-def test_secrets_are_watched_by_name_never_read_per_reconcile() -> None:
+def test_secrets_are_watched_by_label_in_the_driver_namespace_never_read_per_reconcile() -> None:
     requests = drive_the_reporter()
     secret_calls = [r for r in requests if r.resource == "secrets"]
     assert {r.verb for r in secret_calls} == {"list", "watch"}
-    assert {r.name for r in secret_calls} == {NAMES.registry_secret, NAMES.node_secret}
-    # Two informers, each listed and watched twice by the driver loop above; the reconciles
+    assert {(r.namespace, r.name) for r in secret_calls} == {(NS, "")}
+    # One informer, listed and watched twice by the driver loop above; the reconciles
     # (four of them) added nothing: a Secret is never read with a GET, not even its metadata.
-    assert len(secret_calls) == 2 * 2 * 2
+    assert len(secret_calls) == 2 * 2
+
+
+def test_namespaced_kinds_are_read_in_the_driver_namespace_only() -> None:
+    """Review of issue 16: pods, workloads, Secrets are never listed cluster-wide."""
+    namespaced = {"pods", "services", "serviceaccounts", "daemonsets", "statefulsets"}
+    namespaced |= {"roles", "rolebindings", "secrets"}
+    for req in drive_the_reporter():
+        if req.resource in namespaced:
+            assert req.namespace == NS, req

@@ -150,15 +150,30 @@ def test_conflict_rereads_the_cr_and_retries():
     writer.cache.crs = {NAME: stale}
     assert writer.reconcile(NAME)
     assert [p["metadata"]["resourceVersion"] for p in api.patches] == ["1", "7"]
-    assert api.gets == 1 and len(sleeps) == 1
+    # Retried at once from the fresh copy: nothing sleeps on the main loop.
+    assert api.gets == 1 and sleeps == []
 
 
-def test_transient_errors_back_off_then_succeed():
+def test_transient_errors_back_off_per_cr_then_succeed():
+    """Review of issue 16: the retries slept inside reconcile (the main loop, every other CR
+    waiting); now each failure puts the CR off by a growing delay, and a reconcile before
+    that (a watch event, a resync) does not try again."""
     errors = [ApiException(status=503), ApiException(status=429), ConnectionError("reset")]
-    _, api, writer, sleeps = setup(failures=errors)
+    _, api, writer, sleeps = setup(failures=list(errors))
+    clock = [12.5]
+    writer.monotonic = lambda: clock[0]
+    delays = []
+    for _ in errors:
+        assert not writer.reconcile(NAME)
+        due = writer.deferred[NAME]
+        assert writer.backing_off[NAME] == due
+        delays.append(due - clock[0])
+        assert not writer.reconcile(NAME)  # before it is due: no attempt
+        assert len(api.failures) == len(errors) - len(delays)  # one attempt each time
+        clock[0] = due
+    assert len(api.failures) == 0 and delays[0] < delays[2]
     assert writer.reconcile(NAME)
-    assert len(sleeps) == 3 and sleeps[0] < sleeps[2]
-    assert len(api.patches) == 1
+    assert len(api.patches) == 1 and sleeps == [] and writer.backing_off == {}
 
 
 def test_permanent_error_gives_up_without_retry():
@@ -169,10 +184,12 @@ def test_permanent_error_gives_up_without_retry():
 
 def test_losing_leadership_stops_retries():
     _, api, writer, sleeps = setup(failures=[ApiException(status=503)])
-    calls = iter([True, True, False])
-    writer.is_leader = lambda: next(calls)
     assert not writer.reconcile(NAME)
-    assert api.patches == [] and len(sleeps) == 1
+    writer.is_leader = lambda: False
+    due = writer.deferred[NAME]
+    writer.monotonic = lambda: due
+    assert not writer.reconcile(NAME)
+    assert api.patches == [] and sleeps == [] and NAME in writer.awaiting_leader
 
 
 def test_merge_patch_deletes_removed_keys_and_keeps_equal_ones():

@@ -1,11 +1,11 @@
-"""What is written at once and what waits: exactly the list in the README's reporter section.
+"""What is written at once and what waits: exactly the list in docs/reporter.md.
 
-README ("## The status the reporter writes"): written at once -- phase Failed entered or left,
-a condition's status or reason, observedGeneration, a pod starting or ceasing to fail, and the
-first Running after a failure or after failing pods healed;
-through the per-CR budget (3 at once, then one per ``--message-interval``) -- Running <->
-Progressing, a component's Ready <-> NotReady, and message text. Each case runs with the
-budget used up, so "at once" and "waits" are told apart.
+docs/reporter.md ("## The status the reporter writes"): written at once -- phase Failed entered
+or left, a condition's status or reason, observedGeneration, a pod starting or ceasing to fail,
+and the first Running after a failure or after failing pods healed; through the per-CR budget (3
+at once, then one per ``--message-interval``) -- Running <-> Progressing, a component's Ready
+<-> NotReady, and message text. Each case runs with the budget used up, so "at once" and "waits"
+are told apart.
 """
 
 from __future__ import annotations

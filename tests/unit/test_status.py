@@ -56,6 +56,7 @@ def _pki() -> dict[str, certs.IssuedCertificate]:
         "registry": certs.generate_leaf(ca, certs.REGISTRY_NAME, now=start),
         "node": certs.generate_leaf(ca, certs.NODE_CONTROLLER_NAME, now=start),
         "foreign_node": certs.generate_leaf(other_ca, certs.NODE_CONTROLLER_NAME, now=start),
+        "other_ca": other_ca,
         "short_node": certs.generate_leaf(
             ca,
             certs.NODE_CONTROLLER_NAME,
@@ -701,14 +702,30 @@ def test_cert_from_another_ca_is_not_verified() -> None:
 
 
 def test_different_ca_in_the_two_secrets_is_reported() -> None:
+    """The node side trusts another CA only: the node drivers would reject the registry."""
     objects = good_objects()
     node = secret(NAMES.node_secret, "node")
-    node["data"]["ca.crt"] = _b64(_pki()["registry"].cert_pem)
+    node["data"]["ca.crt"] = _b64(_pki()["other_ca"].cert_pem)
     objects[SECRET][NAMES.node_secret] = node
     verified = cond(st.compute_status(observed(objects), NOW), "CertsVerified")
     assert verified["status"] == "False"
     assert verified["reason"] == "CAMismatch"
-    assert "hold different ca.crt" in verified["message"]
+    assert "not signed by any CA in the node side's ca.crt" in verified["message"]
+
+
+def test_a_trust_bundle_on_one_side_only_is_accepted() -> None:
+    """Stage 1 of a CA change, half applied (the registry Secret updated, the node Secret
+    not yet): each side still accepts the other, so the driver works and CertsVerified is
+    True. The old rule (both ca.crt must be equal) reported CAMismatch here."""
+    pki = _pki()
+    bundle = pki["ca"].cert_pem + pki["other_ca"].cert_pem
+    for side in (NAMES.registry_secret, NAMES.node_secret):
+        objects = good_objects()
+        changed = secret(side, "registry" if side == NAMES.registry_secret else "node")
+        changed["data"]["ca.crt"] = _b64(bundle)
+        objects[SECRET][side] = changed
+        verified = cond(st.compute_status(observed(objects), NOW), "CertsVerified")
+        assert (verified["status"], verified["reason"]) == ("True", "CertsValid"), verified
 
 
 def test_cert_expiring_soon_is_true_with_warning() -> None:

@@ -194,3 +194,18 @@ def test_degraded_node_pods_are_listed_for_events() -> None:
     assert st.degraded_node_pods(observed(objects, nodepods=pods)) == []
     # Controller pods are not node pods.
     assert st.degraded_node_pods(observed(ctrl_pods=controller_pods())) == []
+
+
+def test_tolerated_node_pods_are_the_broken_ones_within_the_tolerance() -> None:
+    """The writer takes their failing in or out through its budget (review of issue 16)."""
+    objects, pods = cluster(5000, {17: CRASH, 40: PULL})
+    assert st.tolerated_node_pods(observed(objects, nodepods=pods)) == {
+        f"{NAMES.hyphened}-node-00017",
+        f"{NAMES.hyphened}-node-00040",
+    }
+    # Beyond the tolerance (2 of 100): nothing is tolerated, every change is urgent.
+    objects, pods = cluster(100, {1: CRASH, 2: CRASH})
+    assert st.tolerated_node_pods(observed(objects, nodepods=pods)) == frozenset()
+    # During a rollout, neither.
+    objects, pods = cluster(5000, {17: CRASH}, updated=10)
+    assert st.tolerated_node_pods(observed(objects, nodepods=pods)) == frozenset()

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from test_takeover import EDIT, OURS, PULUMI, entry
 
 from pmem_components import takeover
+from pmem_components.fieldowners import ALLOWED_ENV, Allowance
 
 
 def test_the_union_is_a_new_tree_that_shares_nothing_with_its_inputs() -> None:
@@ -47,3 +49,28 @@ def test_a_foreign_entry_without_a_manager_is_named_by_the_empty_name() -> None:
     result = takeover.plan([OURS, nameless], "5")
     assert result is not None
     assert result.foreign == ("",)
+
+
+# The administrator's entry of the ownership policy, as the program passes it to ``plan``.
+EDIT_MAY_OWN_EXTRA = Allowance("kubectl-edit", ("metadata.labels.extra",), "a test's reason")
+
+
+def test_a_manager_owning_only_what_the_administrator_allows_it_is_not_taken_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ALLOWED_ENV, raising=False)
+    assert takeover.plan([OURS, EDIT], "5", [EDIT_MAY_OWN_EXTRA]) is None
+    assert takeover.plan([OURS, EDIT], "5") is not None  # without the entry it is
+
+
+def test_the_administrators_allowed_fields_stay_with_their_manager(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(ALLOWED_ENV, raising=False)
+    edit = entry("kubectl-edit", {"f:metadata": {"f:labels": {"f:extra": {}}}, "f:spec": {}})
+    result = takeover.plan([OURS, edit], "5", [EDIT_MAY_OWN_EXTRA])
+    assert result is not None
+    entries = result.patch[1]["value"]
+    assert [e["manager"] for e in entries] == [PULUMI, "kubectl-edit"]
+    assert entries[1]["fieldsV1"] == {"f:metadata": {"f:labels": {"f:extra": {}}}}
+    assert entries[0]["fieldsV1"]["f:spec"] == {"f:replicas": {}}

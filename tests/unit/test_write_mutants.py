@@ -141,6 +141,24 @@ def test_build_observed_reads_the_crs_namespace_and_matches_owner_kind_and_name(
     assert observed.unreadable == {"Secret": "forbidden"}
 
 
+class RelabelledCache(RecordingCache):
+    """One expected object is missing under its labels but found by name: relabelled."""
+
+    def lookup_labels(self, kind: str, name: str, namespace: str | None) -> Any:
+        self.namespaces.add(namespace)
+        return {"app": "someone-elses"} if (kind, name) == ("DaemonSet", NODE_DS) else None
+
+
+NODE_DS = "pmem-csi-intel-com-node"
+
+
+def test_build_observed_asks_for_the_labels_of_each_missing_object_by_its_name() -> None:
+    cache = RelabelledCache(CR)
+    observed = build_observed(cache, CR)
+    assert cache.namespaces == {"drv"}
+    assert observed.relabelled == {("DaemonSet", NODE_DS): {"app": "someone-elses"}}
+
+
 # --------------------------------------------------------------------------- KubeStatusApi
 
 
@@ -220,14 +238,20 @@ def test_after_a_conflict_the_fresh_cr_is_read_once_and_used_for_every_retry() -
     cache, _, writer, sleeps = setup()
     api = MovingApi(cache, [ApiException(status=409), ApiException(status=503)])
     writer.api = api
+    assert not writer.reconcile(NAME)  # 409: read again; 503: backing off
+    due = writer.deferred[NAME]
+    writer.monotonic = lambda: due
     assert writer.reconcile(NAME)
     assert api.gets == 1
     assert [p["metadata"]["resourceVersion"] for p in api.patches] == ["5"]
-    assert len(sleeps) == 2
+    assert sleeps == []
 
 
 def test_a_transient_error_alone_does_not_read_the_cr_again() -> None:
     _, api, writer, _ = setup(failures=[ApiException(status=503)])
+    assert not writer.reconcile(NAME)
+    due = writer.deferred[NAME]
+    writer.monotonic = lambda: due
     assert writer.reconcile(NAME)
     assert api.gets == 0
 
@@ -248,8 +272,8 @@ def test_a_written_status_is_logged_with_both_phases(caplog: pytest.LogCaptureFi
 def test_a_status_not_written_is_logged_with_the_reason(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    _, _api, writer, _ = setup(failures=[ApiException(status=503)])
-    calls = iter([True, True, False])
+    _, _api, writer, _ = setup()
+    calls = iter([True, False])  # leading when the reconcile starts, not at the write
     writer.is_leader = lambda: next(calls)
     with caplog.at_level(logging.INFO, logger=write.log.name):
         assert not writer.reconcile(NAME)
@@ -430,7 +454,11 @@ def test_an_event_is_retried_after_a_transient_error() -> None:
 
     api.create_event = flaky  # type: ignore[method-assign]
     assert writer.reconcile(NAME)
-    assert len(api.events) == 1 and len(sleeps) == 1
+    assert api.events == [] and NAME in writer.deferred  # not slept for: tried again soon
+    due = writer.deferred[NAME]
+    writer.monotonic = lambda: due
+    assert not writer.reconcile(NAME)  # nothing new to write; the Event goes out
+    assert len(api.events) == 1 and sleeps == []
     assert writer.metrics.events._value.get() == 1
 
 

@@ -1,0 +1,242 @@
+"""Whose objects: stacks of the same name, on two backends or one after another (issue 14, 4).
+
+The real CLI and engine on the local cluster, stacks on file backends of their own:
+
+a) two teams run ``pmem-csi-pulumi/prod`` on two backends against one cluster: the second
+   team's ``preview`` and ``up`` are refused, naming the namespace and the CR, the identity
+   they carry and ``pmem-csi:adopt``, and change nothing; with the consent ``up`` adopts them;
+b) ``pulumi destroy`` (the namespace is retained), ``pulumi stack rm``, ``pulumi stack init``
+   of the same name: the retained namespace is adopted only with ``pmem-csi:adopt``;
+   The first team's next ``preview`` is refused in turn: its state holds them, but another
+   stack's field manager has replaced its own;
+d) after each adoption the earlier stack's field manager (``pulumi-kubernetes-<random>``) is
+   gone from every adopted object, and a later ``pulumi up`` that changes a field both owned
+   (a namespace label, with the consent removed again) succeeds instead of failing with a
+   server-side apply conflict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from pulumi import automation as auto
+
+from pmem_components import names
+from pmem_components.config import load_config
+from pmem_components.fieldowners import is_pulumi_manager
+from pmem_components.manifests import bundle
+from pmem_components.program import main as program
+from tests.e2e.test_program import Cluster
+from tools import localenv
+from tools import pulumi_stack as ps
+
+pytestmark = pytest.mark.timeout(900)
+
+STACK = "prod"
+IDENTITY = f"organization/{ps.PROJECT_NAME}/{STACK}"
+
+
+def stack_on(backend: Path, work_dir: Path, config: dict[str, Any]) -> auto.Stack:
+    """Stack ``prod`` of this project on the file backend ``backend`` (an administrator's
+    checkout ``work_dir`` logged in there)."""
+    env = {**localenv.apply_pulumi_env(), "PULUMI_BACKEND_URL": backend.as_uri()}
+    backend.mkdir(parents=True, exist_ok=True)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    (work_dir / "Pulumi.yaml").write_text(
+        yaml.safe_dump({"name": ps.PROJECT_NAME, "runtime": "python"})
+    )
+    ps.write_stack_config(work_dir, STACK, config)
+    opts = auto.LocalWorkspaceOptions(
+        work_dir=str(work_dir),
+        pulumi_home=env["PULUMI_HOME"],
+        env_vars=env,
+        secrets_provider="passphrase",
+        pulumi_command=ps._command(),
+    )
+    return auto.create_or_select_stack(
+        stack_name=STACK, project_name=ps.PROJECT_NAME, program=program, opts=opts
+    )
+
+
+def configure(stack: auto.Stack, config: dict[str, Any]) -> None:
+    ps.write_stack_config(Path(stack.workspace.work_dir), STACK, config)
+
+
+def config_of(raw: dict[str, Any], **top: Any) -> dict[str, Any]:
+    out = {"pmem-csi:manageCrd": False, "pmem-csi:deployments": [raw]}
+    out.update({f"pmem-csi:{k}": v for k, v in top.items()})
+    return out
+
+
+def refused(action: Any) -> str:
+    with pytest.raises(auto.CommandError) as err:
+        action()
+    return str(err.value)
+
+
+def pulumi_managers(live: dict[str, Any]) -> set[str]:
+    return {
+        str(e.get("manager"))
+        for e in (live.get("metadata") or {}).get("managedFields") or []
+        if is_pulumi_manager(str(e.get("manager") or "")) and e.get("operation") == "Apply"
+    }
+
+
+def state_managers(stack: auto.Stack) -> dict[str, str]:
+    """(kind/name) -> the field manager the stack's state records for it."""
+    out = {}
+    for r in stack.export_stack().deployment["resources"]:
+        outs = r.get("outputs") or {}
+        if r["type"].startswith("kubernetes:") and outs.get("__fieldManager"):
+            out[f"{outs['kind']}/{outs['metadata']['name']}"] = outs["__fieldManager"]
+    return out
+
+
+def objects_of(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    cfg = load_config({"deployments": [raw]}, check_certificates=False).deployments[0]
+    objs = bundle.build_deployment_objects(cfg)
+    return [o for o in objs.all() if o is not None]
+
+
+def versions(kube: Cluster, raw: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    out = {}
+    for obj in objects_of(raw):
+        live = kube.get(obj)
+        assert live is not None, f"{obj['kind']} {obj['metadata']['name']} missing"
+        meta = live["metadata"]
+        out[f"{obj['kind']}/{meta['name']}"] = (meta["uid"], meta["resourceVersion"])
+    return out
+
+
+def only_the_stacks_manager(kube: Cluster, raw: dict[str, Any], stack: auto.Stack) -> None:
+    """Every object of the deployment has exactly one Pulumi apply entry: the stack's own."""
+    recorded = state_managers(stack)
+    for obj in objects_of(raw):
+        live = kube.get(obj)
+        assert live is not None
+        ref = f"{obj['kind']}/{obj['metadata']['name']}"
+        assert pulumi_managers(live) == {recorded[ref]}, (ref, pulumi_managers(live))
+
+
+@pytest.fixture
+def deployment(api_client: Any) -> Iterator[dict[str, Any]]:
+    sfx = uuid.uuid4().hex[:6]
+    raw = {
+        "name": f"id-{sfx}.pmem-csi.intel.com",
+        "namespace": f"id-{sfx}",
+        "reporter": {"enabled": False},
+        "labels": {"tier": "one"},
+    }
+    yield raw
+    try:
+        client.CoreV1Api(api_client).delete_namespace(raw["namespace"])
+    except ApiException as err:
+        if err.status != 404:
+            raise
+    for obj in objects_of(raw):
+        if not obj["metadata"].get("namespace") and obj["kind"] != "Namespace":
+            # What a failed test left behind; gone already when it passed.
+            with contextlib.suppress(Exception):
+                Cluster(api_client).resource(obj["apiVersion"], obj["kind"]).delete(
+                    name=obj["metadata"]["name"]
+                )
+
+
+def test_two_teams_same_stack_name_on_two_backends(
+    pulumi_ready: dict[str, str],
+    crd: None,
+    tmp_path: Path,
+    api_client: Any,
+    deployment: dict[str, Any],
+) -> None:
+    kube = Cluster(api_client)
+    raw = deployment
+    first = stack_on(tmp_path / "backend-a", tmp_path / "team-a", config_of(raw))
+    second = stack_on(tmp_path / "backend-b", tmp_path / "team-b", config_of(raw))
+    try:
+        assert first.up(on_output=ps.printer("[team a] ")).summary.result == "succeeded"
+        before = versions(kube, raw)
+        # The second team, same project and stack names, its own (empty) state.
+        for action in (second.preview, second.up):
+            text = refused(action)
+            assert f"namespace {raw['namespace']!r} carries this stack's identity" in text
+            assert f"the Deployment CR {raw['name']!r} carries this stack's identity" in text
+            assert repr(IDENTITY) in text
+            assert f'pmem-csi:adopt: ["Namespace {raw["namespace"]}"]' in text
+            assert f'pmem-csi:adopt: ["Deployment {raw["name"]}"]' in text
+        assert versions(kube, raw) == before, "the refused runs changed nothing"
+        # With the consent the second team takes the deployment over.
+        adopt = [f"Namespace {raw['namespace']}", f"Deployment {raw['name']}"]
+        configure(second, config_of(raw, adopt=adopt))
+        result = second.up(on_output=ps.printer("[team b adopts] "))
+        assert result.summary.result == "succeeded"
+        after = versions(kube, raw)
+        assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
+        # d) the consent removed, a field both stacks' managers had set changes.
+        changed = {**raw, "labels": {"tier": "two"}}
+        configure(second, config_of(changed))
+        assert second.up(on_output=ps.printer("[team b] ")).summary.result == "succeeded"
+        ns = client.CoreV1Api(api_client).read_namespace(raw["namespace"])
+        assert ns.metadata.labels["tier"] == "two"
+        only_the_stacks_manager(kube, changed, second)
+        # The first team's state still holds them, but it no longer applies them unasked.
+        before = versions(kube, changed)
+        text = refused(first.preview)
+        assert f"namespace {raw['namespace']!r} is in this stack's state, but another" in text
+        assert f"the Deployment CR {raw['name']!r} is in this stack's state" in text
+        assert versions(kube, changed) == before
+    finally:
+        second.destroy(on_output=ps.printer("[cleanup b] "))
+        second.workspace.remove_stack(STACK)
+        first.workspace.remove_stack(STACK, force=True)
+
+
+def test_a_retained_namespace_is_adopted_by_a_new_stack_of_the_name_only_when_told(
+    pulumi_ready: dict[str, str],
+    crd: None,
+    tmp_path: Path,
+    api_client: Any,
+    deployment: dict[str, Any],
+) -> None:
+    kube = Cluster(api_client)
+    raw = deployment
+    backend = tmp_path / "backend"
+    old = stack_on(backend, tmp_path / "checkout", config_of(raw))
+    assert old.up(on_output=ps.printer("[old] ")).summary.result == "succeeded"
+    old.destroy(on_output=ps.printer("[old destroy] "))
+    old.workspace.remove_stack(STACK)
+    core = client.CoreV1Api(api_client)
+    kept = core.read_namespace(raw["namespace"])  # retainNamespaces (the default) kept it
+    assert kept.metadata.annotations[names.STACK_ANNOTATION] == IDENTITY
+    new = stack_on(backend, tmp_path / "checkout", config_of(raw))
+    try:
+        text = refused(new.up)
+        assert f"namespace {raw['namespace']!r} carries this stack's identity" in text
+        assert f'pmem-csi:adopt: ["Namespace {raw["namespace"]}"]' in text
+        assert "createNamespace: false" in text
+        assert core.read_namespace(raw["namespace"]).metadata.resource_version == (
+            kept.metadata.resource_version
+        )
+        configure(new, config_of(raw, adopt=[f"Namespace {raw['namespace']}"]))
+        assert new.up(on_output=ps.printer("[new adopts] ")).summary.result == "succeeded"
+        live = kube.get(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": raw["namespace"]}}
+        )
+        assert live is not None and live["metadata"]["uid"] == kept.metadata.uid
+        # d) without the consent, a label both stacks' managers had set changes.
+        changed = {**raw, "labels": {"tier": "two"}}
+        configure(new, config_of(changed))
+        assert new.up(on_output=ps.printer("[new] ")).summary.result == "succeeded"
+        assert core.read_namespace(raw["namespace"]).metadata.labels["tier"] == "two"
+        only_the_stacks_manager(kube, changed, new)
+    finally:
+        new.destroy(on_output=ps.printer("[cleanup] "))
+        new.workspace.remove_stack(STACK)

@@ -1,0 +1,76 @@
+"""Another writer of a CR's status this reporter serves (review of issue 16).
+
+A second stack's reporter naming the same CR, or a per-deployment reporter of the layout
+before, left running: each recomputes when it sees the other's write, and writes back. It was
+silent (no log, metric or Event) and unbounded. Now the reporter that sees its status
+replaced by someone else's says so (Warning log, ``pmem_csi_reporter_status_conflicts``, a
+Warning Event ``StatusWriteConflict`` at most once per ``CONFLICT_EVENT_SECONDS``) and yields:
+it does not write the CR again until the other writer has been quiet that long.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from test_reporter_write import NAME, setup
+
+from reporter import write
+from reporter.write import CONFLICT_QUIET_SECONDS
+
+
+def other_reporter_writes(cache, phase: str) -> None:
+    cr = cache.crs[NAME]
+    rv = str(int(cr["metadata"]["resourceVersion"]) + 1)
+    status = {**(cr.get("status") or {}), "phase": phase, "message": f"theirs: {phase}"}
+    cache.crs[NAME] = {
+        **cr,
+        "metadata": {**cr["metadata"], "resourceVersion": rv},
+        "status": status,
+    }
+
+
+def test_a_status_replaced_by_another_writer_is_reported_and_not_fought_over(caplog):
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)  # ours
+    written = len(api.patches)
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
+        for i in range(100):  # the other one rewrites it every 2 s
+            clock[0] += 2
+            other_reporter_writes(cache, "Running" if i % 2 else "Progressing")
+            writer.reconcile(NAME)
+    assert len(api.patches) == written, "a write war"
+    assert writer.metrics.status_conflicts._value.get() >= 1
+    conflicts = [e for _, e in api.events if e["reason"] == "StatusWriteConflict"]
+    assert len(conflicts) == 1 and conflicts[0]["type"] == "Warning"
+    assert any("another writer" in m for m in caplog.messages), caplog.messages
+    # Quiet for long enough: this reporter writes its status again (once).
+    clock[0] += CONFLICT_QUIET_SECONDS + 1
+    assert writer.reconcile(NAME)
+    assert len(api.patches) == written + 1
+
+
+def test_a_spec_change_is_no_conflict():
+    cache, api, writer, _ = setup()
+    assert writer.reconcile(NAME)
+    cr = cache.crs[NAME]
+    rv = str(int(cr["metadata"]["resourceVersion"]) + 1)
+    cache.crs[NAME] = {
+        **cr,
+        "metadata": {**cr["metadata"], "resourceVersion": rv, "generation": 2},
+    }
+    writer.reconcile(NAME)
+    assert writer.metrics.status_conflicts._value.get() == 0
+    assert [e for _, e in api.events if e["reason"] == "StatusWriteConflict"] == []
+
+
+def test_the_other_replicas_writes_after_a_leadership_change_are_no_conflict():
+    cache, _api, writer, _ = setup()
+    assert writer.reconcile(NAME)
+    writer.is_leader = lambda: False
+    assert not writer.reconcile(NAME)  # the other replica leads now, and writes
+    other_reporter_writes(cache, "Running")
+    writer.is_leader = lambda: True  # back
+    writer.reconcile(NAME)
+    assert writer.metrics.status_conflicts._value.get() == 0

@@ -274,7 +274,7 @@ def python_command(opts: PythonOptions, env: Mapping[str, str]) -> tuple[str, di
     quoted = " ".join(f'"{n}"' for n in names)
     raise HostError(
         f"failed to locate any of [{quoted}] on your PATH. "
-        "Have you installed Python 3.6 or greater?"
+        "Have you installed Python 3.10 or greater?"
     )
 
 

@@ -31,12 +31,24 @@ TOOLS_DIR = Path(__file__).resolve().parent
 PROJECT_DIR = TOOLS_DIR.parent
 
 # Versions stamped into the binaries. They must agree with the wrapper modules' go.mod files
-# (tests/unit/test_toolchain.py checks that) and, for Pulumi, with requirements.txt.
+# (tests/unit/test_toolchain.py checks that).
 KUBERNETES_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.8"
 KWOK_VERSION = "v0.8.0"
-PULUMI_VERSION = "v3.260.0"
+PULUMI_VERSION = "v3.276.0"
+# The Python SDK (`pulumi` in requirements.txt) is not the CLI's version: what an administrator
+# gets today is the newest CLI with the newest SDK on PyPI, and the module proxy serves no CLI
+# 3.261-3.272 (tools/pulumi/PROVENANCE.md). A CLI runs older SDKs, not newer ones, so the SDK
+# may lag the CLI but never lead it (tests/unit/test_toolchain.py).
+PULUMI_PYTHON_SDK_VERSION = "3.272.0"
 PULUMI_KUBERNETES_VERSION = "v4.25.0"
+# The release that PULUMI_KUBERNETES_VERSION names, as upstream tagged it: tag v4.25.0 of
+# pulumi/pulumi-kubernetes is this commit, and the git tree of its provider/ directory is this
+# tree. The module proxy serves that directory only as the pseudo-version in
+# tools/pulumi-kubernetes/go.mod (no other provider commit: tools/pulumi-kubernetes/PROVENANCE.md);
+# tests/unit/test_toolchain.py recomputes the tree from the module the build compiles.
+PULUMI_KUBERNETES_RELEASE_COMMIT = "f47bc2d6f1996444d11c12b4ef083b82585f7c07"
+PULUMI_KUBERNETES_PROVIDER_TREE = "b4c8d5e1f1f531df6bbed93b49f53ef79851ffc6"
 CONTAINERD_VERSION = "v2.4.2"
 
 # Bumped when this file changes how a group is built, so old cache entries are not reused.

@@ -12,7 +12,12 @@ to, over gRPC exactly as the CLI calls it:
 - ``GetRequiredPlugins`` is unimplemented (the CLI then uses ``GetRequiredPackages``), and
   ``GetRequiredPackages`` lists every installed Pulumi package's resource plugin and version
   from its ``pulumi-plugin.json``;
-- ``About`` reports the program's interpreter and toolchain, not the host's.
+- ``About`` reports the program's interpreter and toolchain, not the host's;
+- the ``LanguageRuntime`` service of the pinned SDK has the 17 RPCs the host was written
+  against (the CLI's, ``sdk/v3`` v3.276.0, has the same); those the host does not serve
+  (code generation, conversion, packing, plugins written in Python) answer ``UNIMPLEMENTED``,
+  whatever new fields their requests carry (``mapper_target`` of ``GenerateProgram`` and
+  ``GenerateProject``, new in 3.261-3.276).
 """
 
 from __future__ import annotations
@@ -208,8 +213,13 @@ def test_without_a_virtualenv_the_interpreter_is_pulumi_python_cmd_or_python3_on
     assert langhost.python_command(opts, env) == (str(tmp_path / "python3"), env)
     custom = {**env, "PULUMI_PYTHON_CMD": sys.executable}
     assert langhost.python_command(opts, custom)[0] == sys.executable
-    with pytest.raises(langhost.HostError, match="failed to locate any of"):
+    with pytest.raises(langhost.HostError, match="failed to locate any of") as caught:
         langhost.python_command(opts, {"PATH": str(tmp_path / "none")})
+    # The official pip toolchain's wording since 3.261 (sdk/python/toolchain/pip.go).
+    assert str(caught.value) == (
+        'failed to locate any of ["python3" "python"] on your PATH. '
+        "Have you installed Python 3.10 or greater?"
+    )
 
 
 def test_a_lock_file_of_another_toolchain_is_named_not_ignored(tmp_path: Path) -> None:
@@ -314,3 +324,49 @@ def test_a_named_virtualenv_that_is_missing_is_created_as_the_pip_toolchain_does
     (tmp_path / "venv" / "bin" / "python").touch()
     langhost.ensure_virtualenv(opts, str(tmp_path), {"PATH": str(tmp_path)})
     assert calls == []
+
+
+# The LanguageRuntime RPCs of sdk/v3 v3.276.0 (the CLI) and of the Python SDK 3.272.0; a new
+# RPC in a later pin fails this list and asks for a look at what the CLI expects of it.
+SERVED_RPCS = {
+    "GetPluginInfo",
+    "GetRequiredPlugins",
+    "GetRequiredPackages",
+    "About",
+    "Cancel",
+    "Run",
+}
+UNSERVED_RPCS = {
+    "Handshake",  # optional: the CLI goes on without it
+    "InstallDependencies",  # `pulumi install`: dependencies are installed by `make setup`
+    "RuntimeOptionsPrompts",
+    "Template",
+    "GetProgramDependencies",
+    "RunPlugin",
+    "GenerateProgram",
+    "GenerateProject",
+    "GeneratePackage",
+    "Pack",
+    "Link",
+}
+
+
+def test_the_host_knows_every_rpc_of_the_pinned_protocol() -> None:
+    service = language_pb2.DESCRIPTOR.services_by_name["LanguageRuntime"]
+    assert {m.name for m in service.methods} == SERVED_RPCS | UNSERVED_RPCS
+
+
+@pytest.mark.parametrize("name", sorted(UNSERVED_RPCS))
+def test_rpcs_the_host_does_not_serve_are_unimplemented(host: Any, name: str) -> None:
+    service = language_pb2.DESCRIPTOR.services_by_name["LanguageRuntime"]
+    method = service.methods_by_name[name]
+    request = getattr(language_pb2, method.input_type.name, None)
+    request = request() if request is not None else empty_pb2.Empty()
+    if name in ("GenerateProgram", "GenerateProject"):
+        request.mapper_target = "127.0.0.1:1"  # new field, 3.261-3.276
+    call = getattr(host, name)
+    with pytest.raises(grpc.RpcError) as caught:
+        result = call(request, timeout=60)
+        if method.server_streaming:
+            list(result)
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED

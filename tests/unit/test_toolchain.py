@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import re
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -40,9 +41,17 @@ def test_etcd_and_kwok_versions_match_wrappers() -> None:
     assert _require("kwok", "sigs.k8s.io/kwok") == toolchain.KWOK_VERSION
 
 
-def test_pulumi_cli_matches_python_sdk() -> None:
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.lstrip("v").split("."))
+
+
+def test_pulumi_cli_and_python_sdk_are_the_pinned_pair() -> None:
     assert _require("pulumi", "github.com/pulumi/pulumi/pkg/v3") == toolchain.PULUMI_VERSION
-    assert _python_pin("pulumi") == toolchain.PULUMI_VERSION.lstrip("v")
+    assert _require("pulumi", "github.com/pulumi/pulumi/sdk/v3") == toolchain.PULUMI_VERSION
+    assert _python_pin("pulumi") == toolchain.PULUMI_PYTHON_SDK_VERSION
+    # A CLI runs programs on older SDKs, not on newer ones (an SDK may ask for RPCs or monitor
+    # features the engine does not have yet).
+    assert _release(toolchain.PULUMI_PYTHON_SDK_VERSION) <= _release(toolchain.PULUMI_VERSION)
 
 
 def test_kubernetes_provider_matches_python_package() -> None:
@@ -51,6 +60,93 @@ def test_kubernetes_provider_matches_python_package() -> None:
     )
     assert sdk and sdk.group(1) == toolchain.PULUMI_KUBERNETES_VERSION
     assert _python_pin("pulumi-kubernetes") == toolchain.PULUMI_KUBERNETES_VERSION.lstrip("v")
+
+
+_PROVIDER = "github.com/pulumi/pulumi-kubernetes/provider/v4"
+_PROVIDER_SDK = "github.com/pulumi/pulumi-kubernetes/sdk/v4"
+# The executable files of the release tag's provider/ tree: a module zip keeps no file modes,
+# and a git tree hash covers them.
+_PROVIDER_EXECUTABLES = frozenset(
+    [f"pkg/gen/examples/upstream/{n}.md" for n in ("deployment", "ingress", "job")]
+    + [f"pkg/gen/examples/upstream/{n}.md" for n in ("pod", "service", "statefulset")]
+    + [f"pkg/gen/nodejs-templates/apiextensions/{n}.ts" for n in ("customResource",)]
+    + [f"pkg/gen/nodejs-templates/apiextensions/{n}.ts" for n in ("customResourcePatch",)]
+)
+
+
+def git_tree_hash(directory: Path, executables: frozenset[str], skip: frozenset[str]) -> str:
+    """The id git gives a tree holding ``directory``'s files (paths relative to it)."""
+
+    def tree(d: Path, rel: str) -> bytes:
+        entries = []
+        for path in d.iterdir():
+            name = rel + path.name
+            if name in skip:
+                continue
+            if path.is_dir():
+                entries.append((path.name + "/", b"40000", path.name, tree(path, name + "/")))
+            else:
+                data = path.read_bytes()
+                blob = hashlib.sha1(b"blob %d\0" % len(data) + data).digest()
+                mode = b"100755" if name in executables else b"100644"
+                entries.append((path.name, mode, path.name, blob))
+        entries.sort(key=lambda e: e[0].encode())
+        body = b"".join(m + b" " + n.encode() + b"\0" + sha for _, m, n, sha in entries)
+        return hashlib.sha1(b"tree %d\0" % len(body) + body).digest()
+
+    return tree(directory, "").hex()
+
+
+def test_git_tree_hash_is_gits(tmp_path: Path) -> None:
+    """Ids `git write-tree` gives: the empty tree; files a and sub/b, both holding "x\\n"."""
+    assert git_tree_hash(tmp_path, frozenset(), frozenset()) == (
+        "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+    )
+    (tmp_path / "a").write_text("x\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b").write_text("x\n")
+    assert git_tree_hash(tmp_path, frozenset(), frozenset()) == (
+        "d533bf502665ec4d784227c25ef62fe637f1c6d7"
+    )
+    assert git_tree_hash(tmp_path, frozenset({"sub/b"}), frozenset()) != (
+        "d533bf502665ec4d784227c25ef62fe637f1c6d7"
+    )
+
+
+def test_provider_pseudo_version_names_the_release_commit() -> None:
+    version = _require("pulumi-kubernetes", _PROVIDER)
+    assert version.endswith("-" + toolchain.PULUMI_KUBERNETES_RELEASE_COMMIT[:12])
+
+
+def test_provider_source_is_the_release_tags_provider_tree() -> None:
+    """The module the build compiles is, file for file, provider/ of the release tag.
+
+    (go.sum pins the module zip's content; this ties that content to upstream's tag. The zip
+    adds the repository's LICENSE, which provider/ does not hold.)
+    """
+    src = toolchain._module_dir(TOOLS / "pulumi-kubernetes", _PROVIDER)
+    tree = git_tree_hash(src, _PROVIDER_EXECUTABLES, frozenset({"LICENSE"}))
+    assert tree == toolchain.PULUMI_KUBERNETES_PROVIDER_TREE
+
+
+def test_provider_sdk_stand_in_is_the_sdk_release_tag() -> None:
+    """The published sdk/v4 module that replaces ``../sdk`` comes from the sdk/ tag of the release.
+
+    (Upstream's sdk/v4.X.Y tag is a commit on top of the release commit that keeps only the Go
+    SDK and stamps the version in it: PROVENANCE.md.)
+    """
+    out = subprocess.run(
+        ["go", "mod", "download", "-json", _PROVIDER_SDK],
+        cwd=TOOLS / "pulumi-kubernetes",
+        env=toolchain.go_env(),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    info = json.loads(Path(json.loads(out)["Info"]).read_text())
+    assert info["Version"] == toolchain.PULUMI_KUBERNETES_VERSION
+    assert info["Origin"]["Ref"] == f"refs/tags/sdk/{toolchain.PULUMI_KUBERNETES_VERSION}"
+    assert info["Origin"]["URL"] == "https://github.com/pulumi/pulumi-kubernetes"
 
 
 def test_cache_key_changes_when_a_pin_changes(tmp_path: Path, monkeypatch) -> None:

@@ -503,6 +503,9 @@ class StatusWriter:
             # status the rules would call garbage (no timestamps) is not "changing" forever.
             if seen != current:
                 until = now + CONFLICT_QUIET_SECONDS
+                # Still a write war: said again at a bounded rate, or an hour later (the
+                # Events' TTL) nothing would show it (review of issue 16).
+                self._conflict(name, cr, current, "is still being replaced", again=True)
             if now < until:
                 self._yielding[name] = (until, current)
                 self.deferred[name] = until
@@ -514,21 +517,33 @@ class StatusWriter:
         if mine is None or mine[0] == rv or status.status_equal_ignoring_time(mine[1], current):
             return False
         self._written.pop(name, None)
-        self.metrics.status_conflicts.inc()
         self._yielding[name] = (now + CONFLICT_QUIET_SECONDS, current)
         self.deferred[name] = now + CONFLICT_QUIET_SECONDS
+        self._conflict(name, cr, current, "was replaced", again=False)
+        return True
+
+    def _conflict(self, name: str, cr: Obj, current: Obj, what: str, *, again: bool) -> None:
+        """Log and count a conflict, and Event it at most once per ``CONFLICT_EVENT_SECONDS``
+        per CR. A new one (``again`` False) is always logged and counted; one that goes on
+        while this reporter yields (``again``) only when its Event is due, so a write war
+        stays visible however long it lasts, at a bounded rate."""
+        now = self.monotonic()
+        last = self._conflict_event_at.get(name)
+        event_due = last is None or now - last >= CONFLICT_EVENT_SECONDS
+        if again and not event_due:
+            return
+        self.metrics.status_conflicts.inc()
+        rv = (cr.get("metadata") or {}).get("resourceVersion")
         message = (
-            f"the status of {name} was replaced by another writer (phase "
+            f"the status of {name} {what} by another writer (phase "
             f"{current.get('phase')!r} at resourceVersion {rv}): another stack's reporter, or "
             "a per-deployment reporter of the layout before, serves this CR too; this reporter "
             f"writes it again only after {CONFLICT_QUIET_SECONDS:.0f} s without such changes"
         )
         log.warning("%s: %s", name, message)
-        last = self._conflict_event_at.get(name)
-        if last is None or now - last >= CONFLICT_EVENT_SECONDS:
+        if event_due:
             self._conflict_event_at[name] = now
             self._record(cr, "Warning", "StatusWriteConflict", message[0].upper() + message[1:])
-        return True
 
     def _node_events(self, name: str, cr: Obj, observed: model.Observed) -> None:
         """A Warning Event for each node pod that broke since the last look (issue 16: a few

@@ -139,3 +139,26 @@ def test_its_own_write_whose_reply_was_lost_is_no_conflict():
     writer.reconcile(NAME)
     assert writer.metrics.status_conflicts._value.get() == 0
     assert [e for _, e in api.events if e["reason"] == "StatusWriteConflict"] == []
+
+
+def test_the_conflict_event_repeats_at_a_bounded_rate_while_the_other_writer_goes_on():
+    """Review of issue 16: the StatusWriteConflict Event was sent once and never again while
+    the reporter yielded; after an hour (the Event's TTL) nothing showed the write war.
+    Now it is repeated once per ``CONFLICT_EVENT_SECONDS`` while the other writer keeps
+    writing, and each repeat is counted in the metric."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    minutes = 70
+    for i in range(minutes * 30):  # the other one rewrites it every 2 s for 70 minutes
+        clock[0] += 2
+        other_reporter_writes(cache, "Running" if i % 2 else "Progressing")
+        writer.reconcile(NAME)
+    conflicts = [e for _, e in api.events if e["reason"] == "StatusWriteConflict"]
+    # The first 2 s in, then one per CONFLICT_EVENT_SECONDS: 7 in 70 minutes.
+    expected = (minutes * 60 - 2) // int(write.CONFLICT_EVENT_SECONDS) + 1
+    assert expected == 7
+    assert len(conflicts) == expected, len(conflicts)
+    assert writer.metrics.status_conflicts._value.get() == expected
+    assert all(e["type"] == "Warning" for e in conflicts)

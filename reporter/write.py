@@ -89,6 +89,10 @@ CONFLICT_QUIET_SECONDS = 60.0
 CONFLICT_EVENT_SECONDS = 600.0
 # Events of one CR kept for another attempt after a transient error (the rest are dropped).
 MAX_PENDING_EVENTS = 10
+# An Event is tried at most this many times (with ``retry_backoff`` between the attempts,
+# about a minute in all), then given up: under a 500 storm Events are not retried for ever,
+# nor in a hot loop (review of issue 16).
+MAX_EVENT_ATTEMPTS = 10
 _MISSING = object()
 
 
@@ -318,8 +322,14 @@ class StatusWriter:
     _yielding: dict[str, tuple[float, Obj]] = field(default_factory=dict, init=False)
     # CR name -> monotonic time of its last StatusWriteConflict Event.
     _conflict_event_at: dict[str, float] = field(default_factory=dict, init=False)
-    # CR name -> Events that met a transient error, created at its next reconcile.
-    _pending_events: dict[str, list[Obj]] = field(default_factory=dict, init=False)
+    # CR name -> [Event, attempts so far] that met a transient error, tried again at the
+    # CR's first reconcile after ``_event_due``.
+    _pending_events: dict[str, list[list[Any]]] = field(default_factory=dict, init=False)
+    # CR name -> (failed Event attempts in a row, monotonic time of the next attempt).
+    _event_backoff: dict[str, tuple[int, float]] = field(default_factory=dict, init=False)
+    # CR name -> monotonic time the main loop must come back for it at the latest, whatever
+    # the reconcile decided (a pending Event, a failed lookup that may be asked again).
+    _wake: dict[str, float] = field(default_factory=dict, init=False)
 
     def _urgent(self, name: str, old: Obj, new: Obj, failing: frozenset[str]) -> bool:
         if significant_key(old) != significant_key(new):
@@ -344,6 +354,19 @@ class StatusWriter:
 
     def reconcile(self, name: str, changed_at: float | None = None) -> bool:
         """Bring one CR's status up to date; True when a patch was written."""
+        try:
+            return self._reconcile(name, changed_at)
+        finally:
+            wake = self._wake.pop(name, None)
+            if wake is not None:
+                self.deferred[name] = min(self.deferred.get(name, wake), wake)
+
+    def _wake_at(self, name: str, at: float) -> None:
+        """Have the main loop reconcile ``name`` again by ``at`` (``deferred``, at the end of
+        this reconcile: the status comparison clears a deferral it does not need itself)."""
+        self._wake[name] = min(self._wake.get(name, at), at)
+
+    def _reconcile(self, name: str, changed_at: float | None) -> bool:
         cr = self.cache.cr(name)
         if cr is None:
             self._forget(name)
@@ -597,6 +620,8 @@ class StatusWriter:
         self._failures.pop(name, None)
         self.backing_off.pop(name, None)
         self._pending_events.pop(name, None)
+        self._event_backoff.pop(name, None)
+        self._wake.pop(name, None)
         self.awaiting_leader.discard(name)
         self._broken.pop(name, None)
         self._announced.pop(name, None)
@@ -616,37 +641,64 @@ class StatusWriter:
         event = build_event(cr, self.event_namespace, etype, reason, message, self.now())
         self._create_event(event)
 
-    def _create_event(self, event: Obj) -> None:
-        """One attempt; after a transient error the Event waits for the CR's next reconcile
-        (``_flush_events``; at most ``MAX_PENDING_EVENTS`` per CR), so no sleep holds up the
-        main loop."""
+    def _create_event(self, event: Obj, attempts: int = 0) -> None:
+        """One attempt, unless the CR's Events are backing off; after a transient error the
+        Event waits (``_pending_events``, at most ``MAX_PENDING_EVENTS`` per CR) for the CR's
+        first reconcile after a growing delay (``retry_backoff``, per CR), and is given up
+        after ``MAX_EVENT_ATTEMPTS``. No sleep holds up the main loop, and a 500 storm is
+        met with one attempt per delay, not one per reconcile."""
         name = str(event["involvedObject"]["name"])
+        pending = self._pending_events.setdefault(name, [])
+        failures, due = self._event_backoff.get(name, (0, 0.0))
+        if self.monotonic() < due:
+            if len(pending) < MAX_PENDING_EVENTS:
+                pending.append([event, attempts])
+            self._wake_at(name, due)
+            return
         try:
             if not self.is_leader():
                 raise NotLeading("leadership lost")
             self.api.create_event(self.event_namespace, event)
             self.metrics.events.inc()
+            self._event_backoff.pop(name, None)
         except Exception as exc:  # an Event is a courtesy; the status is already written
-            if is_transient(exc):
-                pending = self._pending_events.setdefault(name, [])
+            attempts += 1
+            if is_transient(exc) and attempts < MAX_EVENT_ATTEMPTS:
+                delay = self.retry_backoff.wait_for(min(failures, 10), exc)
+                due = self.monotonic() + delay
+                self._event_backoff[name] = (failures + 1, due)
                 if len(pending) < MAX_PENDING_EVENTS:
-                    pending.append(event)
-                    due = self.monotonic() + self.retry_backoff.wait_for(0, exc)
-                    self.deferred[name] = min(self.deferred.get(name, due), due)
+                    pending.insert(0, [event, attempts])  # the oldest first
+                    self._wake_at(name, due)
                     log.info(
-                        "event %s on %s not created yet: %s; trying again",
+                        "event %s on %s not created yet (attempt %d): %s; trying again in "
+                        "%.1f s",
                         event["reason"],
                         name,
+                        attempts,
                         describe_error(exc),
+                        delay,
                     )
                     return
             log.warning(
-                "event %s on %s not created: %s",
+                "event %s on %s not created: %s%s",
                 event["reason"],
                 name,
                 describe_error(exc),
+                f" (given up after {attempts} attempts)" if attempts > 1 else "",
             )
+        finally:
+            if not pending:
+                self._pending_events.pop(name, None)
 
     def _flush_events(self, name: str) -> None:
-        for event in self._pending_events.pop(name, []):
-            self._create_event(event)
+        """Try the CR's pending Events again, oldest first, once their delay is over; the
+        first that fails again puts the rest back behind it."""
+        pending = self._pending_events.pop(name, [])
+        for i, (event, attempts) in enumerate(pending):
+            self._create_event(event, attempts)
+            if name in self._event_backoff and self._event_backoff[name][1] > self.monotonic():
+                rest = pending[i + 1 :]
+                queued = self._pending_events.setdefault(name, [])
+                queued.extend(rest[: max(0, MAX_PENDING_EVENTS - len(queued))])
+                return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import random
 from datetime import UTC, datetime
 
@@ -345,3 +346,70 @@ def test_status_api_calls_carry_a_request_timeout():
     api.create_event("default", {})
     assert [m for m, _ in seen] == ["GET", "PATCH", "POST"]
     assert all(t is not None and t[1] <= 10.0 for _, t in seen)
+
+
+class _BrokenEventsApi(FakeStatusApi):
+    """The Events API answers 500 for ever (an Event storm, an overloaded API server)."""
+
+    def __init__(self, cache) -> None:
+        super().__init__(cache)
+        self.event_attempts: list[float] = []
+        self.clock = [0.0]
+
+    def create_event(self, namespace, event):
+        self.event_attempts.append(self.clock[0])
+        raise ApiException(status=500, reason="Internal Server Error")
+
+
+def test_a_failing_event_write_backs_off_and_is_given_up_not_retried_in_a_hot_loop():
+    """Review of issue 16: an Event that met a transient error was retried at every
+    reconcile of its CR, each 0.1-0.2 s after the last (no growing delay, no end): under a
+    500 storm a hot loop and a log line each time. Now: backoff growing to the cap, and an
+    Event is given up after ``MAX_EVENT_ATTEMPTS``."""
+    from reporter import write as w
+
+    cache, _api, writer, _ = setup()
+    api = _BrokenEventsApi(cache)
+    writer.api = api
+    writer.retry_backoff = Backoff(base=0.2, cap=30.0, max_attempts=0, rng=random.Random(3))
+    writer.monotonic = lambda: api.clock[0]
+    assert writer.reconcile(NAME)  # status written (Failed); its Event fails
+    remembered = cache.crs[NAME]
+    # Watch events every 0.1 s for 10 minutes, plus whatever the writer asks to come back for.
+    while api.clock[0] < 600:
+        api.clock[0] = round(api.clock[0] + 0.1, 6)
+        cache.crs[NAME] = remembered
+        writer.reconcile(NAME)
+    attempts = api.event_attempts
+    assert 1 < len(attempts) <= 10, len(attempts)  # in 10 minutes of a 500 storm
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[-1] > gaps[0] * 4, gaps  # it backs off
+    assert len(attempts) == w.MAX_EVENT_ATTEMPTS
+    assert writer._pending_events.get(NAME) in (None, [])  # given up, not kept for ever
+
+
+def test_a_failed_event_is_tried_again_when_due_without_waiting_for_a_watch_event():
+    """The main loop comes back for a pending Event by itself (``deferred``): with no watch
+    event and no resync, an Event refused twice lands after its backoff, not 60 s later."""
+    cache, _api, writer, _ = setup()
+    api = _BrokenEventsApi(cache)
+    refusals = [2]
+    create = FakeStatusApi.create_event
+
+    def flaky(namespace, event):
+        if refusals[0]:
+            refusals[0] -= 1
+            return api.__class__.create_event(api, namespace, event)
+        return create(api, namespace, event)
+
+    api.create_event = flaky  # type: ignore[method-assign]
+    writer.api = api
+    writer.monotonic = lambda: api.clock[0]
+    assert writer.reconcile(NAME)
+    while not api.events and api.clock[0] < 60:
+        due = writer.deferred.pop(NAME, None)
+        assert due is not None, f"nothing brings the CR back at {api.clock[0]} s"
+        api.clock[0] = due
+        writer.reconcile(NAME)
+    assert [e["reason"] for _, e in api.events] == ["Failed"]
+    assert api.clock[0] < 5

@@ -97,7 +97,15 @@ def expected_objects(names: DeploymentNames) -> list[ExpectedObject]:
 
 class LookupFailed(Exception):
     """Reading an absent object by name failed (403, 500, a timeout): whether it exists,
-    relabelled, or is missing is unknown (``reporter.observe.Observer.lookup_labels``)."""
+    relabelled, or is missing is unknown (``reporter.observe.Observer.lookup_labels``).
+
+    ``retry_in``: seconds until the lookup is asked again, so the CR can be reconciled then
+    instead of staying Unknown until the next resync.
+    """
+
+    def __init__(self, message: str, retry_in: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_in = retry_in
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,9 @@ class Observed:
     nodes: Sequence[Obj] | None = None
     unreadable: Mapping[str, str] = field(default_factory=dict)
     relabelled: Mapping[tuple[str, str], Mapping[str, str]] = field(default_factory=dict)
+    # Seconds after which a part of this snapshot that could not be read (a failed lookup)
+    # is read again: the CR must be computed again then (None: nothing to wait for).
+    recheck_in: float | None = None
 
     @property
     def name(self) -> str:

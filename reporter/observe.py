@@ -735,7 +735,9 @@ class Observer:
             known = self._lookups.get(key)
         if known is not None and now < known[0]:
             if isinstance(known[1], model.LookupFailed):
-                raise known[1]
+                # A new exception each time: re-raising the cached one would grow its
+                # traceback on every reconcile.
+                raise model.LookupFailed(str(known[1]), known[0] - now)
             return known[1]
         try:
             found = self.api.get_metadata(
@@ -746,10 +748,9 @@ class Observer:
             # asked again after LOOKUP_RETRY seconds, not believed for LOOKUP_TTL.
             why = f"{kind}/{name} could not be looked up: {describe_error(exc)}"
             log.info("%s", why)
-            failed = model.LookupFailed(why)
             with self._lock:
-                self._lookups[key] = (now + LOOKUP_RETRY, failed)
-            raise failed from None
+                self._lookups[key] = (now + LOOKUP_RETRY, model.LookupFailed(why))
+            raise model.LookupFailed(why, LOOKUP_RETRY) from None
         labels = None
         if found is not None:
             all_labels = (found.get("metadata") or {}).get("labels") or {}

@@ -183,6 +183,7 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
     objects: dict[str, dict[str, Obj | None]] = {}
     unreadable = cache.unreadable_for(cr)
     relabelled: dict[tuple[str, str], dict[str, str]] = {}
+    recheck: list[float] = []
     for exp in model.expected_objects(names):
         found = cache.find(exp.kind, exp.name, namespace)
         objects.setdefault(exp.kind, {})[exp.name] = found
@@ -192,6 +193,7 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
             except model.LookupFailed as exc:
                 # Present (relabelled) or missing: unknown, so the kind is Unknown.
                 unreadable = {**unreadable, exp.kind: str(exc)}
+                recheck.append(exc.retry_in)
                 continue
             if labels is not None:
                 relabelled[(exp.kind, exp.name)] = labels
@@ -210,6 +212,7 @@ def build_observed(cache: Cache, cr: Obj) -> model.Observed:
         nodes=None,
         unreadable=unreadable,
         relabelled=relabelled,
+        recheck_in=min(recheck) if recheck else None,
     )
 
 
@@ -404,6 +407,10 @@ class StatusWriter:
                 state["conflict"] = False
             old = dict(current.get("status") or {})
             observed = state["observed"] = build_observed(self.cache, current)
+            if observed.recheck_in is not None:
+                # Unknown until then (a failed lookup): computed again as soon as it may be
+                # asked again, not at the next resync (review of issue 16).
+                self._wake_at(name, self.monotonic() + observed.recheck_in)
             new = status.compute_status(
                 observed, self.now(), progress_deadline=self.progress_deadline
             )

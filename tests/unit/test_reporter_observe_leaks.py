@@ -180,3 +180,124 @@ def test_a_failed_lookup_of_an_absent_object_is_unknown_not_missing():
         assert deployed["reason"] == "ObjectsUnreadable"
         # A failure is asked again soon, not believed for a minute; a 404 is still missing.
         assert api.gets.count(("DaemonSet", n.DeploymentNames("a").node_driver, "drv")) == 1
+
+
+class _FlakyLookupApi(LookupApi):
+    """The first GET of the node DaemonSet fails (500), later ones find it relabelled."""
+
+    def __init__(self, found: dict) -> None:
+        super().__init__(found)
+        self.failed = False
+
+    def get_metadata(self, res, name, namespace=None):
+        if not self.failed and res.kind == "DaemonSet":
+            self.failed = True
+            self.gets.append((res.kind, name, namespace))
+            raise ApiException(status=500, reason="Internal Server Error")
+        return super().get_metadata(res, name, namespace)
+
+
+class _StatusApi:
+    def __init__(self, observer: Observer) -> None:
+        self.observer = observer
+        self.patches: list[dict] = []
+
+    def get_cr(self, name):
+        return self.observer.cr(name)
+
+    def patch_status(self, name, patch):
+        self.patches.append(patch)
+        current = self.observer.cr(name) or {}
+        status = {**(current.get("status") or {}), **patch["status"]}
+        meta = current["metadata"]
+        rv = str(int(meta["resourceVersion"]) + 1)
+        return {**current, "metadata": {**meta, "resourceVersion": rv}, "status": status}
+
+    def create_event(self, namespace, event):
+        return event
+
+
+def test_a_failed_lookup_is_reconciled_again_when_it_may_be_asked_again():
+    """Review of issue 16: a failed GET made the kind Unknown for ``LOOKUP_RETRY`` (5 s),
+    but nothing reconciled the CR after that: Unknown stayed until the next resync (60 s).
+    Now the writer asks the main loop to come back once the lookup may be asked again, and
+    that reconcile writes the true verdict (relabelled)."""
+    from datetime import UTC, datetime
+
+    from reporter import status as st
+    from reporter.observe import LOOKUP_RETRY
+    from reporter.write import StatusWriter
+
+    names = n.DeploymentNames("a")
+    ds = {
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": names.node_driver,
+            "namespace": "drv",
+            "resourceVersion": "9",
+            "labels": {n.LABEL_PART_OF: n.PART_OF},  # instance label removed
+        },
+    }
+    clock = [1000.0]
+    api = _FlakyLookupApi({("DaemonSet", names.node_driver): ds})
+    observer = Observer(
+        api, Metrics(), deployments=["a"], informer_factory=NoStartInformer, clock=lambda: clock[0]
+    )
+    observer.start()
+    observer.cr_informers[0]._handle({"type": "ADDED", "object": cr("a", "1", ns="drv")})
+    labels = {n.LABEL_PART_OF: n.PART_OF, n.LABEL_INSTANCE: names.hyphened}
+    for exp in expected_objects(names):
+        if exp.kind != "DaemonSet":  # every other object is there
+            (inf, *_) = by_kind(observer, exp.kind)
+            where = "drv" if exp.namespaced else ""
+            inf._handle({"type": "ADDED", "object": obj(exp.name, "3", ns=where, labels=labels)})
+    for inf in observer.all_informers():
+        inf._synced.set()
+    status_api = _StatusApi(observer)
+    writer = StatusWriter(
+        status_api,
+        observer,
+        Metrics(),
+        is_leader=lambda: True,
+        event_namespace="default",
+        now=lambda: datetime(2026, 1, 1, tzinfo=UTC),
+        monotonic=lambda: clock[0],
+    )
+
+    def deployed() -> dict:
+        written = status_api.patches[-1]["status"]
+        return next(c for c in written["conditions"] if c["type"] == st.DRIVER_DEPLOYED)
+
+    assert writer.reconcile("a")
+    assert deployed()["status"] == st.UNKNOWN
+    due = writer.deferred.get("a")
+    assert due is not None, "nothing brings the CR back before the resync"
+    assert clock[0] + LOOKUP_RETRY <= due <= clock[0] + LOOKUP_RETRY + 1.0
+    clock[0] = due
+    writer.reconcile("a")
+    assert deployed()["reason"] == "ObjectsRelabelled", deployed()
+
+
+def test_a_remembered_failed_lookup_does_not_grow_a_traceback_on_every_reconcile():
+    """Found re-reading issue 16's leaks: the remembered LookupFailed was raised again as the
+    same object on every reconcile within its 5 s, each raise adding frames to its
+    traceback (and keeping each frame's locals, the observed snapshot among them)."""
+    import traceback
+
+    from reporter.model import LookupFailed
+
+    api = FailingLookupApi(ApiException(status=500, reason="Internal Server Error"))
+    observer = Observer(
+        api, Metrics(), deployments=["a"], informer_factory=NoStartInformer, clock=lambda: 5.0
+    )
+    observer.start()
+    observer.cr_informers[0]._handle({"type": "ADDED", "object": cr("a", "1", ns="drv")})
+    ds = n.DeploymentNames("a").node_driver
+    depths: list[int] = []
+    for _ in range(50):
+        try:
+            observer.lookup_labels("DaemonSet", ds, "drv")
+        except LookupFailed as exc:
+            depths.append(len(traceback.extract_tb(exc.__traceback__)))
+    assert len(depths) == 50 and len(api.gets) == 1  # remembered, asked once
+    assert set(depths[1:]) == {depths[1]}, depths  # not deeper with every raise

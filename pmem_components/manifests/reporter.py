@@ -13,8 +13,8 @@ others' reporters go away, after the stack's reporter has rolled out.
 It runs with ``--shared-watches`` (``reporter.observe``): one watch per kind by label
 (``instance in (<served deployments>)``) -- cluster-wide for the CRs and the cluster-scoped
 kinds, per driver namespace for the namespaced ones (Secrets included) -- so pods, Lease
-requests and watches do not grow with the number of deployments (watches: 4 + 8 per driver
-namespace).
+requests and watches do not grow with the number of deployments (watches: 4, plus 8 per
+driver namespace).
 
 Each rule exists because ``reporter/`` makes exactly that call (the unit test
 ``tests/unit/test_reporter_rbac_calls.py`` drives the reporter against a recording API and
@@ -27,9 +27,10 @@ checks every call is granted and every grant is used):
   namespaced: no pod, Secret or workload of any other namespace (review of issue 16).
 - Role in each driver namespace (the namespaces of the served deployments only): list/watch
   on pods and Secrets (by label; Secrets never read with a GET), list/watch/get on services,
-  service accounts, daemon sets, stateful sets, roles and role bindings. So the reporter can
-  read the Secrets of its deployments' namespaces -- namespaces the stack owns -- but no
-  Secret elsewhere.
+  service accounts, daemon sets, stateful sets, roles and role bindings. So the reporter may
+  list every Secret of its deployments' namespaces -- whoever created them: with
+  ``createNamespace: false`` not the stack; RBAC cannot limit a list to labels, the reporter
+  asks by label -- but no Secret elsewhere.
 - Role in the reporter's namespace: the Lease: ``create`` (cannot be limited by name) and
   get/update on its own Lease by name.
 - Role in ``default`` (``names.CLUSTER_EVENT_NAMESPACE``): create on Events (never patched).

@@ -172,3 +172,63 @@ def test_the_reporter_deployment_waits_for_its_rbac() -> None:
     for handle in rbac:
         assert handle in deployment_deps, handle
     assert all(cr in deployment_deps for cr in ("cr-a.example.org", "cr-b.example.org"))
+
+
+class _CountingInformer(NoStartInformer):
+    """Counts the informers the Observer starts (each is one watch), and stops."""
+
+    started: list  # set per test
+
+    def start(self, stop=None):
+        type(self).started.append(self)
+
+    def stop(self):
+        super().stop()
+        type(self).started.remove(self)
+
+
+def started_watches(namespaces: int, per_namespace: int = 3) -> int:
+    """Watches open in the stack layout with ``per_namespace`` deployments in each of
+    ``namespaces`` driver namespaces: the informers the Observer started and not stopped."""
+    _CountingInformer.started = []
+    names = [f"d{i}.example.org" for i in range(namespaces * per_namespace)]
+    observer = Observer(
+        FakeApi([], []),
+        Metrics(),
+        deployments=names,
+        informer_factory=_CountingInformer,
+        shared_watches=True,
+    )
+    observer.start()
+    for i, name in enumerate(names):
+        observer.cr_informers[0]._handle(
+            {"type": "ADDED", "object": cr(name, str(i + 1), ns=f"drv{i % namespaces}")}
+        )
+    return len(_CountingInformer.started)
+
+
+def test_the_documented_watch_figure_is_the_number_of_watches_the_reporter_opens() -> None:
+    """Review of issue 16: the docs give the stack reporter's watches as a figure ("4, plus 8
+    per driver namespace"); here it is read from the docs and compared with the informers
+    the code starts for 1, 2, 10 and 100 driver namespaces (3 deployments in each)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    text = " ".join((root / "docs" / "reporter.md").read_text().split())
+    found = re.findall(
+        r"watches(?: per reporter pod)?: (\d+), plus (\d+) per driver namespace", text
+    )
+    assert found, "docs/reporter.md no longer states the watch figure"
+    for fixed, per_namespace in found:
+        for ns in (1, 2, 10, 100):
+            assert started_watches(ns) == int(fixed) + int(per_namespace) * ns, (ns, fixed)
+    # The module docstrings say the same.
+    from pmem_components.manifests import reporter as manifest
+    from reporter import observe
+
+    for doc in (observe.__doc__, manifest.__doc__):
+        figure = re.search(
+            r"[Ww]atches: (\d+),? plus (\d+) per driver namespace", " ".join((doc or "").split())
+        )
+        assert figure and figure.groups() == found[0], figure

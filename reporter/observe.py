@@ -81,6 +81,12 @@ NOT_FOUND = 404
 # server being unreachable or unwell is retried rather than believed, so the status does not
 # claim "could not be read" when nobody's permissions changed.
 AUTH_WARMUP_SECONDS = 15.0
+# A driver namespace the reporter starts watching while it runs (a deployment moved there or
+# was added) may not be readable yet: the program creates the reporter's Role there in the
+# same ``pulumi up``, after the CR (review of issue 16: a few seconds of 403). The new watches
+# retry a 401/403 every NEW_GRANT_RETRY seconds for this long before believing it.
+NEW_GRANT_SECONDS = 15.0
+NEW_GRANT_RETRY = 1.0
 # How long the labels of an object found by name (``Observer.lookup_labels``) are believed.
 LOOKUP_TTL = 60.0
 # How long a failed lookup (403, 500, a timeout) is remembered: the kind is Unknown meanwhile.
@@ -170,6 +176,7 @@ class Informer:
         watch_timeout: tuple[int, int] = (240, 300),
         clock: Callable[[], float] = time.monotonic,
         owner: str | None = None,
+        new_grant_seconds: float = 0.0,
     ) -> None:
         self.api = api
         self.res = res
@@ -182,6 +189,10 @@ class Informer:
         self.watch_timeout = watch_timeout
         self.clock = clock
         self.owner = owner  # the CR a by-name informer belongs to (None: shared)
+        # A 401/403 within this many seconds of the start is retried, not believed: started
+        # for a namespace whose grant may still be on its way (NEW_GRANT_SECONDS).
+        self.new_grant_seconds = new_grant_seconds
+        self._run_started = float("-inf")
         self.transform = _transform_for(res)
         self.resource_version: str | None = None
         self.restarts = 0
@@ -445,6 +456,7 @@ class Informer:
         """Loop until stopped: errors back off and resume from the last resourceVersion."""
         failures = 0
         first = True
+        self._run_started = self.clock()
         while not self.stopped(stop):
             if not first:
                 self.restarts += 1
@@ -462,6 +474,17 @@ class Informer:
                     # once; retry at a gentle pace until it is back.
                     self._gone_kind(exc)
                     self._stop.wait(self.unserved_backoff.wait_for(min(failures, 8)))
+                    failures += 1
+                    continue
+                if (
+                    status in (401, 403)
+                    and self.error is None
+                    and self.clock() - self._run_started < self.new_grant_seconds
+                ):
+                    # A namespace just added: its Role may be on its way. Unknown (this
+                    # cache has not listed, so its CRs wait), asked again soon, not reported.
+                    log.info("%r: %s in a namespace just added; retrying", self, status)
+                    self._stop.wait(NEW_GRANT_RETRY)
                     failures += 1
                     continue
                 if self.unserved and status == TOO_MANY_REQUESTS:
@@ -825,6 +848,11 @@ class Observer:
             for inf, where in made:
                 self._register(inf, where)
             log.info("watching %s", key)
+            if all(i.synced for i in self.cr_informers):
+                # Started for a CR seen after the first list (moved or added while running):
+                # its grants may still be on their way (NEW_GRANT_SECONDS).
+                for inf, _ in made:
+                    inf.new_grant_seconds = NEW_GRANT_SECONDS
             if self._started:
                 for inf, _ in made:
                     inf.start(self.stop)

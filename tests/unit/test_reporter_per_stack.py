@@ -7,10 +7,12 @@ that reporter's shared layout needs a constant number of watches.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pulumi
 import pytest
+from kubernetes.client.exceptions import ApiException
 from test_components import Mocks, run, settle, stack
 from test_reporter_observe import FakeApi, NoStartInformer, cr
 
@@ -232,3 +234,100 @@ def test_the_documented_watch_figure_is_the_number_of_watches_the_reporter_opens
             r"[Ww]atches: (\d+),? plus (\d+) per driver namespace", " ".join((doc or "").split())
         )
         assert figure and figure.groups() == found[0], figure
+
+
+class _GrantLaterApi(FakeApi):
+    """Namespace ``two``'s Role is created a moment after the CR moved there: its lists are
+    refused (403) ``refusals`` times, then served."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__([], [])
+        self.refusals = refusals
+
+    def list(self, res, namespace=None, label_selector=None, field_selector=None, transform=None):
+        if namespace == "two" and self.refusals:
+            self.refusals -= 1
+            raise ApiException(status=403, reason="Forbidden")
+        return [], "5"
+
+    def watch(self, *args, **kwargs):
+        raise ConnectionError("the test ends the watch here")
+
+
+def _moved_observer(api: FakeApi) -> tuple[Observer, list]:
+    observer = Observer(
+        api, Metrics(), deployments=["a"], informer_factory=NoStartInformer, shared_watches=True
+    )
+    observer.start()
+    crs = observer.cr_informers[0]
+    crs._handle({"type": "ADDED", "object": cr("a", "1", ns="one")})  # the first list
+    crs._synced.set()
+    crs._handle({"type": "MODIFIED", "object": cr("a", "2", ns="two")})  # the move
+    moved = [i for i in observer.all_informers() if i.namespace == "two"]
+    assert len(moved) == 8
+    return observer, moved
+
+
+def _run_until(inf, observer: Observer, now: list, waits: int, step: float = 0.0) -> list:
+    """Run one informer's loop by hand; at each of its waits note what the writer would see."""
+    stop = threading.Event()
+    seen: list = []
+
+    def wait(seconds: float) -> bool:
+        a = observer.cr("a")
+        seen.append((seconds, inf.error, observer.cr_settled(a), observer.unreadable_for(a)))
+        now[0] += max(seconds, step)
+        if len(seen) >= waits:
+            stop.set()
+        return False
+
+    inf._stop.wait = wait  # type: ignore[method-assign]
+    inf.clock = lambda: now[0]
+    inf.run(stop)
+    return seen
+
+
+def test_a_403_just_after_a_namespace_move_is_retried_not_reported() -> None:
+    """Review of issue 16 (d): the program creates the reporter's Role in a driver
+    namespace after the CR's update (the Role depends on the CR), so for a few seconds
+    after a deployment moves to a new namespace the reporter's new watches there meet 403.
+    That was reported at once (``SecretsUnreadable``, ``... could not be read: 403``) as if
+    permissions were missing. Now a new namespace's watches retry a 401/403 every second for
+    ``NEW_GRANT_SECONDS`` without reporting it: the CR waits (not settled, so nothing is
+    written for its new generation) and gets its true status once the Role is there."""
+    observer, moved = _moved_observer(_GrantLaterApi(refusals=3))
+    secrets = next(i for i in moved if i.res.kind == "Secret")
+    now = [100.0]
+    seen = _run_until(secrets, observer, now, waits=4)
+    for delay, error, _settled, unreadable in seen[:3]:  # the three 403s
+        assert error is None and "Secret" not in unreadable, seen
+        assert delay <= 1.0, seen
+    from reporter.observe import NEW_GRANT_SECONDS
+
+    assert now[0] - 100.0 < NEW_GRANT_SECONDS
+    assert secrets.synced  # listed once the Role was there
+
+
+def test_a_403_that_lasts_after_a_namespace_move_is_reported() -> None:
+    observer, moved = _moved_observer(_GrantLaterApi(refusals=1000))
+    secrets = next(i for i in moved if i.res.kind == "Secret")
+    now = [100.0]
+    seen = _run_until(secrets, observer, now, waits=40, step=1.0)  # 40 s and more of 403
+    assert seen[0][1] is None  # at first: retried
+    _delay, error, _settled, unreadable = seen[-1]
+    assert error == "403 Forbidden" and unreadable["Secret"] == "403 Forbidden"
+    assert secrets.settled  # its CR is computed (with Secrets unreadable), not held back
+
+
+def test_a_403_in_a_namespace_of_the_first_list_is_reported_at_once() -> None:
+    """At the start the grants exist already (the reporter Deployment depends on them): a
+    403 then is what it says, reported at once as before."""
+    api = _GrantLaterApi(refusals=1000)
+    observer = Observer(
+        api, Metrics(), deployments=["a"], informer_factory=NoStartInformer, shared_watches=True
+    )
+    observer.start()
+    observer.cr_informers[0]._handle({"type": "ADDED", "object": cr("a", "1", ns="two")})
+    secrets = next(i for i in observer.all_informers() if i.res.kind == "Secret")
+    seen = _run_until(secrets, observer, [100.0], waits=1)
+    assert seen[0][1] == "403 Forbidden" and seen[0][3]["Secret"] == "403 Forbidden"

@@ -41,7 +41,9 @@ and ``backing_off`` with a growing delay (``retry_backoff``: 0.2 s doubling to 3
 Retry-After honoured) and is tried again until the write lands or the CR is gone (404, or no
 longer cached). Watch events, resyncs and leadership changes in between do not shorten that
 delay (a struggling API server is not hammered by a busy CR); other CRs are written meanwhile.
-An Event that meets a transient error waits for its CR's next reconcile the same way. A CR
+An Event that meets a transient error is tried again with the same backoff per CR, at the
+CR's first reconcile after its delay (the main loop is asked to come back then), and given up
+after ``MAX_EVENT_ATTEMPTS``. A CR
 that could not be written because this replica was not leading (at the start, or lost in
 the middle of retries) goes into ``awaiting_leader``; the main loop keeps it until
 ``is_leader()`` is True again, whether or not the elector saw a flip.

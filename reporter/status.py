@@ -17,7 +17,9 @@ Running/Failed phase would flap and fire Warning Events all day):
   looping, failing to pull their image, unschedulable or failed) -- or no progress for longer
   than the progress deadline (``DEFAULT_PROGRESS_DEADLINE``, the default of a Deployment's
   ``progressDeadlineSeconds``). Progress is measured from the last change of any unready
-  component's reason or unready condition, so a rollout that keeps moving never times out.
+  component's reason, so a rollout that keeps moving never times out; what could not be read
+  or checked (an Unknown condition, an unreadable workload) is not known to be stuck and
+  never times out.
 
 In proportion at scale (at thousands of nodes one node is always broken): once the
 DaemonSet's rollout is finished, up to ``node_tolerance(desired)`` unavailable node pods (1 %
@@ -610,13 +612,18 @@ class ComponentState(NamedTuple):
     status: str
     reason: str
     failure: str | None = None
+    # NotReady because its workload could not be read: nothing known, so it never runs into
+    # the progress deadline (``_phase``).
+    unknown: bool = False
 
 
 def _node_component(observed: Observed) -> ComponentState:
     name = observed.names.node_driver
     if DAEMON_SET in observed.unreadable:
         return ComponentState(
-            NOT_READY, f"DaemonSets could not be read: {observed.unreadable[DAEMON_SET]}"
+            NOT_READY,
+            f"DaemonSets could not be read: {observed.unreadable[DAEMON_SET]}",
+            unknown=True,
         )
     ds = observed.get(DAEMON_SET, name)
     if ds is None:
@@ -671,7 +678,9 @@ def _controller_component(observed: Observed) -> ComponentState:
     name = observed.names.controller_driver
     if STATEFUL_SET in observed.unreadable:
         return ComponentState(
-            NOT_READY, f"StatefulSets could not be read: {observed.unreadable[STATEFUL_SET]}"
+            NOT_READY,
+            f"StatefulSets could not be read: {observed.unreadable[STATEFUL_SET]}",
+            unknown=True,
         )
     ss = observed.get(STATEFUL_SET, name)
     if ss is None:
@@ -845,8 +854,16 @@ def _phase(
     failures: Sequence[str],
     now: datetime,
     progress_deadline: timedelta,
+    unknown: frozenset[str] = frozenset(),
 ) -> tuple[str, str]:
-    """Phase and its reason from conditions, components and real failures (module docstring)."""
+    """Phase and its reason from conditions, components and real failures (module docstring).
+
+    Only what is known to be unfinished runs into the progress deadline: a NotReady
+    component whose workload was read. An Unknown condition (unreadable, the check crashed)
+    and a component in ``unknown`` (its workload unreadable) say nothing about progress;
+    timed out, they made the CR Failed (and fired a Warning Event) over what the reporter
+    could not see (issue 16: Unknown, never a verdict).
+    """
     if all(c["status"] == TRUE for c in conditions) and all(
         c["status"] == READY for c in components
     ):
@@ -860,8 +877,12 @@ def _phase(
     if any(c["status"] == FALSE for c in conditions) or failures:
         return PHASE_FAILED, "; ".join([*failures, summary]) if failures else summary
     # The last change of anything unfinished is the last sign of progress.
-    stamps = [_parse_time(c.get("lastTransitionTime")) for c in conditions if c["status"] != TRUE]
-    stamps += [_parse_time(c.get("lastUpdated")) for c in components if c["status"] != READY]
+    # (No condition here is False, or the phase is Failed above: the rest are Unknown.)
+    stamps = [
+        _parse_time(c.get("lastUpdated"))
+        for c in components
+        if c["status"] != READY and c["component"] not in unknown
+    ]
     known = [t for t in stamps if t is not None]
     if known and now - max(known) > progress_deadline:
         minutes = int(progress_deadline.total_seconds() // 60)
@@ -896,7 +917,8 @@ def compute_status(
     states = {CONTROLLER: _controller_component(observed), NODE: _node_component(observed)}
     components = [_component(name, state, old, now_s) for name, state in states.items()]
     failures = [f"{name} driver: {st.failure}" for name, st in states.items() if st.failure]
-    phase, reason = _phase(conditions, components, failures, now, progress_deadline)
+    unknown = frozenset(name for name, st in states.items() if st.unknown)
+    phase, reason = _phase(conditions, components, failures, now, progress_deadline, unknown)
     status: Obj = {
         "phase": phase,
         "reason": reason,

@@ -224,3 +224,40 @@ def test_statefulset_fixture_sanity() -> None:
     s = st.compute_status(observed(good_objects()), NOW)
     assert s["phase"] == "Running"
     assert statefulset()["metadata"].get("annotations") is None
+
+
+def test_what_could_not_be_read_or_checked_for_an_hour_is_not_a_failure() -> None:
+    """Found re-reading issue 16 item 2: an Unknown (Secrets or DaemonSets unreadable, the
+    certificate check crashing) ran into the progress deadline like a stuck rollout: after
+    10 minutes phase Failed and a Warning Event ("No progress ...: CertsReady is Unknown"),
+    a verdict about the driver from what the reporter could not see. Unknown stays Unknown
+    (phase Progressing, naming what could not be read) however long it lasts."""
+    import datetime as dt
+
+    def broken(*_args: object, **_kw: object) -> list:
+        raise RuntimeError("verifier bug")
+
+    base = observed()
+    cases = {
+        "Secrets unreadable": ({"Secret": "403 Forbidden"}, None),
+        "DaemonSets unreadable": ({"DaemonSet": "403 Forbidden"}, None),
+        "verifier crash": ({}, broken),
+    }
+    for case, (unreadable, verify) in cases.items():
+
+        def snapshot(status: dict | None, unreadable: dict = unreadable) -> Observed:
+            return Observed(
+                cr=cr(status),
+                objects=base.objects,
+                controller_pods=base.controller_pods,
+                node_pods=base.node_pods,
+                unreadable=unreadable,
+            )
+
+        first = st.compute_status(snapshot(None), NOW, verify_certs=verify)
+        assert first["phase"] == "Progressing", (case, first["reason"])
+        later = st.compute_status(
+            snapshot(first), NOW + dt.timedelta(hours=1), verify_certs=verify
+        )
+        assert later["phase"] == "Progressing", (case, later["reason"])
+        assert st.phase_event(first, later) is None, case

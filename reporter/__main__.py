@@ -9,6 +9,7 @@ import argparse
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -86,6 +87,36 @@ def seconds(value: str) -> float:
     return number
 
 
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def deployment_name(value: str) -> str:
+    """``--deployment``: a name a Deployment CR can have (a DNS subdomain).
+
+    Why: the names go into label and field selectors; ``a,b`` selected two deployments'
+    objects, and a name no CR can have gave selectors the API server refuses, for ever.
+    """
+    labels = value.split(".")
+    if len(value) > 253 or not all(_DNS_LABEL.fullmatch(part) for part in labels):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a Deployment CR name: a DNS subdomain is expected (lower-case "
+            "letters, digits, '-' and '.', starting and ending with a letter or digit, at "
+            "most 253 characters)"
+        )
+    return value
+
+
+def namespace_name(value: str) -> str:
+    """``--namespace``: a namespace name (a DNS label)."""
+    if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a namespace name: a DNS label is expected (lower-case letters, "
+            "digits and '-', starting and ending with a letter or digit, at most 63 "
+            "characters)"
+        )
+    return value
+
+
 def port(value: str) -> int:
     """``--metrics-port``: a TCP port, or 0 for a free one."""
     try:
@@ -138,6 +169,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--deployment",
         action="append",
+        type=deployment_name,
         default=[],
         metavar="NAME",
         help="Deployment CR to report on; repeatable (default: every CR)",
@@ -151,6 +183,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--namespace",
+        type=namespace_name,
         default=None,
         help="namespace of the Lease (default: the pod's namespace, else "
         f"{FALLBACK_NAMESPACE}); Events about the cluster-scoped CRs go to "
@@ -193,7 +226,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--log-level", type=log_level, default=logging.INFO, help="level name or 0-5 verbosity"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.shared_watches and not args.deployment:
+        # It was ignored: every CR watched with cluster-wide informers, which the stack's
+        # RBAC does not grant.
+        p.error("--shared-watches needs at least one --deployment")
+    return args
 
 
 class Reporter:

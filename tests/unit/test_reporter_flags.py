@@ -67,3 +67,39 @@ def test_valid_periods_and_ports_are_accepted() -> None:
         ["--resync-seconds", "2.5", "--message-interval", "1", "--metrics-port", "65535"]
     )
     assert (args.resync_seconds, args.message_interval, args.metrics_port) == (2.5, 1.0, 65535)
+
+
+@pytest.mark.parametrize("value", ["", "Bad_Name", "a,b", "a b", "-a", "a" * 254])
+def test_a_deployment_name_that_no_cr_can_have_is_refused(capsys, value: str) -> None:
+    """Found re-reading issue 16 item 4: ``--deployment 'a,b'`` went into the label selector
+    (``instance in (a,b)``, two deployments' objects) and a name no CR can have into field
+    selectors the API server refuses, every few seconds, for ever."""
+    err = refused(capsys, f"--deployment={value}")
+    assert "--deployment" in err and "DNS subdomain" in err
+
+
+def test_shared_watches_without_a_deployment_is_refused(capsys) -> None:
+    """``--shared-watches`` alone was silently ignored (every CR watched cluster-wide)."""
+    err = refused(capsys, "--shared-watches")
+    assert "--shared-watches" in err and "--deployment" in err
+
+
+@pytest.mark.parametrize("value", ["Pmem", "a.b", "x" * 64])
+def test_a_namespace_that_is_not_a_dns_label_is_refused(capsys, value: str) -> None:
+    err = refused(capsys, "--namespace", value)
+    assert "--namespace" in err and "DNS label" in err
+
+
+def test_valid_names_are_accepted() -> None:
+    args = parse_args(
+        [
+            "--deployment",
+            "pmem-csi.intel.com",
+            "--deployment",
+            "b",
+            "--shared-watches",
+            "--namespace",
+            "pmem-csi",
+        ]
+    )
+    assert args.deployment == ["pmem-csi.intel.com", "b"] and args.namespace == "pmem-csi"

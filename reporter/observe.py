@@ -2,7 +2,7 @@
 
 Why list-then-watch rather than polling: at steady state a watch costs the API server nothing
 but an idle connection and the occasional bookmark, and a changed pod reaches the reporter in
-milliseconds. Nothing is polled, Secrets included: they are watched by name.
+milliseconds. Nothing is polled, Secrets included: they are watched (by name or by label).
 
 Shape:
 - ``Informer``: one list-then-watch loop for one resource (optionally one namespace, with
@@ -12,7 +12,10 @@ Shape:
   resourceVersion", backs off when the server closes watches at once, and reports each change
   (including deletions noticed only by a re-list) to a callback. After 401/403 it no longer
   counts as synced and records the error, so the status can say "could not be read" instead
-  of "missing". A 404 for the whole collection means the kind is gone (its CRD deleted): the
+  of "missing" -- except just after the API server was away (``AUTH_WARMUP_SECONDS``) and in
+  the first ``NEW_GRANT_SECONDS`` of the watches of a namespace added while running (its Role
+  may still be on its way): then it is retried, and its CRs wait. A 404 for the whole
+  collection means the kind is gone (its CRD deleted): the
   cache is emptied, the kind reported "unserved" once, and lists retried at most every
   ``UNSERVED_RETRY_CAP`` seconds until the CRD is back.
 - ``Observer``: owns the informers, maps every change to the CR(s) it affects and queues those

@@ -30,7 +30,8 @@ class Metrics:
         self.status_conflicts = Counter(
             "pmem_csi_reporter_status_conflicts",
             "Times a served CR's status was found replaced by another writer (another "
-            "stack's reporter, or one of the per-deployment layout): this reporter yields.",
+            "stack's reporter, or one of the per-deployment layout): this reporter yields. "
+            "Counted again every 10 minutes while the other writer goes on.",
             registry=self.registry,
         )
         self.watch_restarts = Counter(
@@ -53,7 +54,8 @@ class Metrics:
         )
         self.events = Counter(
             "pmem_csi_reporter_events",
-            "Kubernetes Events created on Deployment CRs (phase changes).",
+            "Kubernetes Events created on Deployment CRs (phase changes, broken node pods, "
+            "status write conflicts).",
             registry=self.registry,
         )
         self.is_leader = Gauge(

@@ -28,6 +28,9 @@ DEBOUNCE_SECONDS = 0.05
 RECOMPUTE_SECONDS = 0.5
 # The main loop looks at the stop flag (set by SIGTERM) at least this often.
 STOP_CHECK = 1.0
+# A reconcile that raised is tried again after STOP_CHECK seconds, doubling up to this: a
+# bug that keeps raising must not log a traceback every second for ever.
+RECONCILE_RETRY_CAP = 60.0
 
 
 class DirtySource(Protocol):
@@ -89,6 +92,8 @@ class ReconcileLoop:
         self.held: dict[str, float | None] = {}
         # The main loop's last sign of life (``Reporter.healthy``).
         self.beat = clock()
+        # CR -> reconciles in a row that raised (their retry backs off).
+        self.raised: dict[str, int] = {}
 
     def step(self) -> None:
         wake = min([self.next_resync, *(due for due, _ in self.pending.values())])
@@ -103,7 +108,7 @@ class ReconcileLoop:
                 later = dirty.pop(name)
                 known = [t for t in (changed_at, later) if t is not None]
                 changed_at = min(known) if known else None
-                if name not in self.writer.backing_off:
+                if name not in self.writer.backing_off and name not in self.raised:
                     # A failed write's backoff is not pulled forward (review of issue 16).
                     due = min(due, self.last_run.get(name, 0.0) + RECOMPUTE_SECONDS)
                 self.pending[name] = (due, changed_at)
@@ -142,10 +147,20 @@ class ReconcileLoop:
             self.last_run[name] = self.clock()
             try:
                 self.writer.reconcile(name, changed_at)
+                self.raised.pop(name, None)
             except Exception:
-                log.exception("%s: reconcile failed", name)
-                # Back again soon, not in a hot loop.
-                self.writer.deferred.setdefault(name, self.clock() + STOP_CHECK)
+                times = self.raised.get(name, 0)
+                self.raised[name] = times + 1
+                delay = min(RECONCILE_RETRY_CAP, STOP_CHECK * 2 ** min(times, 10))
+                log.exception(
+                    "%s: reconcile failed (%d time(s) in a row); trying again in %.0f s",
+                    name,
+                    times + 1,
+                    delay,
+                )
+                # Back again, with backoff: not in a hot loop, not flooding the log.
+                due = self.clock() + delay
+                self.writer.deferred[name] = max(self.writer.deferred.get(name, due), due)
             self.beat = self.clock()
             due = self.writer.deferred.pop(name, None)
             if due is not None:

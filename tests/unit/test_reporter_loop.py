@@ -287,3 +287,39 @@ def test_events_do_not_pull_a_failed_writes_backoff_forward():
     assert max(gaps) >= 15, gaps
     # Equal jitter: a wait is never under half its nominal delay, which never shrinks.
     assert all(gap >= 0.25 * max(gaps[:i]) for i, gap in enumerate(gaps) if i), gaps
+
+
+def test_a_reconcile_that_keeps_raising_backs_off_instead_of_a_traceback_every_second():
+    """Found re-reading issue 16 (like an Event's retries): a reconcile that raised (a bug, a
+    cache in a state nothing expected) came back every second for ever, each time with a
+    full traceback in the log. Now it backs off per CR, up to a minute."""
+    clock, observer, _api, writer, loop, _ = build()
+    calls: list[float] = []
+
+    def broken(name, changed_at=None):
+        calls.append(clock())
+        raise RuntimeError("a bug")
+
+    writer.reconcile = broken  # type: ignore[method-assign]
+    observer.mark_dirty(NAME, clock())
+    run_until(loop, clock, lambda: False, 600)
+    assert 3 <= len(calls) <= 20, len(calls)  # every second: 600
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
+    assert max(gaps) <= 61 and gaps[-1] > 4 * gaps[0], gaps
+
+
+def test_watch_events_do_not_pull_a_raising_reconciles_backoff_forward():
+    clock, observer, _api, writer, loop, _ = build()
+    calls: list[float] = []
+
+    def broken(name, changed_at=None):
+        calls.append(clock())
+        raise RuntimeError("a bug")
+
+    writer.reconcile = broken  # type: ignore[method-assign]
+    end = clock() + 600
+    while clock() < end:
+        observer.mark_dirty(NAME, clock())  # a rollout: an event every step
+        loop.step()
+        clock.sleep(0.5)
+    assert len(calls) <= 20, len(calls)

@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +111,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ModuleScheduling(config, log)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the e2e tests, refuse a real-node test outside :data:`REAL_NODE_MODULES`, and put
-    the long work units first (stable: otherwise the collection order stays)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the e2e tests, refuse a real-node test outside :data:`REAL_NODE_MODULES`, leave out
+    a test that another collected test runs itself (:data:`NESTED_IN`), and put the long work
+    units first (stable: otherwise the collection order stays)."""
     for item in items:
         module = item.nodeid.split("::", 1)[0]
         if module.startswith("tests/e2e/"):
@@ -125,7 +126,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid} uses the real node: add {module} to REAL_NODE_MODULES in "
                 "tests/conftest.py (one xdist worker runs those modules, one at a time)"
             )
+    nested = nested_elsewhere(item.nodeid for item in items)
+    if nested:
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in nested])
+        items[:] = [i for i in items if i.nodeid not in nested]
     items.sort(key=lambda i: _queue_rank(i.nodeid))
+
+
+# Tests that another test of the suite runs whole, in a pytest session of its own: test_demo.py
+# runs the README flow of test_cli.py next to the demo's cluster (the README's two commands in
+# one clone, issue 17). When both are collected, the flow runs once, inside test_demo (its
+# failure fails test_demo with the nested session's report); run alone it runs as itself.
+README_FLOW = "tests/e2e/test_cli.py::test_readme_blocks_deploy_check_and_remove"
+NESTED_IN = {README_FLOW: "tests/e2e/test_demo.py"}
+
+
+def nested_elsewhere(nodeids: Iterable[str]) -> set[str]:
+    """The collected tests that a collected test of :data:`NESTED_IN` runs itself."""
+    ids = set(nodeids)
+    modules = {nodeid.split("::", 1)[0] for nodeid in ids}
+    return {test for test, runner in NESTED_IN.items() if test in ids and runner in modules}
 
 
 # Outcomes that are not a pass: a test skipped, or expected to fail (``pytest.xfail`` or an

@@ -6,7 +6,8 @@ and its `local` stack running, as `make demo` does. Then the suite's README flow
 driver name and namespace as the demo's) runs in a pytest session of its own with that same
 ``PMEM_CSI_STATE_DIR``, exactly as `make test` would in that clone. It must pass, and must leave
 every object of the demo's cluster as it was (same resourceVersion). Then the demo runs once
-more, as a newcomer repeating the command would.
+more, as a newcomer repeating the command would. (In a session that collects both, the README
+flow runs only here: ``tests/conftest.py``, ``NESTED_IN``.)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import README_FLOW
 from tools import localenv, realnode, toolchain
 
 # The demo twice and a nested session that starts a cluster of its own.
@@ -164,7 +166,7 @@ def test_demo_then_the_suites_readme_flow_in_one_clone_then_the_demo_again(
                 "-p",
                 "no:cacheprovider",
                 "-q",
-                "tests/e2e/test_cli.py::test_readme_blocks_deploy_check_and_remove",
+                README_FLOW,
             ],
             cwd=toolchain.PROJECT_DIR,
             env={**env, "PMEM_CSI_REQUIRE_CLUSTER": "1"},

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REAL_NODE_GROUP, work_unit
+from tests.conftest import README_FLOW, REAL_NODE_GROUP, nested_elsewhere, work_unit
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 
@@ -125,3 +125,19 @@ def test_the_suite_runs_without_xdist_too(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout
+
+
+def test_the_readme_flow_runs_once_inside_test_demo_when_both_are_collected() -> None:
+    demo = "tests/e2e/test_demo.py::test_demo_then_the_suites_readme_flow_in_one_clone"
+    other = "tests/e2e/test_cli.py::test_preview_names_what_changes"
+    assert nested_elsewhere([README_FLOW, demo, other]) == {README_FLOW}
+    # Run alone (or with other modules but not test_demo), the flow runs as itself.
+    assert nested_elsewhere([README_FLOW, other]) == set()
+    assert nested_elsewhere([demo]) == set()
+
+
+def test_test_demo_runs_the_readme_flow_it_stands_for() -> None:
+    """The nested session runs exactly the test that the outer session leaves out."""
+    source = (PROJECT_DIR / "tests/e2e/test_demo.py").read_text()
+    assert "README_FLOW," in source
+    assert README_FLOW.split("::")[1] in (PROJECT_DIR / "tests/e2e/test_cli.py").read_text()

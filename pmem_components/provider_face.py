@@ -277,7 +277,7 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
         self,
         name: str,
         args: PmemCsiDeploymentArgs,
-        opts: Optional[pulumi.ResourceOptions] = None,
+        opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         cfg = deployment_config(name, args)
         retain = args.get("retain_namespace")

@@ -286,7 +286,9 @@ GROUPS: dict[str, Group] = {
         # YAML). A group of its own: other pulumi/pulumi versions than the CLI's.
         Group(
             "pulumi-yaml",
-            {"pulumi-language-yaml": "github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml"},
+            # tools/pulumi-yaml/main.go: the release's host plus the Link that the CLI's
+            # `pulumi package add` needs and later releases answer.
+            {"pulumi-language-yaml": "."},
             ldflags=["-X github.com/pulumi/pulumi-yaml/pkg/version.Version=" + PULUMI_YAML_VERSION],
             tags="osusergo,grpcnotrace",
         ),

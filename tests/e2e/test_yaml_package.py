@@ -214,10 +214,8 @@ def test_a_yaml_program_deploys_checks_repairs_and_removes_the_driver(cli: Cli, 
 
     # ---- the same objects as the Python program's, object for object.
     state = json.loads(cli.run("stack", "export").stdout)
-    deployed = _by_object(
-        [{"type": r["type"], "inputs": r.get("inputs", {})}
-         for r in state["deployment"]["resources"] if r.get("custom")]  # fmt: skip
-    )
+    custom = [r for r in state["deployment"]["resources"] if r.get("custom")]
+    deployed = _by_object([{"type": r["type"], "inputs": r.get("inputs", {})} for r in custom])
     expected = python_program_objects()
     assert sorted(deployed) == sorted(expected)
     for key, obj in expected.items():

@@ -506,7 +506,10 @@ def test_cancelling_run_plugin_kills_the_plugin(
         except ProcessLookupError:
             return True
         # A killed child the host has not reaped yet is gone too.
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        except (FileNotFoundError, ProcessLookupError):  # reaped meanwhile
+            return True
 
     wait_for(gone, 60, "the cancelled plugin to end")
 

@@ -230,9 +230,11 @@ def test_yaml_language_host_is_pinned_with_its_own_pulumi_versions() -> None:
     # of its own go.mod (it does not compile against the CLI's pkg/v3: PROVENANCE.md there).
     group = toolchain.GROUPS["pulumi-yaml"]
     assert _require("pulumi-yaml", "github.com/pulumi/pulumi-yaml") == toolchain.PULUMI_YAML_VERSION
-    assert group.packages == {
-        "pulumi-language-yaml": "github.com/pulumi/pulumi-yaml/cmd/pulumi-language-yaml"
-    }
+    assert group.packages == {"pulumi-language-yaml": "."}
+    # The wrapper's main serves the released host (pkg/server), adding only Link.
+    main = (TOOLS / "pulumi-yaml" / "main.go").read_text()
+    assert '"github.com/pulumi/pulumi-yaml/pkg/server"' in main
+    assert "server.NewLanguageHost(" in main
     assert group.ldflags == [
         "-X github.com/pulumi/pulumi-yaml/pkg/version.Version=" + toolchain.PULUMI_YAML_VERSION
     ]

@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +85,13 @@ class Cli:
         self.cwd, self.env = cwd, env
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        start = time.monotonic()
         done = subprocess.run(
             [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],
             cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=400,
         )  # fmt: skip
+        # Where the module's time goes (pytest -s, or the output of a failed test).
+        print(f"[yaml] pulumi {' '.join(args)}: {time.monotonic() - start:.1f}s", flush=True)
         if check:
             assert done.returncode == 0, f"pulumi {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
         return done
@@ -104,6 +108,12 @@ def cli(
     env = {**os.environ, **localenv.pulumi_env()}
     env["PULUMI_BACKEND_URL"] = tmp_path_factory.mktemp("backend").as_uri()
     env["KUBECONFIG"] = str(local_cluster)
+    # This checkout's stand-in Python host, first on PATH (the CLI prefers a plugin found
+    # there): the copy next to the CLI is in the tools cache that every checkout shares, and
+    # holds whatever version the checkout that last ran installed.
+    host_bin = tmp_path_factory.mktemp("language-host")
+    toolchain.install_language_host(host_bin)
+    env["PATH"] = os.pathsep.join([str(host_bin), env["PATH"]])
     env[langhost.CALL_LOG_ENV] = str(project.parent / "langhost-calls.log")
     return Cli(project, env)
 
@@ -119,23 +129,49 @@ def kubectl(cli: Cli, *args: str) -> dict[str, Any] | None:
     return json.loads(done.stdout)
 
 
+# Under mocks the engine runs no resource transforms, so the script applies the component's
+# own (PmemCsiDeployment: the await settings, then the deployment's patches) to each object,
+# in that order, as the engine does.
+_PYTHON_PROGRAM = """
+import json, sys
+sys.path.insert(0, "tests/unit")  # bad_input imports its neighbours as pytest has them
+import pulumi
+from tests.unit.bad_input import run_program
+from pmem_components import awaiting, config, names
+from pmem_components.patches import PatchSet
+
+raw = json.loads(sys.argv[1])
+error, resources = run_program(raw)
+stack = config.load_config(raw)
+by_instance = {d.names.hyphened: (i, d) for i, d in enumerate(stack.deployments)}
+out = []
+for r in resources:
+    props = dict(r.inputs)
+    labels = (props.get("metadata") or {}).get("labels") or {}
+    if r.typ.startswith("kubernetes:") and labels.get(names.LABEL_INSTANCE) in by_instance:
+        i, dep = by_instance[labels[names.LABEL_INSTANCE]]
+        patches = PatchSet.for_deployment(i, dep.patches)
+        for transform in (awaiting.transform(dep), patches.transform):
+            opts = pulumi.ResourceOptions()
+            result = transform(pulumi.ResourceTransformArgs(True, r.typ, r.name, props, opts))
+            if result is not None:
+                props = dict(result.props)
+    out.append({"type": r.typ, "inputs": props})
+print(json.dumps({"error": error, "resources": out}, default=str))
+"""
+
+
 def python_program_objects() -> dict[tuple[str, str, str], dict[str, Any]]:
     """The Kubernetes objects the Python program registers for DEPLOYMENTS (under mocks).
 
     In a process of its own: Pulumi's mocks are process-wide settings.
     """
-    script = (
-        "import json, sys\n"
-        "from tests.unit.bad_input import run_program\n"
-        "error, resources = run_program(json.loads(sys.argv[1]))\n"
-        "print(json.dumps({'error': error, 'resources': [\n"
-        "    {'type': r.typ, 'inputs': r.inputs} for r in resources]}, default=str))\n"
-    )
     raw = {"deployments": DEPLOYMENTS, **STACK_SETTINGS}
     done = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(raw)],
-        cwd=toolchain.PROJECT_DIR, capture_output=True, text=True, timeout=300, check=True,
+        [sys.executable, "-c", _PYTHON_PROGRAM, json.dumps(raw)],
+        cwd=toolchain.PROJECT_DIR, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+    assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["error"] == ""
     return _by_object(result["resources"])
@@ -168,6 +204,8 @@ def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
             return [walk(v) for v in value]
         if isinstance(value, str) and "-----BEGIN" in value:
             return "<pem>"
+        if isinstance(value, float) and value.is_integer():
+            return int(value)  # the mocks' numbers are floats, the state's integers
         return value
 
     out = walk(obj)

@@ -1,5 +1,5 @@
 // Command pulumi-language-yaml is the YAML language host of github.com/pulumi/pulumi-yaml
-// v1.25.0 (its pkg/server), served with one RPC more: Link.
+// v1.25.0 (its pkg/server), served with one RPC more (Link) and the CLI's schema loader.
 //
 // Why: the CLI 3.276.0's `pulumi package add` ends by asking the program's language host to
 // Link the package, and fails when the host answers Unimplemented. v1.25.0 (the newest release
@@ -63,7 +63,12 @@ func main() {
 	handle, err := rpcutil.ServeWithOptions(rpcutil.ServeOptions{
 		Cancel: cancel,
 		Init: func(srv *grpc.Server) error {
-			released := server.NewLanguageHost(engineAddress, *tracing, false /* useRPCLoader */)
+			// Schemas through the CLI's loader (RunRequest.loader_target), not through a plugin
+			// host of the release's own pkg/v3 v3.206.0: that one asks a provider for
+			// GetPluginInfo first, which the Python SDK 3.272's providers do not serve
+			// ("could not read plugin ...: Method not implemented!"). The release's own tests
+			// run the host so (cmd/pulumi-language-yaml/language_test.go).
+			released := server.NewLanguageHost(engineAddress, *tracing, true /* useRPCLoader */)
 			pulumirpc.RegisterLanguageRuntimeServer(srv, host{released})
 			return nil
 		},

@@ -237,7 +237,7 @@ def test_a_yaml_program_deploys_checks_repairs_and_removes_the_driver(cli: Cli, 
     (cli.cwd / "Pulumi.yaml").write_text(good)
 
     # ---- up: both drivers, the patch applied.
-    cli.run("up", "--yes")
+    cli.run("up", "--yes", "--skip-preview")
     ds = kubectl(cli, "get", "daemonset", "-n", "yaml-a", "yaml-a-example-org-node")
     assert ds is not None and ds["metadata"]["labels"]["patched-by"] == "yaml"
     for dep in DEPLOYMENTS:
@@ -260,7 +260,7 @@ def test_a_yaml_program_deploys_checks_repairs_and_removes_the_driver(cli: Cli, 
         assert deployed[key] == obj, key
 
     # ---- a second up changes nothing.
-    cli.run("up", "--yes", "--expect-no-changes")
+    cli.run("up", "--yes", "--skip-preview", "--expect-no-changes")
 
     # ---- someone deletes a Service; up --refresh notices and restores it.
     svc = kubectl(cli, "get", "service", "-n", "yaml-b", "yaml-b-example-org-controller")
@@ -270,13 +270,13 @@ def test_a_yaml_program_deploys_checks_repairs_and_removes_the_driver(cli: Cli, 
          "yaml-b-example-org-controller"],
         env=cli.env, check=True, capture_output=True, timeout=60,
     )  # fmt: skip
-    repaired = cli.run("up", "--yes", "--refresh")
+    repaired = cli.run("up", "--yes", "--skip-preview", "--refresh")
     assert re.search(r"\d+ created", repaired.stdout), repaired.stdout
     restored = kubectl(cli, "get", "service", "-n", "yaml-b", "yaml-b-example-org-controller")
     assert restored is not None and restored["metadata"]["uid"] != svc["metadata"]["uid"]
 
     # ---- destroy removes the drivers (the namespaces are kept, as in Python).
-    cli.run("destroy", "--yes")
+    cli.run("destroy", "--yes", "--skip-preview")
     for dep in DEPLOYMENTS:
         assert kubectl(cli, "get", "deployments.pmem-csi.intel.com", dep["name"]) is None
         h = names.DeploymentNames(dep["name"]).hyphened

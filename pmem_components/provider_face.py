@@ -242,8 +242,8 @@ def deployment_config(resource_name: str, args: Mapping[str, Any]) -> Deployment
         raise ArgsError(
             resource_name,
             [
-                f"{p}: must be a value known when the program runs, not another resource's "
-                "output"
+                f"{p}: must be a plain value known when the program runs (not another "
+                "resource's output, not a secret)"
                 for p in unknown
             ],
         )

@@ -146,10 +146,11 @@ def test_patches_are_dry_run_against_the_objects_named_by_field_path() -> None:
     assert len(got) == 1 and got[0].startswith("patches[0]"), got
 
 
-def test_another_resources_output_is_refused_by_field() -> None:
+def test_another_resources_output_or_a_secret_is_refused_by_field() -> None:
     unknown = pulumi.Output.from_input("x")
     got = _problems({"name": "a.b", "certificates": {"ca_cert": unknown}})
+    assert got == _problems({"name": "a.b", "certificates": {"ca_cert": pulumi.Output.secret("x")}})
     assert got == [
-        "certificates.caCert: must be a value known when the program runs, not another "
-        "resource's output"
+        "certificates.caCert: must be a plain value known when the program runs (not another "
+        "resource's output, not a secret)"
     ]

@@ -83,6 +83,7 @@ class Cli:
 
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
         self.cwd, self.env = cwd, env
+        self.calls: list[str] = []
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         start = time.monotonic()
@@ -90,8 +91,16 @@ class Cli:
             [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],
             cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=400,
         )  # fmt: skip
-        # Where the module's time goes (pytest -s, or the output of a failed test).
-        print(f"[yaml] pulumi {' '.join(args)}: {time.monotonic() - start:.1f}s", flush=True)
+        # Where the module's time goes, and which RPCs the command made of the Python host
+        # (pytest -s, or the output of a failed test).
+        log = Path(self.env[langhost.CALL_LOG_ENV])
+        calls = log.read_text().split() if log.exists() else []
+        new, self.calls = calls[len(self.calls) :], calls
+        print(
+            f"[yaml] pulumi {' '.join(args)}: {time.monotonic() - start:.1f}s; "
+            f"Python host: {', '.join(new) or '-'}",
+            flush=True,
+        )
         if check:
             assert done.returncode == 0, f"pulumi {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
         return done

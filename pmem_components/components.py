@@ -267,10 +267,9 @@ class PmemCsiDeployment(pulumi.ComponentResource):
     ``PmemCsiDeployment(config)`` still works and uses the driver name as ``name``.
     """
 
-    namespace: str
-    ca_cert: pulumi.Output[str]
-    object_names: dict[str, str]
-    namespace_resource: pulumi.Resource | None
+    # The attributes are annotated where __init__ sets them, not here: the component provider
+    # (pmem_components.provider_face) infers its schema's outputs from the class annotations
+    # of the served subclass and its bases, and these are not all outputs.
 
     def __init__(
         self,
@@ -332,8 +331,8 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             hook = pulumi.ResourceHook(f"pmem-csi-take-over-{name}", take_over.before_update)
             adopted = pulumi.ResourceHook(f"pmem-csi-adopted-{name}", take_over.after_create)
             hooks = pulumi.ResourceHookBinding(before_update=[hook], after_create=[adopted])
-        self.namespace = cfg.namespace
-        self.object_names = bundle.object_names(cfg)
+        self.namespace: str = cfg.namespace
+        self.object_names: dict[str, str] = bundle.object_names(cfg)
         prefix = "" if name == cfg.name else f"{name}:"
         h = cfg.names.hyphened
         old_h = DeploymentConfig(name=prev.name).names.hyphened if prev is not None else h
@@ -440,7 +439,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
                 name_prefix=prefix,
             )
             base = [ns_res]
-        self.namespace_resource = base[0] if base else None
+        self.namespace_resource: pulumi.Resource | None = base[0] if base else None
 
         secrets = [register(o, self, top, base) for o in objs.secrets]
         self.csi_driver = register(objs.csi_driver, self, top)
@@ -475,7 +474,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             return register(_annotate(obj, extra) if extra else obj, self, top, deps)
 
         self.register_reporter_object = register_reporter_object
-        self.ca_cert = pulumi.Output.from_input(certs.ca_cert)
+        self.ca_cert: pulumi.Output[str] = pulumi.Output.from_input(certs.ca_cert)
         self.register_outputs(
             {
                 "namespace": self.namespace,

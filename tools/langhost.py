@@ -56,7 +56,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,6 +158,10 @@ class HostError(Exception):
 # The official host's `packagesWithoutPlugins`: known to have no resource plugin.
 PACKAGES_WITHOUT_PLUGINS = frozenset({"pulumi-policy", "pulumi-esc-sdk"})
 TOOLCHAINS = ("pip", "poetry", "uv")
+# A plugin's virtualenv when its PulumiPlugin.yaml names none (the official parseOptions).
+PLUGIN_DEFAULT_VIRTUALENV = "venv"
+# RunPluginRequest.kind of a policy pack, which the official host starts through its own proxy.
+ANALYZER_KIND = "analyzer"
 TYPECHECKERS = ("mypy", "pyright")
 
 
@@ -172,8 +176,15 @@ class PythonOptions:
     typechecker: str = ""
 
 
-def parse_options(root: str, program_dir: str, options: Mapping[str, Any]) -> PythonOptions:
-    """Read the runtime options, rejecting what the official host rejects, with its messages."""
+def parse_options(
+    root: str, program_dir: str, options: Mapping[str, Any], *, is_plugin: bool = False
+) -> PythonOptions:
+    """Read the runtime options, rejecting what the official host rejects, with its messages.
+
+    ``is_plugin``: a plugin (a component provider's ``PulumiPlugin.yaml``) never runs in the
+    ambient Python: with the pip toolchain and no ``virtualenv`` option, its virtualenv is
+    ``venv`` next to it, as in the official host.
+    """
     fields: dict[str, str] = {}
     for key, allowed in (("virtualenv", None), ("typechecker", TYPECHECKERS),
                          ("toolchain", TOOLCHAINS)):  # fmt: skip
@@ -185,6 +196,8 @@ def parse_options(root: str, program_dir: str, options: Mapping[str, Any]) -> Py
         if allowed is not None and value not in allowed:
             raise HostError(f"unsupported {key} option: {value}")
         fields[key] = value
+    if is_plugin and fields.get("toolchain", "pip") == "pip" and not fields.get("virtualenv"):
+        fields["virtualenv"] = PLUGIN_DEFAULT_VIRTUALENV
     return PythonOptions(root=root, program_dir=program_dir, **fields)
 
 
@@ -479,6 +492,119 @@ def exit_status_response(returncode: int) -> tuple[str, bool]:
     return f"program exited with non-zero exit code: {returncode}", False
 
 
+def plugin_command(
+    req: Any, opts: PythonOptions, env: Mapping[str, str]
+) -> tuple[list[str], str, dict[str, str]]:
+    """(argv, cwd, environment) that ``RunPlugin`` starts, as the official host builds them.
+
+    ``python <plugin directory> <args...>`` (the plugin's ``__main__.py``; the CLI passes the
+    engine address as the first argument) with the plugin's interpreter (its virtualenv,
+    activated), in the CLI's working directory, with the request's ``KEY=VALUE`` environment
+    on top. A policy pack (kind ``analyzer``) and a plugin without ``__main__.py`` (the
+    official host's ``pulumi.run.plugin`` mode for a buildable ``pyproject.toml``) are
+    refused by name: the stand-in serves component providers only.
+    """
+    if req.kind == ANALYZER_KIND:
+        raise HostError(
+            "policy packs are not supported by the stand-in pulumi-language-python of "
+            "pmem-csi-pulumi (tools/langhost.py)"
+        )
+    program_dir = req.info.program_directory
+    if not os.path.isfile(os.path.join(opts.root or program_dir, "__main__.py")):
+        raise HostError(
+            f"plugin {program_dir} has no __main__.py; the stand-in pulumi-language-python of "
+            "pmem-csi-pulumi (tools/langhost.py) runs only plugins that provide one"
+        )
+    venv = virtualenv_path(opts)
+    if venv and not is_virtualenv(venv):
+        raise HostError(virtualenv_error(opts))
+    python, python_env = python_command(opts, env)
+    for entry in req.env:
+        key, _, value = entry.partition("=")
+        python_env[key] = value
+    return [python, program_dir, *req.args], req.pwd or program_dir, python_env
+
+
+def plugin_exit_code(returncode: int) -> int | None:
+    """The ``RunPluginResponse.exitcode`` the official host sends; None: none (exit 0).
+
+    Go's ``WaitStatus.ExitStatus()`` is -1 for a process ended by a signal.
+    """
+    if returncode == 0:
+        return None
+    return returncode if returncode > 0 else -1
+
+
+def install_dependencies_steps(
+    opts: PythonOptions, env: Mapping[str, str]
+) -> list[tuple[str, list[str]]]:
+    """The commands ``InstallDependencies`` runs: the pip toolchain's ``InstallDependencies``.
+
+    A missing virtualenv is created first (``python3 -m venv``, then pip, setuptools and wheel
+    upgraded), then ``pip install -r requirements.txt`` of the program (or plugin) directory
+    when it has one. The stand-in has no ``pyproject.toml`` mode (the official host installs
+    a buildable plugin package with ``pip install .``).
+    """
+    steps: list[tuple[str, list[str]]] = []
+    venv = virtualenv_path(opts)
+    if venv and not is_virtualenv(venv):
+        base, _ = python_command(
+            PythonOptions(opts.root, opts.program_dir, toolchain="pip"), env
+        )
+        python = os.path.join(venv, "bin", "python")
+        steps += [
+            ("creating virtual environment at " + repr(venv), [base, "-m", "venv", venv]),
+            ("updating pip, setuptools, and wheel",
+             [python, "-m", "pip", "install", "--upgrade", "pip", "setuptools", "wheel"]),
+        ]  # fmt: skip
+    else:
+        python, _ = python_command(opts, env)
+    if os.path.exists(os.path.join(opts.program_dir, "requirements.txt")):
+        steps.append(
+            ("installing dependencies", [python, "-m", "pip", "install", "-r", "requirements.txt"])
+        )
+    return steps
+
+
+def stream_process(
+    cmd: Sequence[str], cwd: str, env: Mapping[str, str], on_start: Any = None
+) -> Iterator[tuple[str, bytes | int]]:
+    """Run ``cmd`` and yield ``("stdout"|"stderr", chunk)`` as it writes, then ``("exit", rc)``.
+
+    The CLI reads a plugin's port from its stdout as soon as it is printed, so output is
+    passed on chunk by chunk, never buffered until the end. ``on_start(proc)`` lets the
+    caller stop the process when the CLI cancels the call.
+    """
+    import queue
+
+    proc = subprocess.Popen(
+        list(cmd), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    if on_start is not None:
+        on_start(proc)
+    chunks: queue.Queue[tuple[str, bytes]] = queue.Queue()
+
+    def pump(name: str, stream: Any) -> None:
+        while True:
+            data = os.read(stream.fileno(), 65536)
+            if not data:
+                break
+            chunks.put((name, data))
+        chunks.put((name, b""))
+
+    for name, stream in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+        threading.Thread(target=pump, args=(name, stream), daemon=True).start()
+    open_streams = 2
+    while open_streams:
+        name, data = chunks.get()
+        if not data:
+            open_streams -= 1
+            continue
+        yield name, data
+    yield "exit", proc.wait()
+
+
 def _sdk_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -567,11 +693,13 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
 
     language_pb2, language_pb2_grpc, plugin_pb2 = _import_protos()
 
-    def options_of(info: Any, context: Any) -> PythonOptions:
+    def options_of(info: Any, context: Any, *, is_plugin: bool = False) -> PythonOptions:
         """Parsed options; a bad one aborts the call as the official host's error does."""
         raw = json_format.MessageToDict(info.options) if info.HasField("options") else {}
         try:
-            return parse_options(info.root_directory, info.program_directory, raw)
+            return parse_options(
+                info.root_directory, info.program_directory, raw, is_plugin=is_plugin
+            )
         except HostError as err:
             context.abort(grpc.StatusCode.UNKNOWN, str(err))
             raise  # not reached: abort raises
@@ -645,6 +773,67 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
             self.interrupt_all()
             return empty_pb2.Empty()
 
+        def RunPlugin(self, req: Any, context: Any) -> Iterator[Any]:
+            # A plugin written in Python (here: a component provider, PulumiPlugin.yaml with
+            # runtime python): its __main__.py in its virtualenv, output streamed to the CLI,
+            # which reads the provider's port from the first stdout line.
+            opts = options_of(req.info, context, is_plugin=req.kind != ANALYZER_KIND)
+            try:
+                cmd, cwd, env = plugin_command(req, opts, os.environ)
+            except HostError as err:
+                context.abort(grpc.StatusCode.UNKNOWN, str(err))
+
+            def on_start(proc: subprocess.Popen[bytes]) -> None:
+                with self._lock:
+                    self._running.add(proc)
+                # The CLI stops a plugin by cancelling this call (the official host's
+                # exec.CommandContext then kills it).
+                context.add_callback(lambda: proc.poll() is None and proc.kill())
+
+            response = language_pb2.RunPluginResponse
+            try:
+                for name, data in stream_process(cmd, cwd, env, on_start):
+                    if name == "exit":
+                        code = plugin_exit_code(int(data))  # type: ignore[arg-type]
+                        if code is not None:
+                            yield response(exitcode=code)
+                    elif name == "stdout":
+                        yield response(stdout=data)
+                    else:
+                        yield response(stderr=data)
+            except OSError as err:
+                context.abort(
+                    grpc.StatusCode.UNKNOWN,
+                    f"problem executing plugin program (could not run language executor): {err}",
+                )
+
+        def InstallDependencies(self, req: Any, context: Any) -> Iterator[Any]:
+            # `pulumi install`, and `pulumi package add` for a Python plugin (is_plugin).
+            opts = options_of(req.info, context, is_plugin=req.is_plugin)
+            response = language_pb2.InstallDependenciesResponse
+            yield response(stdout=b"Installing dependencies...\n\n")
+            try:
+                steps = install_dependencies_steps(opts, os.environ)
+            except HostError as err:
+                context.abort(grpc.StatusCode.UNKNOWN, str(err))
+            venv = virtualenv_path(opts)
+            for what, cmd in steps:
+                env = activate_virtualenv(os.environ, venv) if venv else dict(os.environ)
+                code = 0
+                for name, data in stream_process(cmd, opts.program_dir or ".", env):
+                    if name == "exit":
+                        code = int(data)  # type: ignore[arg-type]
+                    elif name == "stdout":
+                        yield response(stdout=data)
+                    else:
+                        yield response(stderr=data)
+                if code != 0:
+                    context.abort(
+                        grpc.StatusCode.UNKNOWN,
+                        f"{what} via '{' '.join(cmd)}': exit status {code}",
+                    )
+            yield response(stdout=b"Finished installing dependencies\n\n")
+
         def Run(self, req: Any, context: Any) -> Any:
             opts = options_of(req.info, context)
             if virtualenv_path(opts) and not is_virtualenv(virtualenv_path(opts)):
@@ -698,6 +887,23 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
     return LanguageHost()
 
 
+# When set, the name of every RPC the CLI calls is appended to this file (one line each):
+# which calls a CLI command makes is otherwise visible only in the CLI's verbose logs.
+CALL_LOG_ENV = "PMEM_CSI_LANGHOST_CALL_LOG"
+
+
+def _call_logger(path: str) -> Any:
+    import grpc
+
+    class CallLogger(grpc.ServerInterceptor):  # type: ignore[misc]
+        def intercept_service(self, continuation: Any, details: Any) -> Any:
+            with open(path, "a") as log:
+                log.write(details.method.rsplit("/", 1)[-1] + "\n")
+            return continuation(details)
+
+    return CallLogger()
+
+
 def serve(args: HostArgs) -> int:
     # Handlers first: the CLI may stop us at any moment, even before the port is printed.
     stop = threading.Event()
@@ -720,9 +926,13 @@ def serve(args: HostArgs) -> int:
         return 1
     servicer = make_servicer(args, executor)
     running.append(servicer)
+    interceptors = []
+    if os.environ.get(CALL_LOG_ENV):
+        interceptors.append(_call_logger(os.environ[CALL_LOG_ENV]))
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=8),
         options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)],
+        interceptors=interceptors,
     )
     language_pb2_grpc.add_LanguageRuntimeServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")

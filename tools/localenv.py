@@ -55,6 +55,11 @@ def pulumi_env() -> dict[str, str]:
     # provider is registered with `pulumi plugin install` instead (a provider found on PATH
     # makes the CLI warn on every run).
     path = [str(toolchain.GROUPS["pulumi"].install_dir() / "bin")]
+    yaml_host = toolchain.GROUPS["pulumi-yaml"]
+    if yaml_host.is_built():
+        # The YAML language host, found by the CLI on PATH (its bundled plugins are looked up
+        # there and next to the CLI).
+        path.append(str(yaml_host.install_dir() / "bin"))
     if venv_bin.is_dir():
         # pulumi-resource-pulumi-python (dynamic providers) runs `python3` from PATH.
         path.append(str(venv_bin))

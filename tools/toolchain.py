@@ -42,6 +42,11 @@ PULUMI_VERSION = "v3.276.0"
 # may lag the CLI but never lead it (tests/unit/test_toolchain.py).
 PULUMI_PYTHON_SDK_VERSION = "3.272.0"
 PULUMI_KUBERNETES_VERSION = "v4.25.0"
+# The YAML language host (github.com/pulumi/pulumi-yaml). The CLI 3.276.0 bundles a newer
+# release, but the module proxy serves only v1.11.1 and v1.25.0; built with the pulumi/pulumi
+# versions of its own go.mod (v3.206.0), since it does not compile against pkg/v3 v3.276.0
+# (tools/pulumi-yaml/PROVENANCE.md).
+PULUMI_YAML_VERSION = "v1.25.0"
 # The release that PULUMI_KUBERNETES_VERSION names, as upstream tagged it: tag v4.25.0 of
 # pulumi/pulumi-kubernetes is this commit, and the git tree of its provider/ directory is this
 # tree. The module proxy serves that directory only as the pseudo-version in
@@ -276,6 +281,16 @@ GROUPS: dict[str, Group] = {
             tags="osusergo,grpcnotrace",
             finish=_install_python_shims,
             install=install_language_host,
+        ),
+        # Runs YAML programs (tests/e2e/test_yaml_package.py: the component provider used from
+        # YAML). A group of its own: other pulumi/pulumi versions than the CLI's.
+        Group(
+            "pulumi-yaml",
+            # tools/pulumi-yaml/main.go: the release's host plus the Link that the CLI's
+            # `pulumi package add` needs and later releases answer.
+            {"pulumi-language-yaml": "."},
+            ldflags=["-X github.com/pulumi/pulumi-yaml/pkg/version.Version=" + PULUMI_YAML_VERSION],
+            tags="osusergo,grpcnotrace",
         ),
         Group(
             "pulumi-kubernetes",

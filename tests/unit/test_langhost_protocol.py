@@ -13,6 +13,10 @@ to, over gRPC exactly as the CLI calls it:
   ``GetRequiredPackages`` lists every installed Pulumi package's resource plugin and version
   from its ``pulumi-plugin.json``;
 - ``About`` reports the program's interpreter and toolchain, not the host's;
+- ``RunPlugin`` starts a plugin's ``__main__.py`` with its virtualenv (``venv`` when its
+  ``PulumiPlugin.yaml`` names none), the CLI's arguments, environment and working directory,
+  streams its output and ends with its exit code; cancelling the call kills the plugin;
+  ``InstallDependencies`` streams the pip toolchain's steps;
 - the ``LanguageRuntime`` service of the pinned SDK has the 17 RPCs the host was written
   against (the CLI's, ``sdk/v3`` v3.276.0, has the same); those the host does not serve
   (code generation, conversion, packing, plugins written in Python) answer ``UNIMPLEMENTED``,
@@ -335,14 +339,14 @@ SERVED_RPCS = {
     "About",
     "Cancel",
     "Run",
+    "RunPlugin",  # a component provider written in Python (provider/)
+    "InstallDependencies",  # `pulumi install`, `pulumi package add` of a Python plugin
 }
 UNSERVED_RPCS = {
     "Handshake",  # optional: the CLI goes on without it
-    "InstallDependencies",  # `pulumi install`: dependencies are installed by `make setup`
     "RuntimeOptionsPrompts",
     "Template",
     "GetProgramDependencies",
-    "RunPlugin",
     "GenerateProgram",
     "GenerateProject",
     "GeneratePackage",
@@ -370,3 +374,182 @@ def test_rpcs_the_host_does_not_serve_are_unimplemented(host: Any, name: str) ->
         if method.server_streaming:
             list(result)
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+PLUGIN_MAIN = """
+import os, sys
+print("4242", flush=True)
+print("argv=" + repr(sys.argv[1:]), flush=True)
+print("cwd=" + os.getcwd(), flush=True)
+print("venv=" + os.environ.get("VIRTUAL_ENV", ""), flush=True)
+print("extra=" + os.environ.get("PMEM_CSI_EXTRA", ""), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if os.environ.get("PMEM_CSI_WAIT_FILE"):
+    open(os.environ["PMEM_CSI_WAIT_FILE"], "w").write(str(os.getpid()))
+    import time
+    while True:
+        time.sleep(1)
+sys.exit(int(os.environ.get("PMEM_CSI_EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path) -> Path:
+    """A Python plugin as ``pulumi package add`` finds one: ``__main__.py`` and ``venv``."""
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "__main__.py").write_text(PLUGIN_MAIN)
+    (plugin / "venv").symlink_to(toolchain.PROJECT_DIR / ".venv")
+    return plugin
+
+
+def _run_plugin(host: Any, plugin: Path, options: dict[str, Any], *env: str, kind: str = "resource",
+                pwd: Path | None = None) -> tuple[bytes, bytes, list[int]]:  # fmt: skip
+    req = language_pb2.RunPluginRequest(
+        pwd=str(pwd or plugin.parent),
+        args=["127.0.0.1:1234", "--logtostderr"],
+        env=list(env),
+        info=_info(plugin, options),
+        kind=kind,
+        name="pmem-csi",
+    )
+    out, err, codes = b"", b"", []
+    for msg in host.RunPlugin(req, timeout=120):
+        which = msg.WhichOneof("output")
+        if which == "stdout":
+            out += msg.stdout
+        elif which == "stderr":
+            err += msg.stderr
+        else:
+            codes.append(msg.exitcode)
+    return out, err, codes
+
+
+def test_run_plugin_starts_its_main_in_its_default_virtualenv_and_streams_the_output(
+    host: Any, plugin_dir: Path, tmp_path: Path
+) -> None:
+    # No virtualenv option: a plugin's is ``venv`` next to it (the official parseOptions).
+    out, err, codes = _run_plugin(host, plugin_dir, {}, "PMEM_CSI_EXTRA=from-the-cli",
+                                  pwd=tmp_path)  # fmt: skip
+    lines = out.decode().splitlines()
+    assert lines[0] == "4242"  # the port line, first, as the CLI reads it
+    assert lines[1:] == [
+        "argv=['127.0.0.1:1234', '--logtostderr']",
+        f"cwd={tmp_path}",
+        f"venv={plugin_dir / 'venv'}",
+        "extra=from-the-cli",
+    ]
+    assert err.decode() == "to stderr\n"
+    assert codes == []  # exit 0: the stream just ends
+
+
+def test_run_plugin_ends_with_the_plugins_exit_code(host: Any, plugin_dir: Path) -> None:
+    _, _, codes = _run_plugin(host, plugin_dir, {"virtualenv": "venv"}, "PMEM_CSI_EXIT=3")
+    assert codes == [3]
+
+
+def test_a_plugin_exit_by_signal_is_reported_as_go_reports_it() -> None:
+    assert langhost.plugin_exit_code(0) is None
+    assert langhost.plugin_exit_code(2) == 2
+    assert langhost.plugin_exit_code(-9) == -1
+
+
+def test_a_plugin_without_its_virtualenv_fails_with_the_official_message(
+    host: Any, plugin_dir: Path
+) -> None:
+    (plugin_dir / "venv").unlink()
+    req = language_pb2.RunPluginRequest(pwd=str(plugin_dir), info=_info(plugin_dir, {}))
+    err = _rpc_error(lambda r, timeout: list(host.RunPlugin(r, timeout=timeout)), req)
+    assert err.code() == grpc.StatusCode.UNKNOWN
+    assert err.details().startswith(
+        f"The 'virtualenv' option in Pulumi.yaml is set to \"venv\", but "
+        f"\"{plugin_dir / 'venv'}\" doesn't exist"
+    ), err.details()
+
+
+@pytest.mark.parametrize(
+    ("kind", "remove_main", "message"),
+    [
+        ("analyzer", False, "policy packs are not supported by the stand-in"),
+        ("resource", True, "has no __main__.py"),
+    ],
+)
+def test_plugins_the_stand_in_cannot_run_are_refused_by_name(
+    host: Any, plugin_dir: Path, kind: str, remove_main: bool, message: str
+) -> None:
+    if remove_main:
+        (plugin_dir / "__main__.py").unlink()
+    req = language_pb2.RunPluginRequest(pwd=str(plugin_dir), info=_info(plugin_dir, {}), kind=kind)
+    err = _rpc_error(lambda r, timeout: list(host.RunPlugin(r, timeout=timeout)), req)
+    assert err.code() == grpc.StatusCode.UNKNOWN
+    assert message in err.details()
+
+
+def test_cancelling_run_plugin_kills_the_plugin(
+    host: Any, plugin_dir: Path, tmp_path: Path
+) -> None:
+    from tests.e2e.waiting import wait_for
+
+    pid_file = tmp_path / "pid"
+    req = language_pb2.RunPluginRequest(
+        pwd=str(plugin_dir), info=_info(plugin_dir, {}),
+        env=[f"PMEM_CSI_WAIT_FILE={pid_file}"],
+    )  # fmt: skip
+    stream = host.RunPlugin(req, timeout=120)
+    # Output arrives as the plugin writes it: the port line, whichever stream comes first.
+    assert any(msg.stdout.startswith(b"4242") for msg in stream)
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 60, "plugin pid"))
+    stream.cancel()
+
+    def gone() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        # A killed child the host has not reaped yet is gone too.
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+        except (FileNotFoundError, ProcessLookupError):  # reaped meanwhile
+            return True
+
+    wait_for(gone, 60, "the cancelled plugin to end")
+
+
+def test_a_plugins_virtualenv_defaults_to_venv_only_with_the_pip_toolchain() -> None:
+    assert langhost.parse_options("/p", "/p", {}, is_plugin=True).virtualenv == "venv"
+    assert langhost.parse_options("/p", "/p", {"toolchain": "pip"}, is_plugin=True).virtualenv == (
+        "venv"
+    )
+    named = langhost.parse_options("/p", "/p", {"virtualenv": "../.venv"}, is_plugin=True)
+    assert named.virtualenv == "../.venv"
+    assert langhost.parse_options("/p", "/p", {"toolchain": "uv"}, is_plugin=True).virtualenv == ""
+    assert langhost.parse_options("/p", "/p", {}).virtualenv == ""  # a program: none
+
+
+def test_install_dependencies_streams_the_pip_toolchain_steps(
+    host: Any, plugin_dir: Path
+) -> None:
+    req = language_pb2.InstallDependenciesRequest(info=_info(plugin_dir, {}), is_plugin=True)
+    out = b"".join(m.stdout for m in host.InstallDependencies(req, timeout=120))
+    # The virtualenv exists and there is no requirements.txt: nothing to run.
+    assert out == b"Installing dependencies...\n\nFinished installing dependencies\n\n"
+
+
+def test_install_dependencies_creates_a_missing_virtualenv_then_installs_requirements(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "requirements.txt").write_text("pulumi\n")
+    (tmp_path / "python3").symlink_to(sys.executable)
+    env = {"PATH": str(tmp_path)}
+    opts = langhost.parse_options(str(tmp_path), str(tmp_path), {}, is_plugin=True)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    assert [cmd for _, cmd in langhost.install_dependencies_steps(opts, env)] == [
+        [str(tmp_path / "python3"), "-m", "venv", str(tmp_path / "venv")],
+        [python, "-m", "pip", "install", "--upgrade", "pip", "setuptools", "wheel"],
+        [python, "-m", "pip", "install", "-r", "requirements.txt"],
+    ]
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    (tmp_path / "venv" / "bin" / "python").touch()
+    assert [cmd for _, cmd in langhost.install_dependencies_steps(opts, env)] == [
+        [python, "-m", "pip", "install", "-r", "requirements.txt"],
+    ]

@@ -223,3 +223,38 @@ def test_pause_image_archive_is_one_layer_holding_the_binary(tmp_path: Path) -> 
     first = archive.read_bytes()
     toolchain._write_pause_image(tmp_path, tmp_path)
     assert archive.read_bytes() == first
+
+
+def test_yaml_language_host_is_pinned_with_its_own_pulumi_versions() -> None:
+    # The release named by toolchain.PULUMI_YAML_VERSION, built with the pulumi/pulumi versions
+    # of its own go.mod (it does not compile against the CLI's pkg/v3: PROVENANCE.md there).
+    group = toolchain.GROUPS["pulumi-yaml"]
+    assert _require("pulumi-yaml", "github.com/pulumi/pulumi-yaml") == toolchain.PULUMI_YAML_VERSION
+    assert group.packages == {"pulumi-language-yaml": "."}
+    # The wrapper's main serves the released host (pkg/server), adding only Link.
+    main = (TOOLS / "pulumi-yaml" / "main.go").read_text()
+    assert '"github.com/pulumi/pulumi-yaml/pkg/server"' in main
+    assert "server.NewLanguageHost(" in main
+    assert group.ldflags == [
+        "-X github.com/pulumi/pulumi-yaml/pkg/version.Version=" + toolchain.PULUMI_YAML_VERSION
+    ]
+    upstream = _require("pulumi-yaml", "github.com/pulumi/pulumi/pkg/v3")
+    assert _require("pulumi-yaml", "github.com/pulumi/pulumi/sdk/v3") == upstream
+    assert _release(upstream) < _release(toolchain.PULUMI_VERSION)
+    # No replace lines: the module as pulumi-yaml itself builds it.
+    assert "replace" not in (TOOLS / "pulumi-yaml" / "go.mod").read_text().split("module ")[1]
+    sums = (TOOLS / "pulumi-yaml" / "go.sum").read_text()
+    assert f"github.com/pulumi/pulumi-yaml {toolchain.PULUMI_YAML_VERSION} h1:" in sums
+
+
+def test_the_yaml_host_is_on_the_clis_path_once_built(monkeypatch, tmp_path: Path) -> None:
+    from tools import localenv
+
+    monkeypatch.setenv("PMEM_CSI_TOOLS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PMEM_CSI_STATE_DIR", str(tmp_path / "state"))
+    yaml_bin = toolchain.GROUPS["pulumi-yaml"].install_dir() / "bin"
+    assert str(yaml_bin) not in localenv.pulumi_env()["PATH"].split(":")
+    yaml_bin.mkdir(parents=True)
+    (yaml_bin.parent / ".complete").write_text("1\n")
+    assert str(yaml_bin) in localenv.pulumi_env()["PATH"].split(":")
+    assert toolchain.bin_path("pulumi-language-yaml") == yaml_bin / "pulumi-language-yaml"

@@ -1,0 +1,293 @@
+"""The typed face of :class:`~pmem_components.components.PmemCsiDeployment` for other languages.
+
+Why it exists: the package serves the component to TypeScript, Go, C#, Java and YAML programs
+as a component provider (``provider/``: ``PulumiPlugin.yaml`` with ``runtime: python``). The
+Python SDK infers the provider's schema from the type annotation of the component's ``args``
+parameter, and that inference takes plain typed dictionaries only (no unions except
+``Optional``, string map keys). :class:`~pmem_components.components.PmemCsiDeploymentArgs`
+wraps a pydantic model, so it needs a face of its own: the TypedDicts below, one field for
+every field of a ``pmem-csi:deployments`` entry of the stack config, with the same
+camelCase names.
+
+Nothing here decides anything: the args are turned back into the stack config's deployment
+entry and go through :func:`pmem_components.config.load_config` (the same defaults, the same
+messages), the patches through :func:`pmem_components.components.check_patches`, and the
+objects come from the Python component itself. Messages name the field as the other
+language writes it (``deviceMode``, ``patches[0].mergePatch``), not as a config key.
+
+Every field is optional: a missing one takes the stack config's default. Quantities
+(``controllerResources.limits.cpu``) and ``certificates.rotation`` are strings here (the schema
+has no "string or number").
+
+No ``from __future__ import annotations`` in this module: the schema inference reads the
+annotations as objects.
+"""
+
+import typing
+from collections.abc import Mapping
+from typing import Any, NotRequired, Optional, TypedDict
+
+import pulumi
+
+from pmem_components import components
+from pmem_components.config import ConfigError, DeploymentConfig, key_path, load_config
+
+PACKAGE_NAME = "pmem-csi"
+
+
+class ResourceRequirementsArgs(TypedDict, total=False):
+    """Container resources, as in a Kubernetes ``ResourceRequirements``."""
+
+    limits: dict[str, str]
+    """Quantities by resource name, e.g. ``{"cpu": "100m", "memory": "250Mi"}``."""
+    requests: dict[str, str]
+    """Quantities by resource name; default: the limits."""
+
+
+class CertificatesArgs(TypedDict, total=False):
+    """PEM certificates and keys of the driver, all five or none (then generated once)."""
+
+    ca_cert: str
+    """The CA certificate."""
+    registry_cert: str
+    """The registry's certificate."""
+    registry_key: str
+    """The registry's private key."""
+    node_controller_cert: str
+    """The node controller's certificate."""
+    node_controller_key: str
+    """The node controller's private key."""
+    validity_days: int
+    """Generated sets: the leaf certificates' lifetime in days (default 365)."""
+    renew_before_days: int
+    """Generated sets: renew this many days before expiry (default 30; 0 = never)."""
+    rotation: str
+    """Generated sets: a change of this value starts a staged CA change."""
+
+
+class PatchArgs(TypedDict, total=False):
+    """A patch of the deployment's objects: which objects, and exactly one of the two forms."""
+
+    kind: str
+    """The kind of the objects to patch (required)."""
+    api_version: str
+    """Their apiVersion; default: any."""
+    name: str
+    """Their name; default: every object of the kind."""
+    namespace: str
+    """Their namespace; default: any."""
+    merge_patch: dict[str, Any]
+    """An RFC 7396 merge patch."""
+    json_patch: list[dict[str, Any]]
+    """RFC 6902 operations."""
+
+
+class ReporterArgs(TypedDict, total=False):
+    """The status reporter's settings (deployed by the Python program's stack only)."""
+
+    enabled: bool
+    """Default: when an image is set."""
+    image: str
+    """The reporter image (no public one: docs/reporter.md)."""
+    replicas: int
+    """Default 2."""
+    log_level: int
+    """Default 3."""
+
+
+class AwaitArgs(TypedDict, total=False):
+    """How the deployment waits for its workloads."""
+
+    enabled: bool
+    """False: do not wait for the StatefulSet and DaemonSet to be ready (default true)."""
+    timeout: str
+    """A duration such as 20m replacing the provider's 10 minutes."""
+
+
+# "await" is a Python keyword: only the functional TypedDict form can name the field.
+_AwaitField = TypedDict("_AwaitField", {"await": NotRequired[AwaitArgs]})
+
+
+class PmemCsiDeploymentArgs(_AwaitField, total=False):
+    """One PMEM-CSI driver deployment: the fields of a ``pmem-csi:deployments`` entry."""
+
+    name: str
+    """The CSI driver name (default pmem-csi.intel.com)."""
+    namespace: str
+    """The driver's namespace (default pmem-csi)."""
+    create_namespace: bool
+    """Create the namespace (default true)."""
+    image: str
+    """The driver image."""
+    image_pull_policy: str
+    """Always, Never or IfNotPresent (default)."""
+    provisioner_image: str
+    """The external-provisioner image."""
+    node_registrar_image: str
+    """The node-driver-registrar image."""
+    controller_resources: ResourceRequirementsArgs
+    """Resources of the controller's driver container."""
+    node_resources: ResourceRequirementsArgs
+    """Resources of the node's driver container."""
+    device_mode: str
+    """lvm (default) or direct."""
+    log_level: int
+    """The driver's log level (default 5)."""
+    pmem_percentage: int
+    """lvm only: the share of PMEM to use (default 100)."""
+    node_selector: dict[str, str]
+    """Nodes of the node driver (default storage=pmem)."""
+    labels: dict[str, str]
+    """Extra labels on every object."""
+    kubelet_dir: str
+    """The kubelet's root directory (default /var/lib/kubelet)."""
+    certificates: CertificatesArgs
+    """Provided certificates; without them a set is generated."""
+    patches: list[PatchArgs]
+    """Patches of the deployment's objects."""
+    reporter: ReporterArgs
+    """The status reporter's settings."""
+    adopt_namespace: bool
+    """Take over an existing namespace (day 2, docs/day2.md)."""
+    adopt_existing: bool
+    """Take over existing objects of the same names."""
+    allow_reinstall: bool
+    """Allow a change that reinstalls the driver."""
+    renamed_from: str
+    """The previous driver name after a rename."""
+    allow_device_mode_change: bool
+    """Allow changing deviceMode."""
+    retain_namespace: bool
+    """Keep the namespace on delete (default true); not a stack config field."""
+
+
+# Fields of the args that are the component's own, not part of the deployment entry.
+COMPONENT_FIELDS = {"retain_namespace": True}
+
+
+class ArgsError(ConfigError):
+    """Invalid args of the served component; the problems name the fields as the caller wrote
+    them (``deviceMode``), not as stack config keys."""
+
+    def __init__(self, resource_name: str, problems: list[str]) -> None:
+        super().__init__(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        self.args = (
+            f"invalid args of PmemCsiDeployment {resource_name!r} "
+            f"({len(self.problems)} problem(s)):\n{lines}",
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _is_typeddict(hint: Any) -> bool:
+    return isinstance(hint, type) and typing.is_typeddict(hint)
+
+
+def to_config_entry(value: Mapping[str, Any], typ: type = PmemCsiDeploymentArgs) -> dict[str, Any]:
+    """The args (Python names, as the provider passes them) as a stack config entry (camelCase).
+
+    Only the keys of the TypedDicts are renamed; free-form maps (labels, nodeSelector, a merge
+    patch, resource quantities) keep their keys as written.
+    """
+    hints = typing.get_type_hints(typ)
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        hint = hints.get(key)
+        if hint is not None and typing.get_origin(hint) is Optional:
+            hint = typing.get_args(hint)[0]
+        camel = _camel(key)
+        if _is_typeddict(hint) and isinstance(item, Mapping):
+            out[camel] = to_config_entry(item, hint)
+        elif (
+            typing.get_origin(hint) is list
+            and _is_typeddict(typing.get_args(hint)[0])
+            and isinstance(item, list)
+        ):
+            inner = typing.get_args(hint)[0]
+            out[camel] = [to_config_entry(i, inner) if isinstance(i, Mapping) else i for i in item]
+        else:
+            out[camel] = item
+    return out
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _relabel(problem: str) -> str:
+    """``pmem-csi:deployments[0].patches[0].kind: ...`` -> ``patches[0].kind: ...``."""
+    root = key_path(("deployments", 0))
+    return problem.replace(f"{root}.", "").replace(root, "(args)")
+
+
+def _outputs_in(value: Any, path: str) -> list[str]:
+    """Paths of values that are not known plain values (another resource's outputs)."""
+    if isinstance(value, pulumi.Output):
+        return [path or "(args)"]
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in _outputs_in(v, f"{path}.{k}" if path else k)]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _outputs_in(v, f"{path}[{i}]")]
+    return []
+
+
+def deployment_config(resource_name: str, args: Mapping[str, Any]) -> DeploymentConfig:
+    """The validated deployment of the args; :class:`ArgsError` lists every problem."""
+    entry = to_config_entry({k: v for k, v in args.items() if k not in COMPONENT_FIELDS})
+    unknown = _outputs_in(entry, "")
+    if unknown:
+        raise ArgsError(
+            resource_name,
+            [
+                f"{p}: must be a plain value known when the program runs (not another "
+                "resource's output, not a secret)"
+                for p in unknown
+            ],
+        )
+    try:
+        stack = load_config({"deployments": [entry]}, warn=pulumi.log.warn)
+    except ConfigError as err:
+        raise ArgsError(resource_name, [_relabel(p) for p in err.problems]) from None
+    cfg = stack.deployments[0]
+    problems = components.check_patches(cfg, 0)
+    if problems:
+        raise ArgsError(resource_name, [_relabel(p) for p in problems])
+    return cfg
+
+
+class PmemCsiDeployment(components.PmemCsiDeployment):
+    """One complete PMEM-CSI driver deployment plus its Deployment custom resource.
+
+    The same component as in Python (type pmem-csi:index:PmemCsiDeployment, the same
+    children). The Deployment CRD must be installed first (crd/ in the repository, e.g.
+    with kubectl apply).
+    """
+
+    namespace: pulumi.Output[str]  # type: ignore[assignment]
+    """The driver's namespace."""
+    object_names: pulumi.Output[dict[str, str]]  # type: ignore[assignment]
+    """The names of the deployment's objects, by role."""
+    ca_cert: pulumi.Output[str]
+    """The CA certificate (PEM) the driver's certificates are signed with."""
+
+    def __init__(
+        self,
+        name: str,
+        args: PmemCsiDeploymentArgs,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        cfg = deployment_config(name, args)
+        retain = args.get("retain_namespace")
+        super().__init__(
+            name,
+            components.PmemCsiDeploymentArgs(
+                cfg, retain_namespace=True if retain is None else bool(retain), validate=False
+            ),
+            opts,
+        )
+
+
+SERVED_COMPONENTS: list[type[pulumi.ComponentResource]] = [PmemCsiDeployment]

@@ -1,0 +1,156 @@
+"""The component provider's typed face: every deployment field, the same defaults and rules.
+
+``pmem_components.provider_face`` serves the Python component to other languages; its schema
+is inferred by the Python SDK from the TypedDicts. These tests hold that schema to the stack
+config model (every field of a ``pmem-csi:deployments`` entry, by the same camelCase name,
+nothing else but the component's own ``retainNamespace``), the defaults and messages to
+``pmem_components.config``, and the outputs to the Python component's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pulumi
+import pytest
+from pulumi.provider.experimental.component import ComponentProvider
+from pydantic import BaseModel
+
+from pmem_components import components, config, provider_face
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    provider = ComponentProvider(
+        provider_face.SERVED_COMPONENTS, provider_face.PACKAGE_NAME, None, "0.0.0"
+    )
+    return json.loads(provider.schema or "{}")
+
+
+def _model_keys(model: type[BaseModel]) -> set[str]:
+    return {f.validation_alias or config.to_camel(n) for n, f in model.model_fields.items()}  # type: ignore[misc]
+
+
+def _nested(model: type[BaseModel], field: str) -> type[BaseModel]:
+    annotation = model.model_fields[field].annotation
+    args = getattr(annotation, "__args__", ())
+    return next(a for a in (annotation, *args) if isinstance(a, type) and issubclass(a, BaseModel))
+
+
+def test_the_served_type_is_the_python_components(schema: dict[str, Any]) -> None:
+    assert list(schema["resources"]) == [components.COMPONENT_TYPE]
+    assert schema["name"] == "pmem-csi"
+    assert schema["resources"][components.COMPONENT_TYPE]["isComponent"] is True
+
+
+def test_every_field_of_a_deployment_entry_is_an_input_by_its_config_name(
+    schema: dict[str, Any],
+) -> None:
+    inputs = schema["resources"][components.COMPONENT_TYPE]["inputProperties"]
+    assert set(inputs) == _model_keys(config.DeploymentConfig) | {"retainNamespace"}
+    # All optional: a missing field takes the stack config's default.
+    assert not schema["resources"][components.COMPONENT_TYPE].get("requiredInputs")
+    nested = {
+        "certificates": ("certificates", "CertificatesArgs"),
+        "reporter": ("reporter", "ReporterArgs"),
+        "await_": ("await", "AwaitArgs"),
+        "controller_resources": ("controllerResources", "ResourceRequirementsArgs"),
+        "patches": ("patches", "PatchArgs"),
+    }
+    for field, (key, type_name) in nested.items():
+        model = _nested(config.DeploymentConfig, field)
+        prop = inputs[key]
+        ref = (prop.get("items") or prop)["$ref"]
+        assert ref == f"#/types/pmem-csi:index:{type_name}"
+        served = schema["types"][f"pmem-csi:index:{type_name}"]["properties"]
+        assert set(served) == _model_keys(model), key
+
+
+def test_outputs_are_the_python_components(schema: dict[str, Any]) -> None:
+    # PmemCsiDeployment.register_outputs: namespace, objectNames, caCert.
+    outputs = schema["resources"][components.COMPONENT_TYPE]["properties"]
+    assert outputs == {
+        "namespace": {"description": "The driver's namespace.", "type": "string"},
+        "objectNames": {
+            "description": "The names of the deployment's objects, by role.",
+            "type": "object",
+            "additionalProperties": {
+                "description": "The names of the deployment's objects, by role.",
+                "type": "string",
+            },
+        },
+        "caCert": {
+            "description": "The CA certificate (PEM) the driver's certificates are signed with.",
+            "type": "string",
+        },
+    }
+
+
+def test_no_args_are_the_stack_configs_default_deployment() -> None:
+    assert provider_face.deployment_config("d", {}) == config.DeploymentConfig()
+
+
+def test_args_become_the_config_entry_with_free_form_keys_kept() -> None:
+    args = {
+        "device_mode": "direct",
+        "node_selector": {"storage_kind": "pmem"},
+        "controller_resources": {"limits": {"cpu": "1"}},
+        "certificates": {"validity_days": 10, "renew_before_days": 1},
+        "patches": [{"kind": "DaemonSet", "merge_patch": {"spec": {"min_ready": 1}}}],
+        "await": {"enabled": False},
+    }
+    assert provider_face.to_config_entry(args) == {
+        "deviceMode": "direct",
+        "nodeSelector": {"storage_kind": "pmem"},
+        "controllerResources": {"limits": {"cpu": "1"}},
+        "certificates": {"validityDays": 10, "renewBeforeDays": 1},
+        "patches": [{"kind": "DaemonSet", "mergePatch": {"spec": {"min_ready": 1}}}],
+        "await": {"enabled": False},
+    }
+    cfg = provider_face.deployment_config("d", args)
+    entry = provider_face.to_config_entry(args)
+    assert cfg == config.load_config({"deployments": [entry]}).deployments[0]
+
+
+def _problems(args: dict[str, Any]) -> list[str]:
+    with pytest.raises(provider_face.ArgsError) as caught:
+        provider_face.deployment_config("driver", args)
+    assert str(caught.value).startswith(
+        f"invalid args of PmemCsiDeployment 'driver' ({len(caught.value.problems)} problem(s)):"
+    )
+    return caught.value.problems
+
+
+def test_the_config_rules_apply_named_by_the_args_field_path() -> None:
+    entry = {"deviceMode": "pmem", "labels": {"app": "x"}, "await": {"timeout": "soon"}}
+    stack_problems = _stack_problems(entry)
+    got = _problems({"device_mode": "pmem", "labels": {"app": "x"}, "await": {"timeout": "soon"}})
+    assert got == [
+        'deviceMode: must be one of lvm, direct (got "pmem")',
+        "labels.app: is set by pmem-csi-pulumi itself and cannot be configured",
+        'await.timeout: must be a positive duration such as 90s, 20m or 1h30m (got "soon")',
+    ]
+    # The stack config's own messages, with the field path instead of the config key.
+    assert got == [p.replace("pmem-csi:deployments[0].", "") for p in stack_problems]
+
+
+def _stack_problems(entry: dict[str, Any]) -> list[str]:
+    with pytest.raises(config.ConfigError) as caught:
+        config.load_config({"deployments": [entry]})
+    return caught.value.problems
+
+
+def test_patches_are_dry_run_against_the_objects_named_by_field_path() -> None:
+    got = _problems({"patches": [{"kind": "NoSuchKind", "merge_patch": {"a": 1}}]})
+    assert len(got) == 1 and got[0].startswith("patches[0]"), got
+
+
+def test_another_resources_output_or_a_secret_is_refused_by_field() -> None:
+    unknown = pulumi.Output.from_input("x")
+    got = _problems({"name": "a.b", "certificates": {"ca_cert": unknown}})
+    assert got == _problems({"name": "a.b", "certificates": {"ca_cert": pulumi.Output.secret("x")}})
+    assert got == [
+        "certificates.caCert: must be a plain value known when the program runs (not another "
+        "resource's output, not a secret)"
+    ]

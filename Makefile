@@ -66,7 +66,13 @@ postgres-stop: $(VENV)/.installed
 
 # Also the cluster a test session left running with PMEM_CSI_KEEP_CLUSTER=1.
 clean-state: cluster-stop postgres-stop
-	for d in "$${PMEM_CSI_STATE_DIR:-.state}"/test-session "$${PMEM_CSI_STATE_DIR:-.state}"/test-session/gw*; do \
+	# A test session stopped half way (Ctrl-C, a timeout) leaves its clusters, including
+	# test_one_cluster.py's second cluster, and the reporters it ran as local processes.
+	state="$${PMEM_CSI_STATE_DIR:-.state}"; \
+	for d in "$$state"/test-session "$$state"/test-session/gw* "$$state"/test-session/second-cluster \
+		"$$state"/test-session/gw*/second-cluster; do \
 		if [ -d "$$d" ]; then PMEM_CSI_STATE_DIR="$$d" $(PY) -m tools.cluster stop && \
-			PMEM_CSI_STATE_DIR="$$d" $(PY) -m tools.postgres stop; fi; done
+			PMEM_CSI_STATE_DIR="$$d" $(PY) -m tools.postgres stop; fi; done; \
+	if [ -d "$$state/test-session" ]; then \
+		pkill -f -- "--kubeconfig $$(realpath "$$state")/test-session/" || true; fi
 	rm -rf .state

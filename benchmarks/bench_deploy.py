@@ -151,6 +151,10 @@ class PulumiCli:
         self.env = {**env, "PULUMI_BACKEND_URL": backend.as_uri()}
         project = yaml.safe_load((toolchain.PROJECT_DIR / "Pulumi.yaml").read_text())
         project["main"] = str(program)
+        # The checkout's own virtualenv: Pulumi.yaml names `.venv` relative to itself, and a
+        # project directory without one would have the language host create and fill it
+        # inside the first timed command.
+        project["runtime"]["options"]["virtualenv"] = str(program / ".venv")
         (workdir / "Pulumi.yaml").write_text(yaml.safe_dump(project))
 
     def run(self, *args: str) -> str:

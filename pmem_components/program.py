@@ -185,7 +185,7 @@ def deploy(
     stack: StackConfig,
     previous: Mapping[int, Any] | None = None,
     keep_namespaces: Collection[str] = (),
-    running_certificates: Mapping[int, Sequence[str]] | None = None,
+    running_certificates: Mapping[int, Any] | None = None,
     adopted: Collection[str] = (),
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
@@ -203,15 +203,17 @@ def deploy(
     once more, kept on delete and without the stack annotation: the next ``pulumi up`` no
     longer counts them as the stack's and drops them from the state, leaving them in place.
 
-    ``running_certificates``: per deployment index, the certificate fingerprints of its
-    running driver pods (:func:`certificate_rollout`); a deployment missing there has an
-    unknown rollout, and a CA change of its generated certificates waits.
+    ``running_certificates``: per deployment index, its running driver pods
+    (:func:`certificate_rollout`, a ``certrollout.Rollout``); None: not read at all (then a
+    CA change of generated certificates waits, unless ``certificates.rolledOut`` confirms
+    its stage). A deployment missing from a given map had no CA change under way when the
+    preflight ran, so its pods were not needed.
     ``adopted``: refs the preflight adopted with the administrator's consent
     (``pmem-csi:adopt``). They are applied with force, as ``adoptNamespace`` /
     ``adoptExisting`` do, and the field managers the earlier stack left on them are merged
     into this stack's once they are created (:mod:`pmem_components.takeover_transform`).
     """
-    from pmem_components import registry
+    from pmem_components import certrollout, registry
     from pmem_components.components import (
         COMPONENT_TYPE,
         PATCH_FORCE_ANNOTATION,
@@ -270,7 +272,9 @@ def deploy(
                 take_over_fields=stack.take_over_fields,
                 allowed_field_owners=stack.allowed_field_owners,
                 running_certificates=(
-                    None if running_certificates is None else running_certificates.get(i)
+                    None
+                    if running_certificates is None
+                    else running_certificates.get(i, certrollout.UNREAD)
                 ),
             ),
         )
@@ -398,7 +402,9 @@ def preflight(stack: StackConfig) -> Any:
     try:
         result = pf.run(stack, stack_id(), client, state)
         if not result.problems:
-            result.running_certificates = certificate_rollout(stack, client)
+            result.running_certificates = certificate_rollout(
+                stack, client, state.certificate_phases
+            )
     finally:
         client.close()
     if result.problems:
@@ -408,16 +414,19 @@ def preflight(stack: StackConfig) -> Any:
     return result
 
 
-def certificate_rollout(stack: StackConfig, client: Any) -> dict[int, list[str]] | None:
-    """The running driver pods' certificate fingerprints per deployment
-    (:mod:`pmem_components.certrollout`), read with the preflight's client; None when the
-    read fails: then no CA change advances, which is always safe."""
+def certificate_rollout(
+    stack: StackConfig, client: Any, phases: Mapping[str, str] | None = None
+) -> dict[int, Any] | None:
+    """The running driver pods per deployment whose CA change is under way (``phases``: the
+    stored stages, from the stack's state; :mod:`pmem_components.certrollout`), read with
+    the preflight's client; None when the read fails: then no CA change advances, which is
+    always safe."""
     from pmem_components import certrollout
 
     if all(d.certificates.provided for d in stack.deployments):
         return None
     try:
-        return certrollout.running_fingerprints(client, stack)
+        return certrollout.running_fingerprints(client, stack, phases)
     except Exception as err:  # a failed read only holds a CA change back; say why
         pulumi.log.warn(
             f"pmem-csi: cannot read the driver pods ({type(err).__name__}: {str(err)[:200]}); "

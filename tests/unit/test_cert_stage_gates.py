@@ -312,3 +312,59 @@ def test_the_state_read_gives_each_certificate_sets_stored_stage() -> None:
         "b-certificates-generated": "stable",
     }
     assert dict(state.objects) == {}
+
+
+# --- (5) an expired old CA left in a stage-2 bundle is not a failure ------------------------
+
+
+def _stage2_with_expired_old_ca() -> dict[str, str]:
+    from pmem_components import certs
+
+    now = dt.datetime.now(dt.UTC)
+    old = certs.generate_ca(now=now - dt.timedelta(days=40), validity=dt.timedelta(days=30))
+    new = certs.generate_ca(now=now, validity=dt.timedelta(days=90))
+    reg = certs.generate_leaf(new, certs.REGISTRY_NAME, validity=dt.timedelta(days=60))
+    node = certs.generate_leaf(new, certs.NODE_CONTROLLER_NAME, validity=dt.timedelta(days=60))
+    # Hand-made: a leaf of the expired CA that claims to outlive it (Go rejects its chain).
+    stray = certs.generate_leaf(
+        old,
+        certs.REGISTRY_NAME,
+        not_before=now - dt.timedelta(days=1),
+        not_after=now + dt.timedelta(days=30),
+    )
+    return {
+        "stray_cert": stray.cert_pem,
+        "stray_key": stray.key_pem,
+        "bundle": old.cert_pem + new.cert_pem,
+        "old": old.cert_pem,
+        "registry_cert": reg.cert_pem,
+        "registry_key": reg.key_pem,
+        "node_controller_cert": node.cert_pem,
+        "node_controller_key": node.key_pem,
+    }
+
+
+def test_an_expired_old_ca_beside_a_valid_one_is_a_warning_and_the_reporter_verifies() -> None:
+    from pmem_components import certs
+    from reporter.certcheck import CertVerifier
+
+    m = _stage2_with_expired_old_ca()
+    args = (
+        m["bundle"],
+        m["registry_cert"],
+        m["registry_key"],
+        m["node_controller_cert"],
+        m["node_controller_key"],
+    )
+    now = dt.datetime.now(dt.UTC)
+    problems = CertVerifier()(*args, now=now, node_ca_cert=m["bundle"])
+    assert [p for p in problems if p.severity == "error"] == []
+    (stale,) = [p for p in problems if p.reason == "ExpiredInBundle"]
+    assert stale.severity == "warning" and stale.field == "caCert"
+    # Still an error: the only CA expired, or a leaf signed only by the expired CA.
+    alone = certs.validate_driver_certificates(m["old"], *args[1:], handshake=False)
+    assert "Expired" in {p.reason for p in alone if p.severity == "error"}
+    stray = certs.validate_driver_certificates(
+        m["bundle"], m["stray_cert"], m["stray_key"], *args[3:], node_ca_cert=m["bundle"]
+    )
+    assert "WrongCA" in {p.reason for p in stray if p.severity == "error"}

@@ -86,14 +86,40 @@ def secret_mutability_problems(
     setting, else the environment variable, as here (pulumi-kubernetes ``Configure``)."""
     if not any(not d.certificates.provided for d in stack.deployments):
         return []
-    value = setting if setting is not None else env.get(SECRET_MUTABLE_ENV)
-    if value == "true":
-        return []
+    why = (
+        "certificate renewal updates the driver's Secrets, and without it the Kubernetes "
+        "provider deletes and re-creates them (the driver is without certificates meanwhile)"
+    )
+    set_true = f"pulumi config set {SECRET_MUTABLE_KEY} true"
+    if setting is not None:
+        if setting == "true":
+            return []
+        ignored = (
+            f" ({SECRET_MUTABLE_ENV} in the environment does not count while the config "
+            "sets it)"
+            if SECRET_MUTABLE_ENV in env
+            else ""
+        )
+        return [
+            f"{SECRET_MUTABLE_KEY}: is {setting!r}, but must be true{ignored}: {why}. "
+            f"Pulumi.yaml sets it true for this project: remove the stack's own setting "
+            f"(pulumi config rm {SECRET_MUTABLE_KEY}), or, if your Pulumi.yaml sets it "
+            f"otherwise, set it true ({set_true})"
+        ]
+    if SECRET_MUTABLE_ENV in env:
+        if env[SECRET_MUTABLE_ENV] == "true":
+            return []
+        return [
+            f"{SECRET_MUTABLE_KEY}: is not set, and {SECRET_MUTABLE_ENV} is "
+            f"{env[SECRET_MUTABLE_ENV]!r} in the environment (the provider reads it then), "
+            f"but it must be true: {why}; unset {SECRET_MUTABLE_ENV} and set the config "
+            f"({set_true}), or set the variable to true"
+        ]
     return [
-        f"{SECRET_MUTABLE_KEY}: is {value!r}, but must be true: certificate renewal updates "
-        "the driver's Secrets, and without it the Kubernetes provider deletes and re-creates "
-        "them (the driver is without certificates meanwhile). Pulumi.yaml sets it for this "
-        f"project; remove the stack's own setting (pulumi config rm {SECRET_MUTABLE_KEY})"
+        f"{SECRET_MUTABLE_KEY}: is not set (the provider's default is false), but must be "
+        f"true: {why}. This project's Pulumi.yaml sets it; a project file without it (an "
+        f"older copy, a program of your own) needs it: {set_true} (or "
+        f"{SECRET_MUTABLE_ENV}=true in the environment)"
     ]
 
 

@@ -368,3 +368,29 @@ def test_an_expired_old_ca_beside_a_valid_one_is_a_warning_and_the_reporter_veri
         m["bundle"], m["stray_cert"], m["stray_key"], *args[3:], node_ca_cert=m["bundle"]
     )
     assert "WrongCA" in {p.reason for p in stray if p.severity == "error"}
+
+
+# --- (7) the enableSecretMutable refusal gives the advice that fits where the value comes from
+
+
+def test_the_secret_mutable_refusal_advises_what_fits_where_the_value_comes_from() -> None:
+    from pmem_components import program
+
+    stack = load_config({"deployments": [{}]})
+    key, env = program.SECRET_MUTABLE_KEY, program.SECRET_MUTABLE_ENV
+
+    def one(setting: str | None, environ: dict[str, str]) -> str:
+        (problem,) = program.secret_mutability_problems(stack, setting, environ)
+        assert problem.startswith(f"{key}: ")
+        return problem
+
+    unset = one(None, {})
+    assert "is not set" in unset and f"pulumi config set {key} true" in unset
+    assert "config rm" not in unset and env in unset  # the other way to set it
+    from_env = one(None, {env: "false"})
+    assert f"{env}" in from_env and "'false'" in from_env and f"unset {env}" in from_env
+    assert "config rm" not in from_env
+    in_config = one("false", {})
+    assert f"pulumi config rm {key}" in in_config and f"pulumi config set {key} true" in in_config
+    overridden = one("false", {env: "true"})
+    assert f"{env}" in overridden and "does not count" in overridden

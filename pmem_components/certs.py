@@ -608,7 +608,12 @@ def validate_driver_certificates(
                     f"{key_field}: private key does not belong to the certificate in {cert_field}",
                 )
             )
-        problems += _check_leaf(cert_field, cert, name, usable, now, cn_fallback_ok=cn_ok)
+        # The driver checks a certificate only against the *peer's* ca.crt: the node
+        # controller's against the registry Secret's, the registry's against the node
+        # Secret's. With two ca.crt, the registry's certificate is checked against the node
+        # side's alone (CAMismatch below), not against its own Secret's.
+        own_side = [] if separate and cert_field == "registryCert" else usable
+        problems += _check_leaf(cert_field, cert, name, own_side, now, cn_fallback_ok=cn_ok)
         node_side_rejects = separate and node_cas and not _signed_by_any(cert, node_usable)
         if cert_field == "registryCert" and node_side_rejects:
             problems.append(

@@ -394,3 +394,28 @@ def test_the_secret_mutable_refusal_advises_what_fits_where_the_value_comes_from
     assert f"pulumi config rm {key}" in in_config and f"pulumi config set {key} true" in in_config
     overridden = one("false", {env: "true"})
     assert f"{env}" in overridden and "does not count" in overridden
+
+
+# --- (6) each side's own certificate need not chain to its own ca.crt -----------------------
+
+
+def test_the_per_side_check_asks_only_what_the_driver_asks_of_hand_edited_secrets() -> None:
+    """The driver checks a peer's certificate against its own ca.crt and nothing else: the
+    registry's certificate must chain to the node Secret's ca.crt, the node controller's to
+    the registry Secret's. Secrets edited by hand so that each side trusts the *other*
+    side's CA only are a working driver."""
+    from pmem_components import certs
+
+    ca_a, ca_b = certs.generate_ca(), certs.generate_ca()
+    reg = certs.generate_leaf(ca_a, certs.REGISTRY_NAME)
+    node = certs.generate_leaf(ca_b, certs.NODE_CONTROLLER_NAME)
+    args = (reg.cert_pem, reg.key_pem, node.cert_pem, node.key_pem)
+    works = certs.validate_driver_certificates(ca_b.cert_pem, *args, node_ca_cert=ca_a.cert_pem)
+    assert [p for p in works if p.severity == "error"] == []
+    # The node side not trusting the registry's CA is still caught.
+    errors = lambda found: {p.reason for p in found if p.severity == "error"}  # noqa: E731
+    same = certs.validate_driver_certificates(ca_b.cert_pem, *args)
+    assert "WrongCA" in errors(same)
+    other = certs.generate_ca().cert_pem
+    apart = certs.validate_driver_certificates(ca_b.cert_pem, *args, node_ca_cert=other)
+    assert "CAMismatch" in errors(apart)

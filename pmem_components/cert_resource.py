@@ -345,7 +345,7 @@ def _report_stage(
     lines: list[str] = []
     if isinstance(running, certrollout.Rollout) and running.read:
         lines = certrollout.holding_back(running, fingerprint, namespace)
-    elif observed:
+    elif observed and not unread:
         behind = [fp for fp in running if fp != fingerprint]
         lines = [f"{len(behind)} pod(s) on other certificates"] if behind else []
     pulumi.log.warn(

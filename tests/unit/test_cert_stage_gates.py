@@ -419,3 +419,27 @@ def test_the_per_side_check_asks_only_what_the_driver_asks_of_hand_edited_secret
     other = certs.generate_ca().cert_pem
     apart = certs.validate_driver_certificates(ca_b.cert_pem, *args, node_ca_cert=other)
     assert "CAMismatch" in errors(apart)
+
+
+def test_the_stage_warning_is_given_for_every_kind_of_pod_knowledge(
+    stage1: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``_report_stage`` as the component calls it: a read Rollout, one not read (no change
+    was under way when the preflight ran), a plain list (library use), nothing known."""
+    import pulumi
+
+    cfg = load_config({"deployments": [{}]}).deployments[0]
+    said: list[str] = []
+    monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: False)
+    monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: said.append(msg))
+    values = [stage1[k] for k in ("phase", "ca_cert", "registry_cert", "node_controller_cert")]
+    fp = fingerprint_of(stage1)
+    stuck = certrollout.rollout_of([_pod("node-x", "old", deleting="2026-11-30T10:00:00Z")], cfg)
+    for running in (stuck, certrollout.UNREAD, ["old", fp], [fp], None):
+        cert_resource._report_stage("d", values, running, "k", cfg.namespace)
+    assert len(said) == 5
+    assert "node-x" in said[0] and "Terminating" in said[0]
+    assert f"runs certificates {fp}" in said[1] and "not known" not in said[1]
+    assert "1 pod(s) on other certificates" in said[2]
+    assert "pulumi up` again" in said[3]
+    assert "k.rolledOut" in said[4] and "not known" in said[4]

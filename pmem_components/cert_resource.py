@@ -30,7 +30,9 @@ the pods, or the reverse) must accept each other. So:
   previous stage's material: the program reads the pods' certificate fingerprint
   (``runningFingerprints``) before the update, so pods of non-adjacent stages never meet,
   whatever was interrupted. Without that reading (preflight off, ``renderYamlToDirectory``,
-  library use without ``running_fingerprints``) the change waits at its stage. A stage whose
+  library use without ``running_certificates``) the change waits at its stage until the
+  administrator confirms the stage's hash (``certificates.rolledOut``, checked against the
+  stored set, so a stale value moves nothing); the warning of each ``up`` says so. A stage whose
   material is already dead (the old leaves or the old CA expired) is not waited for: nothing
   trusted is left to keep. The ``rotation`` value is recorded when a change starts; changing
   it again meanwhile starts another change after this one.
@@ -124,7 +126,14 @@ def next_step(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> s
     leaves_dead = any(c.not_valid_after_utc <= now for c in leaf_certs)
     leaves_due = any(_expires_within(c, now, window) for c in leaf_certs)
     running = news.get("runningFingerprints")
-    rolled = isinstance(running, list | tuple) and all(fp == fingerprint_of(olds) for fp in running)
+    current = fingerprint_of(olds)
+    if isinstance(running, list | tuple):
+        rolled = all(fp == current for fp in running)
+    else:
+        # The pods were not read (preflight off, no cluster, a failed read): only the
+        # administrator's word that every pod runs this very material moves the stage. A
+        # confirmation left in the config names an earlier stage's hash and moves nothing.
+        rolled = news.get("confirmedFingerprint") == current
     if phase == TRUST:
         old_cas = [c for c in bundle if issuer_cert is None or c != issuer_cert]
         if rolled or leaves_dead or all(c.not_valid_after_utc <= now for c in old_cas):
@@ -172,8 +181,20 @@ def _settings(outs: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
     return outs
 
 
-def apply_step(step: str | None, olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
+def _leaves_due(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> bool:
+    leaves = [_load(olds.get(k)) for k in ("registry_cert", "node_controller_cert")]
+    window = news.get("renewWithinDays")
+    return any(leaf and _expires_within(leaf[0], now, window) for leaf in leaves)
+
+
+def apply_step(
+    step: str | None,
+    olds: dict[str, Any],
+    news: dict[str, Any],
+    now: dt.datetime | None = None,
+) -> dict[str, Any]:
     """The outputs after ``step`` (see :func:`next_step`); settings always from ``news``."""
+    now = now or dt.datetime.now(dt.UTC)
     outs = _settings(dict(olds), news)
     validity = _validity(news)
     if step == "recreate":
@@ -181,6 +202,11 @@ def apply_step(step: str | None, olds: dict[str, Any], news: dict[str, Any]) -> 
     if step == "renew":
         _new_leaves(outs, _issuer(outs), validity)
     elif step == "begin":
+        if _leaves_due(olds, news, now) and _load(olds.get("issuer_cert")) and olds.get(ISSUER_KEY):
+            # Stage 1 keeps leaves of the old CA (every pod of stage 0 and 1 trusts only that
+            # one for sure); due ones are renewed under it now, or they could run out while
+            # the stage waits for the pods.
+            _new_leaves(outs, _issuer(outs), validity)
         ca = _new_ca(news)
         old = _load(olds.get("issuer_cert")) or _load(olds.get("ca_cert")) or []
         outs["ca_cert"] = "".join(
@@ -216,8 +242,10 @@ class CertificateProvider(pulumi.dynamic.ResourceProvider):
     Inputs: ``rotation`` (any string; changing it starts a CA change), ``renewWithinDays``
     (0 = never; otherwise ``pulumi up`` renews leaves, or changes the CA, once one of them
     expires within that many days), ``validityDays`` (leaf lifetime; the CA lives
-    ``certs.CA_LIFETIME_FACTOR`` times as long) and ``runningFingerprints`` (the certificate
-    fingerprints of the driver pods running now, or None when unknown). All plain values.
+    ``certs.CA_LIFETIME_FACTOR`` times as long), ``runningFingerprints`` (the certificate
+    fingerprints of the driver pods running now, or None when unknown) and
+    ``confirmedFingerprint`` (the administrator's word, ``certificates.rolledOut``, that every
+    pod runs that material; used only when the pods are unknown). All plain values.
     """
 
     def create(self, props: dict[str, Any]) -> pulumi.dynamic.CreateResult:
@@ -242,8 +270,9 @@ class CertificateProvider(pulumi.dynamic.ResourceProvider):
     ) -> pulumi.dynamic.UpdateResult:
         """The due step (or just the settings: a new validity applies from the next
         renewal on)."""
-        step = next_step(_olds, _news, dt.datetime.now(dt.UTC))
-        return pulumi.dynamic.UpdateResult(outs=apply_step(step, _olds, _news))
+        now = dt.datetime.now(dt.UTC)
+        step = next_step(_olds, _news, now)
+        return pulumi.dynamic.UpdateResult(outs=apply_step(step, _olds, _news, now))
 
     def read(self, id_: str, props: dict[str, Any]) -> pulumi.dynamic.ReadResult:
         """Refresh keeps the stored set: it exists nowhere but in the state."""
@@ -253,19 +282,83 @@ class CertificateProvider(pulumi.dynamic.ResourceProvider):
         """Nothing outside the state to remove."""
 
 
-def _report_stage(name: str, phase: Any, observed: bool) -> None:
+def stage_message(
+    name: str,
+    phase: Any,
+    *,
+    fingerprint: str,
+    observed: bool,
+    config_key: str,
+    namespace: str,
+    holding_back: Sequence[str] = (),
+) -> str:
+    """What ``pulumi up`` tells the administrator while a CA change waits at a stage.
+
+    ``observed``: the pods were read; ``holding_back``: the lines naming what keeps the stage
+    (``certrollout.holding_back``). Without the pods, the way on is the administrator's
+    confirmation of the stage's hash (``certificates.rolledOut``), which
+    :func:`next_step` accepts only for this very stage.
+    """
+    from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION as hash_key
+
+    stage = "1 of 3 (trust bundle)" if phase == TRUST else "2 of 3 (new leaves)"
+    column = hash_key.replace(".", "\\.")
+    head = f"{name}: certificate CA change at stage {stage}"
+    if observed:
+        if not holding_back:
+            return (
+                f"{head}: run `pulumi up` again once every driver pod runs certificates "
+                f"{fingerprint}"
+            )
+        return (
+            f"{head}: the next stage waits until every driver pod runs certificates "
+            f"{fingerprint}; held back by: " + "; ".join(holding_back)
+        )
+    return (
+        f"{head}: the running driver pods are not known (pmem-csi:preflight is off, the read "
+        "failed, or library use without PmemCsiDeploymentArgs.running_certificates), so the "
+        "change waits here, and if the current certificates expire meanwhile the driver's "
+        "links fail. Check that every driver pod carries "
+        f"{hash_key}={fingerprint} (kubectl get pods -n {namespace} -o "
+        f"'custom-columns=NAME:.metadata.name,HASH:.metadata.annotations.{column}'), then "
+        f"`pulumi config set --path '{config_key}.rolledOut' {fingerprint}` and run "
+        "`pulumi up`: that takes the next stage"
+    )
+
+
+def _report_stage(
+    name: str,
+    values: Sequence[Any],
+    running: Any,
+    config_key: str,
+    namespace: str,
+) -> None:
     """Tell the administrator that a CA change is under way and what moves it on."""
+    from pmem_components import certrollout
+
+    phase, ca, registry, node = values
     if phase not in (TRUST, SWITCH) or pulumi.runtime.is_dry_run():
         return
-    stage = "1 of 3 (trust bundle)" if phase == TRUST else "2 of 3 (new leaves)"
-    how = (
-        "run `pulumi up` again once every driver pod runs the new certificates"
-        if observed
-        else "the running driver pods are not known (pmem-csi:preflight is off, or no cluster; "
-        "in library use PmemCsiDeploymentArgs.running_certificates is not given), so the "
-        "change waits here until they are"
+    fingerprint = certs.material_fingerprint(str(ca), str(registry), str(node))
+    unread = isinstance(running, certrollout.Rollout) and not running.read
+    observed = unread or certrollout.as_fingerprints(running) is not None
+    lines: list[str] = []
+    if isinstance(running, certrollout.Rollout) and running.read:
+        lines = certrollout.holding_back(running, fingerprint, namespace)
+    elif observed and not unread:
+        behind = [fp for fp in running if fp != fingerprint]
+        lines = [f"{len(behind)} pod(s) on other certificates"] if behind else []
+    pulumi.log.warn(
+        stage_message(
+            name,
+            phase,
+            fingerprint=fingerprint,
+            observed=observed,
+            config_key=config_key,
+            namespace=namespace,
+            holding_back=lines,
+        )
     )
-    pulumi.log.warn(f"{name}: certificate CA change at stage {stage}: {how}")
 
 
 class GeneratedCertificates(pulumi.dynamic.Resource, module="pmem-csi", name="Certificates"):
@@ -289,6 +382,7 @@ class GeneratedCertificates(pulumi.dynamic.Resource, module="pmem-csi", name="Ce
         renew_within_days: pulumi.Input[int] = 0,
         validity_days: pulumi.Input[int] = 0,
         running_fingerprints: Sequence[str] | None = None,
+        confirmed_fingerprint: str | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         secret_opts = pulumi.ResourceOptions(
@@ -301,6 +395,7 @@ class GeneratedCertificates(pulumi.dynamic.Resource, module="pmem-csi", name="Ce
             "runningFingerprints": (
                 None if running_fingerprints is None else sorted(set(running_fingerprints))
             ),
+            "confirmedFingerprint": confirmed_fingerprint,
             **dict.fromkeys(PUBLIC_OUTPUTS + SECRET_OUTPUTS + STATE_OUTPUTS + (ISSUER_KEY,)),
         }
         super().__init__(
@@ -352,9 +447,18 @@ class DriverCertificates(pulumi.ComponentResource):
         rotation: pulumi.Input[str] = "",
         renew_within_days: pulumi.Input[int] = 0,
         validity_days: pulumi.Input[int] = 0,
-        running_fingerprints: Sequence[str] | None = None,
+        running: Any = None,
+        confirmed_fingerprint: str | None = None,
+        config_key: str = "certificates",
+        namespace: str = "",
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
+        """``running``: the driver pods now (a ``certrollout.Rollout`` read from the cluster,
+        a list of their fingerprints, or None: unknown); ``confirmed_fingerprint``: the
+        administrator's ``certificates.rolledOut``; ``config_key`` and ``namespace`` go into
+        the stage warning."""
+        from pmem_components import certrollout
+
         super().__init__(COMPONENT_TYPE, name, None, opts)
         self.generated = provided is None
         source: Any
@@ -364,12 +468,13 @@ class DriverCertificates(pulumi.ComponentResource):
                 rotation=rotation,
                 renew_within_days=renew_within_days,
                 validity_days=validity_days,
-                running_fingerprints=running_fingerprints,
+                running_fingerprints=certrollout.as_fingerprints(running),
+                confirmed_fingerprint=confirmed_fingerprint,
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            source.phase.apply(
-                lambda phase: _report_stage(name, phase, running_fingerprints is not None)
-            )
+            pulumi.Output.all(
+                source.phase, source.ca_cert, source.registry_cert, source.node_controller_cert
+            ).apply(lambda values: _report_stage(name, values, running, config_key, namespace))
         else:
             source = provided
         self.ca_cert = pulumi.Output.from_input(source.ca_cert)

@@ -13,13 +13,20 @@ old pod on it may still be terminating, and a pod that is not owned by the curre
 (restarted from the old one) is exactly what the gate must see. A pod without the annotation
 (created before fingerprints existed) counts as running unknown material.
 
+What is read, and how much: only deployments whose stored set is in the middle of a CA
+change (the stage is in the stack's state, read by the preflight; a stable set's next step
+never depends on the pods), their pods as metadata only (``PartialObjectMetadataList``) in
+pages of ``PAGE_SIZE``, and the two workloads, whose desired pod counts tell an empty pod
+list that means "no pod is wanted" from one that means "the pods are not there (yet)".
+
 Kept free of ``pulumi`` like the preflight: plain reads through :mod:`kubecall`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
@@ -27,54 +34,236 @@ from pmem_components import kubecall
 from pmem_components.config import DeploymentConfig, StackConfig
 from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION
 
+# Pods per list request: a page is a few hundred KiB of metadata at most.
+PAGE_SIZE = 500
+# The pods a stage warning names; the rest are counted.
+HOLDING_BACK_LIMIT = 5
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+# Stored stages during which the next step waits for the pods (cert_resource.TRUST/SWITCH).
+STAGED_PHASES = ("trust", "switch")
+# The dynamic resource's name for a deployment of the config face (components._certificates).
+CERTIFICATES_RESOURCE_SUFFIX = "-certificates-generated"
+
 
 class RolloutReadError(RuntimeError):
     """The driver pods could not be listed; the message names the namespace and status."""
 
 
-def _owned_by_driver(pod: Mapping[str, Any], cfg: DeploymentConfig) -> bool:
+@dataclass(frozen=True)
+class RunningPod:
+    """One driver pod as the gate sees it."""
+
+    name: str
+    fingerprint: str  # "" when the pod carries none (made before fingerprints existed)
+    deleting_since: str | None = None  # metadata.deletionTimestamp: Terminating
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """The driver pods of one deployment, and the workloads that want pods but have none.
+
+    ``missing``: ``"<Kind> <name>"`` with its desired count, for a workload whose pods were
+    not listed at all: those pods will run some material, unknown here.
+    """
+
+    pods: tuple[RunningPod, ...]
+    missing: tuple[tuple[str, int], ...] = ()
+    # False: not read this run, since no CA change was under way when it started
+    # (:func:`needs_pods`); the pods are then unknown to the gate, which is what a stage
+    # taken in this very run needs anyway.
+    read: bool = True
+
+
+# A deployment whose pods the preflight did not need to read.
+UNREAD = Rollout((), read=False)
+
+
+def _owned_by_driver(pod: Mapping[str, Any], cfg: DeploymentConfig) -> str | None:
+    """The kind of the driver workload owning ``pod`` (StatefulSet/DaemonSet), or None."""
     owners = (pod.get("metadata") or {}).get("ownerReferences") or []
     wanted = {
         ("StatefulSet", cfg.names.controller_driver),
         ("DaemonSet", cfg.names.node_driver),
     }
-    return any((o.get("kind"), o.get("name")) in wanted for o in owners)
+    for o in owners:
+        if (o.get("kind"), o.get("name")) in wanted:
+            return str(o.get("kind"))
+    return None
 
 
 def pod_fingerprints(pods: list[Mapping[str, Any]], cfg: DeploymentConfig) -> list[str]:
     """The certificate fingerprint of every driver pod of ``cfg`` among ``pods`` ("" when a
     pod carries none), in the pods' order."""
-    out = []
+    return [p.fingerprint for p in rollout_of(pods, cfg).pods]
+
+
+def rollout_of(
+    pods: Sequence[Mapping[str, Any]],
+    cfg: DeploymentConfig,
+    desired: Mapping[str, int] | None = None,
+) -> Rollout:
+    """The driver pods of ``cfg`` among ``pods``; ``desired``: pods each workload kind wants
+    (``DaemonSet``/``StatefulSet``), so that a workload wanting pods but showing none counts
+    as running unknown material."""
+    out: list[RunningPod] = []
+    kinds: set[str] = set()
     for pod in pods:
-        if not _owned_by_driver(pod, cfg):
+        kind = _owned_by_driver(pod, cfg)
+        if kind is None:
             continue
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        out.append(str(annotations.get(CERTIFICATES_HASH_ANNOTATION, "")))
-    return out
+        kinds.add(kind)
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        out.append(
+            RunningPod(
+                name=str(meta.get("name") or ""),
+                fingerprint=str(annotations.get(CERTIFICATES_HASH_ANNOTATION, "")),
+                deleting_since=meta.get("deletionTimestamp") or None,
+            )
+        )
+    workloads = (("StatefulSet", cfg.names.controller_driver), ("DaemonSet", cfg.names.node_driver))
+    missing = tuple(
+        (f"{kind} {name}", (desired or {}).get(kind, 0))
+        for kind, name in workloads
+        if (desired or {}).get(kind, 0) > 0 and kind not in kinds
+    )
+    return Rollout(tuple(out), missing)
 
 
-def running_fingerprints(api_client: Any, stack: StackConfig) -> dict[int, list[str]]:
-    """Per deployment index with generated certificates: its driver pods' fingerprints.
+def as_fingerprints(running: Rollout | Sequence[str] | None) -> list[str] | None:
+    """What the certificate resource gets as ``runningFingerprints``: None for unknown.
 
-    Raises :class:`RolloutReadError` when a list fails (the caller then treats the rollout
-    as unknown, so no CA change advances).
+    A :class:`Rollout` (read from the cluster) gives its pods' fingerprints plus one unknown
+    ("") per workload that wants pods but showed none, so an empty list means that no pod is
+    wanted. A plain list (library use) carries no desired counts: empty is unknown.
     """
-    out: dict[int, list[str]] = {}
-    for i, cfg in enumerate(stack.deployments):
-        if cfg.certificates.provided:
-            continue  # nothing is staged for provided certificates
-        selector = ",".join(f"{k}={v}" for k, v in cfg.names.selector_labels().items())
-        path = f"/api/v1/namespaces/{quote(cfg.namespace)}/pods"
+    if running is None:
+        return None
+    if isinstance(running, Rollout):
+        if not running.read:
+            return None
+        return [p.fingerprint for p in running.pods] + [""] * len(running.missing)
+    listed = [str(fp) for fp in running]
+    return listed or None
+
+
+def holding_back(rollout: Rollout, current: str, namespace: str) -> list[str]:
+    """Lines naming what keeps a stage from its next step: pods not on ``current`` (at most
+    ``HOLDING_BACK_LIMIT``, then a count) and workloads whose pods are not there, each with
+    what to do."""
+    lines: list[str] = []
+    for workload, count in rollout.missing:
+        lines.append(
+            f"{workload} wants {count} pod(s) but none is listed: wait until they run "
+            f"(kubectl get pods -n {namespace})"
+        )
+    behind = [p for p in rollout.pods if p.fingerprint != current]
+    for pod in behind[:HOLDING_BACK_LIMIT]:
+        if pod.deleting_since:
+            lines.append(
+                f"pod {pod.name}: Terminating since {pod.deleting_since}; if its node is gone "
+                f"or it hangs, remove it: kubectl delete pod -n {namespace} {pod.name} "
+                "--grace-period=0 --force"
+            )
+        elif not pod.fingerprint:
+            lines.append(
+                f"pod {pod.name}: carries no {CERTIFICATES_HASH_ANNOTATION} (made from an older "
+                f"template); delete it so that it restarts: kubectl delete pod -n {namespace} "
+                f"{pod.name}"
+            )
+        else:
+            lines.append(
+                f"pod {pod.name}: runs certificates {pod.fingerprint}; wait for the rollout, or "
+                f"with updateStrategy OnDelete delete it: kubectl delete pod -n {namespace} "
+                f"{pod.name}"
+            )
+    if len(behind) > HOLDING_BACK_LIMIT:
+        lines.append(f"and {len(behind) - HOLDING_BACK_LIMIT} more pod(s) not on {current}")
+    return lines
+
+
+def _get(api_client: Any, path: str, what: str) -> dict[str, Any] | None:
+    resp = kubecall.request(api_client, "GET", path, timeout=15)
+    if resp.status == 404:
+        return None
+    if not 200 <= resp.status <= 299:
+        raise RolloutReadError(f"reading {what}: {resp.status} {resp.reason}")
+    return json.loads(resp.body or b"{}") or {}
+
+
+def _list_pods(api_client: Any, cfg: DeploymentConfig) -> list[dict[str, Any]]:
+    selector = ",".join(f"{k}={v}" for k, v in cfg.names.selector_labels().items())
+    path = f"/api/v1/namespaces/{quote(cfg.namespace)}/pods"
+    items: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        query = [("labelSelector", selector), ("limit", str(PAGE_SIZE))]
+        if token:
+            query.append(("continue", token))
         resp = kubecall.request(
-            api_client, "GET", path, timeout=15, query=[("labelSelector", selector)]
+            api_client, "GET", path, timeout=15, query=query, accept=METADATA_LIST
         )
         if resp.status == 404:
-            out[i] = []
-            continue
+            return []
         if not 200 <= resp.status <= 299:
+            # 410 included: an expired continue token; the next pulumi up reads afresh.
             raise RolloutReadError(
                 f"listing pods in namespace {cfg.namespace}: {resp.status} {resp.reason}"
             )
-        items = (json.loads(resp.body or b"{}") or {}).get("items") or []
-        out[i] = pod_fingerprints(items, cfg)
-    return out
+        page = json.loads(resp.body or b"{}") or {}
+        items += page.get("items") or []
+        token = str((page.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return items
+
+
+def read_rollout(api_client: Any, cfg: DeploymentConfig) -> Rollout:
+    """The driver pods of one deployment and its workloads' desired pod counts."""
+    ns = quote(cfg.namespace)
+    sts = _get(
+        api_client,
+        f"/apis/apps/v1/namespaces/{ns}/statefulsets/{quote(cfg.names.controller_driver)}",
+        f"StatefulSet {cfg.names.controller_driver}",
+    )
+    ds = _get(
+        api_client,
+        f"/apis/apps/v1/namespaces/{ns}/daemonsets/{quote(cfg.names.node_driver)}",
+        f"DaemonSet {cfg.names.node_driver}",
+    )
+    desired = {
+        "StatefulSet": int(((sts or {}).get("spec") or {}).get("replicas", 1) or 0) if sts else 0,
+        "DaemonSet": int(((ds or {}).get("status") or {}).get("desiredNumberScheduled") or 0),
+    }
+    return rollout_of(_list_pods(api_client, cfg), cfg, desired)
+
+
+def needs_pods(stack: StackConfig, phases: Mapping[str, str] | None) -> list[int]:
+    """Indexes of the deployments whose next certificate step depends on the pods.
+
+    ``phases``: the stored stage of each certificate resource in the stack's state, by
+    resource name (None: not known, so every deployment with generated certificates). A
+    staged set whose name matches no deployment (renamed, or library use with a prefix)
+    makes every deployment count: which one it is cannot be told here.
+    """
+    generated = [i for i, d in enumerate(stack.deployments) if not d.certificates.provided]
+    if phases is None:
+        return generated
+    own = {
+        f"{stack.deployments[i].names.hyphened}{CERTIFICATES_RESOURCE_SUFFIX}": i for i in generated
+    }
+    staged = {name for name, phase in phases.items() if phase in STAGED_PHASES}
+    if any(name not in own for name in staged):
+        return generated
+    return [own[name] for name in staged]
+
+
+def running_fingerprints(
+    api_client: Any, stack: StackConfig, phases: Mapping[str, str] | None = None
+) -> dict[int, Rollout]:
+    """Per deployment index whose CA change waits for the pods (:func:`needs_pods`): its
+    driver pods and workloads. A deployment left out needs no reading.
+
+    Raises :class:`RolloutReadError` when a read fails (the caller then treats the rollout
+    as unknown, so no CA change advances).
+    """
+    return {i: read_rollout(api_client, stack.deployments[i]) for i in needs_pods(stack, phases)}

@@ -334,6 +334,45 @@ def _check_validity(
     return []
 
 
+def _check_bundle(
+    cas: list[x509.Certificate], now: dt.datetime, what: str
+) -> tuple[list[tuple[x509.Certificate, CertProblem]], list[x509.Certificate]]:
+    """The validity findings of one ``ca.crt`` (each with its CA), and the CAs in it a chain
+    can end at.
+
+    A bundle of several CAs holds the outgoing CA during a CA change, and that one may
+    expire before the change completes. Expired (or not yet valid) CAs beside a valid one
+    are dead weight, not a fault: chain building (Go's crypto/x509 in the driver, OpenSSL
+    here) skips a root outside its validity and ends at another, so the driver works as
+    long as the leaves chain to a valid CA. They are warnings then, and leaves are checked
+    against the valid CAs only. A bundle with no valid CA left keeps the errors.
+    """
+    valid = [c for c in cas if c.not_valid_before_utc <= now <= c.not_valid_after_utc]
+    if len(cas) < 2 or not valid:
+        return [(c, p) for c in cas for p in _check_validity("caCert", c, now, what)], cas
+    problems: list[tuple[x509.Certificate, CertProblem]] = []
+    for ca in cas:
+        if ca in valid:
+            problems += [(ca, p) for p in _check_validity("caCert", ca, now, what)]
+            continue
+        late = now > ca.not_valid_after_utc
+        when = (ca.not_valid_after_utc if late else ca.not_valid_before_utc).isoformat()
+        problems.append(
+            (
+                ca,
+                CertProblem(
+                    "caCert",
+                    "ExpiredInBundle" if late else "NotYetValidInBundle",
+                    f"caCert: {what} {ca.subject.rfc4514_string()!r} "
+                    + (f"expired at {when}" if late else f"is not valid before {when}")
+                    + "; chains end at the other CA(s) of the bundle, this one is unused",
+                    "warning",
+                ),
+            )
+        )
+    return problems, valid
+
+
 def _check_ca(cas: list[x509.Certificate]) -> list[CertProblem]:
     problems = []
     for ca in cas:
@@ -473,9 +512,9 @@ def validate_driver_certificates(
             CertProblem("caCert", "InvalidPEM", "caCert: not a PEM-encoded X.509 certificate")
         )
     problems += _check_ca(cas)
-    for ca in cas:
-        problems += _check_validity("caCert", ca, now, "CA certificate")
-    node_cas = cas
+    found, usable = _check_bundle(cas, now, "CA certificate")
+    problems += [p for _, p in found]
+    node_cas, node_usable = cas, usable
     separate = node_ca_cert is not None and node_ca_cert.strip() != ca_cert.strip()
     if separate:
         try:
@@ -489,9 +528,9 @@ def validate_driver_certificates(
             )
         problems += _check_ca(node_cas)
         seen = {c.fingerprint(hashes.SHA256()) for c in cas}
-        for ca in node_cas:
-            if ca.fingerprint(hashes.SHA256()) not in seen:
-                problems += _check_validity("caCert", ca, now, "CA certificate (node side)")
+        found, node_usable = _check_bundle(node_cas, now, "CA certificate (node side)")
+        # A CA the registry side holds too was judged above already.
+        problems += [p for ca, p in found if ca.fingerprint(hashes.SHA256()) not in seen]
 
     leaves = (
         ("registryCert", registry_cert, "registryKey", registry_key, REGISTRY_NAME, False),
@@ -569,8 +608,13 @@ def validate_driver_certificates(
                     f"{key_field}: private key does not belong to the certificate in {cert_field}",
                 )
             )
-        problems += _check_leaf(cert_field, cert, name, cas, now, cn_fallback_ok=cn_ok)
-        node_side_rejects = separate and node_cas and not _signed_by_any(cert, node_cas)
+        # The driver checks a certificate only against the *peer's* ca.crt: the node
+        # controller's against the registry Secret's, the registry's against the node
+        # Secret's. With two ca.crt, the registry's certificate is checked against the node
+        # side's alone (CAMismatch below), not against its own Secret's.
+        own_side = [] if separate and cert_field == "registryCert" else usable
+        problems += _check_leaf(cert_field, cert, name, own_side, now, cn_fallback_ok=cn_ok)
+        node_side_rejects = separate and node_cas and not _signed_by_any(cert, node_usable)
         if cert_field == "registryCert" and node_side_rejects:
             problems.append(
                 CertProblem(

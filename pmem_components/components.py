@@ -24,6 +24,7 @@ from pmem_components.config import (
     DeploymentConfig,
     certificate_problems,
     deployment_problems,
+    key_path,
 )
 from pmem_components.manifests import bundle
 from pmem_components.manifests.crd import load_crd
@@ -118,17 +119,19 @@ def _certificates(
     name: str,
     cfg: DeploymentConfig,
     opts: pulumi.ResourceOptions,
-    running_fingerprints: Sequence[str] | None = None,
+    running: Any = None,
+    index: int = 0,
 ) -> bundle.CertificateValues:
     """The configured certificates, or a set generated once and kept in Pulumi state.
 
     Generated sets are renewed in place by ``pulumi up`` once they expire within
     ``certificates.renewBeforeDays``; a change of ``certificates.rotation`` (or a CA near
     expiry) changes the CA in three stages (:mod:`pmem_components.cert_resource`), each
-    taken once ``running_fingerprints`` (the driver pods' fingerprints, read from the
-    cluster) show that every pod runs the previous one. The fingerprint of the public
-    certificates goes into the pod templates, so any change of certificate material
-    (renewal, each stage, provided <-> generated) rolls the driver pods.
+    taken once ``running`` (the driver pods, read from the cluster: a
+    ``certrollout.Rollout``, or their fingerprints) shows that every pod runs the previous
+    one, or, when the pods are unknown, once ``certificates.rolledOut`` confirms it. The
+    fingerprint of the public certificates goes into the pod templates, so any change of
+    certificate material (renewal, each stage, provided <-> generated) rolls the driver pods.
     """
     c = cfg.certificates
     provided = (
@@ -148,7 +151,10 @@ def _certificates(
         rotation=str(c.rotation),
         renew_within_days=c.renew_before_days,
         validity_days=c.validity_days,
-        running_fingerprints=running_fingerprints,
+        running=running,
+        confirmed_fingerprint=c.rolled_out,
+        config_key=key_path(("deployments", index, "certificates")),
+        namespace=cfg.namespace,
         opts=opts,
     )
     fingerprint = pulumi.Output.all(certs.ca_cert, certs.registry_cert, certs.node_controller_cert)
@@ -220,10 +226,12 @@ class PmemCsiDeploymentArgs:
     # ownership policy entries (pmem_components.fieldowners), on top of the built-in ones.
     take_over_fields: bool = False
     allowed_field_owners: Sequence[Any] = ()
-    # The certificate fingerprints (bundle.CERTIFICATES_HASH_ANNOTATION) of the driver pods
-    # running now, e.g. from pmem_components.certrollout; None: not known. A generated set's
-    # CA change moves to its next stage only when every running pod has the current one.
-    running_certificates: Sequence[str] | None = None
+    # The driver pods running now: a pmem_components.certrollout.Rollout (read_rollout: the
+    # pods and their workloads' desired counts), or their certificate fingerprints
+    # (bundle.CERTIFICATES_HASH_ANNOTATION); None or an empty list: not known. A generated
+    # set's CA change moves to its next stage only when every running pod has the current
+    # one (an empty list cannot tell "no pod wanted" from "pods not there", a Rollout can).
+    running_certificates: Any = None
 
 
 def default_provider_settings() -> Any:
@@ -348,6 +356,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             cfg,
             sub_opts(cert_resource.COMPONENT_TYPE, "-certificates"),
             args.running_certificates,
+            args.index,
         )
         create_ns = cfg.create_namespace and args.namespace is None
         objs = bundle.build_deployment_objects(cfg, certs, create_namespace=create_ns)

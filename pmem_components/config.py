@@ -175,6 +175,10 @@ class Certificates(_Model):
     validity_days: int = Field(default=DEFAULT_VALIDITY_DAYS, ge=1, le=3650)
     renew_before_days: int = Field(default=DEFAULT_RENEW_BEFORE_DAYS, ge=0, le=3650)
     rotation: str | int = ""
+    # The administrator's word that every driver pod runs the material of this hash
+    # (pmem-csi.intel.com/certificates-hash), for a CA change whose pods the program cannot
+    # read (preflight off): it moves the change to its next stage once, for that hash only.
+    rolled_out: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
 
     @property
     def provided(self) -> bool:
@@ -607,18 +611,31 @@ def _name_length_problems(name: str, path: tuple[str | int, ...]) -> list[str]:
     return problems
 
 
+def _whole_number(value: Any) -> int | None:
+    """``value`` as pydantic's lax mode reads it into an ``int`` field (42, 42.0, "42"), or
+    None when it would not (it then has its own error)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return int(value)
+    return None
+
+
 def _check_renewal(certs: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
     """A lead time as long as the validity would renew the set on every ``pulumi up``."""
     certs = _dict_or_empty(certs)
-    validity = certs.get("validityDays", DEFAULT_VALIDITY_DAYS)
-    renew = certs.get("renewBeforeDays", DEFAULT_RENEW_BEFORE_DAYS)
-    # Only compare two values that are valid on their own: a wrong type or a value out of
-    # range already has its own error, and a second one about the pair would mislead.
+    validity = _whole_number(certs.get("validityDays", DEFAULT_VALIDITY_DAYS))
+    renew = _whole_number(certs.get("renewBeforeDays", DEFAULT_RENEW_BEFORE_DAYS))
+    # Compared as the model will hold them (a quoted "30" is 30 there), and only when both
+    # are valid on their own: a wrong type or a value out of range already has its own
+    # error, and a second one about the pair would mislead.
     in_range = (
-        isinstance(validity, int)
-        and isinstance(renew, int)
-        and not isinstance(validity, bool)
-        and not isinstance(renew, bool)
+        validity is not None
+        and renew is not None
         and 1 <= validity <= 3650
         and 0 <= renew <= 3650
     )

@@ -79,6 +79,9 @@ class StackState:
     """The Kubernetes objects this stack's state holds (read before anything is registered)."""
 
     objects: Mapping[ObjectKey, Held] = field(default_factory=dict)
+    # The stored stage (``phase`` output) of each generated certificate set, by resource
+    # name: the preflight reads the driver pods only where a CA change is under way.
+    certificate_phases: Mapping[str, str] = field(default_factory=dict)
 
     def holds(self, key: ObjectKey, uid: str = "") -> bool:
         """Whether the state holds this object; an object of the name with another uid
@@ -102,15 +105,25 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# The dynamic certificate resource's type (cert_resource.GeneratedCertificates).
+CERTIFICATES_TYPE = "pulumi-python:dynamic/pmem-csi:Certificates"
+
+
 def state_from_outputs(result: Mapping[str, Any] | None) -> StackState:
     """The invoke's answer (``{"outputs": {urn: {"type": ..., "outputs": {...}}}}``) as the
     Kubernetes objects it holds. Providers and other resources are left out."""
     objects: dict[ObjectKey, Held] = {}
+    phases: dict[str, str] = {}
     resources = (result or {}).get("outputs") or {}
-    for entry in resources.values():
+    for urn, entry in resources.items():
         if not isinstance(entry, Mapping):
             continue
         type_ = str(entry.get("type") or "")
+        if type_ == CERTIFICATES_TYPE:
+            outs = _plain(entry.get("outputs")) or {}
+            if isinstance(outs, Mapping):
+                phases[str(urn).rsplit("::", 1)[-1]] = str(_plain(outs.get("phase")) or "")
+            continue
         if not type_.startswith("kubernetes:") or type_.startswith("pulumi:providers:"):
             continue
         outs = _plain(entry.get("outputs")) or {}
@@ -129,7 +142,7 @@ def state_from_outputs(result: Mapping[str, Any] | None) -> StackState:
             uid=str(meta.get("uid") or ""),
             field_manager=str(_plain(outs.get(FIELD_MANAGER_KEY)) or ""),
         )
-    return StackState(objects)
+    return StackState(objects, phases)
 
 
 class StateError(RuntimeError):

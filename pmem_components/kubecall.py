@@ -26,9 +26,13 @@ def request(
     body: Any = None,
     content_type: str | None = None,
     query: list[tuple[str, str]] | None = None,
+    accept: str = "application/json",
 ) -> Response:
-    """Send one request; its status, reason phrase and raw body, whatever the status."""
-    headers = {"Accept": "application/json"}
+    """Send one request; its status, reason phrase and raw body, whatever the status.
+
+    ``accept``: e.g. a metadata-only list (``PartialObjectMetadataList``), which the API
+    server sends without the objects' specs and statuses."""
+    headers = {"Accept": accept}
     if content_type:
         headers["Content-Type"] = content_type
     req = api_client.param_serialize(

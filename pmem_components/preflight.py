@@ -159,7 +159,7 @@ class Plan:
     keep_namespaces: set[str] = field(default_factory=set)
     # Per deployment index: the certificate fingerprints of its running driver pods
     # (pmem_components.certrollout, read by program.preflight); None: not read.
-    running_certificates: dict[int, list[str]] | None = None
+    running_certificates: dict[int, Any] | None = None  # certrollout.Rollout per index
     # Objects another (or an earlier) stack made that this update takes over because
     # pmem-csi:adopt names them ("Namespace <name>", "Deployment <name>").
     adopted: list[str] = field(default_factory=list)

@@ -86,14 +86,40 @@ def secret_mutability_problems(
     setting, else the environment variable, as here (pulumi-kubernetes ``Configure``)."""
     if not any(not d.certificates.provided for d in stack.deployments):
         return []
-    value = setting if setting is not None else env.get(SECRET_MUTABLE_ENV)
-    if value == "true":
-        return []
+    why = (
+        "certificate renewal updates the driver's Secrets, and without it the Kubernetes "
+        "provider deletes and re-creates them (the driver is without certificates meanwhile)"
+    )
+    set_true = f"pulumi config set {SECRET_MUTABLE_KEY} true"
+    if setting is not None:
+        if setting == "true":
+            return []
+        ignored = (
+            f" ({SECRET_MUTABLE_ENV} in the environment does not count while the config "
+            "sets it)"
+            if SECRET_MUTABLE_ENV in env
+            else ""
+        )
+        return [
+            f"{SECRET_MUTABLE_KEY}: is {setting!r}, but must be true{ignored}: {why}. "
+            f"Pulumi.yaml sets it true for this project: remove the stack's own setting "
+            f"(pulumi config rm {SECRET_MUTABLE_KEY}), or, if your Pulumi.yaml sets it "
+            f"otherwise, set it true ({set_true})"
+        ]
+    if SECRET_MUTABLE_ENV in env:
+        if env[SECRET_MUTABLE_ENV] == "true":
+            return []
+        return [
+            f"{SECRET_MUTABLE_KEY}: is not set, and {SECRET_MUTABLE_ENV} is "
+            f"{env[SECRET_MUTABLE_ENV]!r} in the environment (the provider reads it then), "
+            f"but it must be true: {why}; unset {SECRET_MUTABLE_ENV} and set the config "
+            f"({set_true}), or set the variable to true"
+        ]
     return [
-        f"{SECRET_MUTABLE_KEY}: is {value!r}, but must be true: certificate renewal updates "
-        "the driver's Secrets, and without it the Kubernetes provider deletes and re-creates "
-        "them (the driver is without certificates meanwhile). Pulumi.yaml sets it for this "
-        f"project; remove the stack's own setting (pulumi config rm {SECRET_MUTABLE_KEY})"
+        f"{SECRET_MUTABLE_KEY}: is not set (the provider's default is false), but must be "
+        f"true: {why}. This project's Pulumi.yaml sets it; a project file without it (an "
+        f"older copy, a program of your own) needs it: {set_true} (or "
+        f"{SECRET_MUTABLE_ENV}=true in the environment)"
     ]
 
 
@@ -185,7 +211,7 @@ def deploy(
     stack: StackConfig,
     previous: Mapping[int, Any] | None = None,
     keep_namespaces: Collection[str] = (),
-    running_certificates: Mapping[int, Sequence[str]] | None = None,
+    running_certificates: Mapping[int, Any] | None = None,
     adopted: Collection[str] = (),
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
@@ -203,15 +229,17 @@ def deploy(
     once more, kept on delete and without the stack annotation: the next ``pulumi up`` no
     longer counts them as the stack's and drops them from the state, leaving them in place.
 
-    ``running_certificates``: per deployment index, the certificate fingerprints of its
-    running driver pods (:func:`certificate_rollout`); a deployment missing there has an
-    unknown rollout, and a CA change of its generated certificates waits.
+    ``running_certificates``: per deployment index, its running driver pods
+    (:func:`certificate_rollout`, a ``certrollout.Rollout``); None: not read at all (then a
+    CA change of generated certificates waits, unless ``certificates.rolledOut`` confirms
+    its stage). A deployment missing from a given map had no CA change under way when the
+    preflight ran, so its pods were not needed.
     ``adopted``: refs the preflight adopted with the administrator's consent
     (``pmem-csi:adopt``). They are applied with force, as ``adoptNamespace`` /
     ``adoptExisting`` do, and the field managers the earlier stack left on them are merged
     into this stack's once they are created (:mod:`pmem_components.takeover_transform`).
     """
-    from pmem_components import registry
+    from pmem_components import certrollout, registry
     from pmem_components.components import (
         COMPONENT_TYPE,
         PATCH_FORCE_ANNOTATION,
@@ -270,7 +298,9 @@ def deploy(
                 take_over_fields=stack.take_over_fields,
                 allowed_field_owners=stack.allowed_field_owners,
                 running_certificates=(
-                    None if running_certificates is None else running_certificates.get(i)
+                    None
+                    if running_certificates is None
+                    else running_certificates.get(i, certrollout.UNREAD)
                 ),
             ),
         )
@@ -398,7 +428,9 @@ def preflight(stack: StackConfig) -> Any:
     try:
         result = pf.run(stack, stack_id(), client, state)
         if not result.problems:
-            result.running_certificates = certificate_rollout(stack, client)
+            result.running_certificates = certificate_rollout(
+                stack, client, state.certificate_phases
+            )
     finally:
         client.close()
     if result.problems:
@@ -408,16 +440,19 @@ def preflight(stack: StackConfig) -> Any:
     return result
 
 
-def certificate_rollout(stack: StackConfig, client: Any) -> dict[int, list[str]] | None:
-    """The running driver pods' certificate fingerprints per deployment
-    (:mod:`pmem_components.certrollout`), read with the preflight's client; None when the
-    read fails: then no CA change advances, which is always safe."""
+def certificate_rollout(
+    stack: StackConfig, client: Any, phases: Mapping[str, str] | None = None
+) -> dict[int, Any] | None:
+    """The running driver pods per deployment whose CA change is under way (``phases``: the
+    stored stages, from the stack's state; :mod:`pmem_components.certrollout`), read with
+    the preflight's client; None when the read fails: then no CA change advances, which is
+    always safe."""
     from pmem_components import certrollout
 
     if all(d.certificates.provided for d in stack.deployments):
         return None
     try:
-        return certrollout.running_fingerprints(client, stack)
+        return certrollout.running_fingerprints(client, stack, phases)
     except Exception as err:  # a failed read only holds a CA change back; say why
         pulumi.log.warn(
             f"pmem-csi: cannot read the driver pods ({type(err).__name__}: {str(err)[:200]}); "

@@ -382,3 +382,54 @@ def test_renewal_and_ca_change_keep_the_secrets_and_every_pod_trusting_every_oth
         {k: v for k, v in dyn["outputs"].items() if not isinstance(v, dict)}
     )
     assert names.CRD_KIND  # the module's imports stay used
+
+
+def test_with_the_preflight_off_a_ca_change_advances_on_the_confirmed_hash(
+    scenario: tuple[Any, dict[str, Any]],
+    api_client: Any,
+    kube: Cluster,
+) -> None:
+    """Without the preflight the program cannot see the pods: stage 1 of a CA change tells
+    the administrator the stage's hash and the setting that confirms it, waits without it,
+    takes the next stage with it, and a confirmation left in the config moves nothing more."""
+    stack, base = scenario
+    base = {k: v for k, v in base.items() if k != "patches"}  # an ordinary rollout
+    cfg = _cfg(base)
+    driver = Driver(client.CoreV1Api(api_client), kube, cfg)
+
+    def config(**certificates: Any) -> dict[str, Any]:
+        return {
+            "pmem-csi:manageCrd": False,
+            "pmem-csi:retainNamespaces": False,
+            "pmem-csi:preflight": False,
+            "pmem-csi:deployments": [{**base, "certificates": certificates}],
+        }
+
+    _write_config(stack, config())
+    assert up(stack, "preflight off: create").summary.result == "succeeded"
+    g0 = driver.record()
+    _write_config(stack, config(rotation="r2"))
+    result = up(stack, "preflight off: rotate (trust)")
+    g1 = driver.record()
+    assert len(_cas(driver.material[g1].registry.ca)) == 2, "stage 1: the trust bundle"
+    assert g1 != g0
+    key = "pmem-csi:deployments[0].certificates.rolledOut"
+    assert "pmem-csi:preflight is off" in result.stdout and f"'{key}' {g1}" in result.stdout
+
+    # Confirmed: the next stage. The pods run it (kwok rolls them at once; checked, so the
+    # test confirms only what is true).
+    driver.controller_on(g1)
+    wait_for(lambda: set(driver.running()["node"]) == {g1}, 120, "node pods on stage 1")
+    _write_config(stack, config(rotation="r2", rolledOut=g1))
+    result = up(stack, "preflight off: confirmed (switch)")
+    assert set(resource_changes(result.summary)) <= {"same", "update"}
+    g2 = driver.record()
+    new_ca = _cas(driver.material[g1].registry.ca)[1]
+    x509.load_pem_x509_certificate(
+        driver.material[g2].registry.cert.encode()
+    ).verify_directly_issued_by(new_ca)
+    # The confirmation still names stage 1's hash: stage 2 waits.
+    result = up(stack, "preflight off: stale confirmation")
+    assert set(resource_changes(result.summary)) == {"same"}
+    assert driver.template_fingerprint() == g2
+    assert f"'{key}' {g2}" in result.stdout

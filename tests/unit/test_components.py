@@ -715,6 +715,44 @@ def test_secrets_are_never_set_up_for_replacement_and_the_pods_reach_the_generat
         return check
 
 
+@pytest.mark.parametrize(
+    ("running", "given"),
+    [
+        ([], None),  # library use: an empty list cannot tell "no pod wanted" from "none yet"
+        (None, None),
+        ("unread", None),  # no CA change under way when the preflight ran
+        ("none wanted", []),  # read, and the workloads want no pod: every pod is on it
+        ("wanted", [""]),  # read, a workload wants pods and none is there: unknown material
+    ],
+)
+def test_an_empty_pod_list_reaches_the_generator_as_unknown_unless_no_pod_is_wanted(
+    mocks: Mocks, running: Any, given: list[str] | None
+) -> None:
+    from pmem_components import certrollout
+    from pmem_components.components import PmemCsiDeployment, PmemCsiDeploymentArgs
+
+    cfg = stack({}).deployments[0]
+    if running == "unread":
+        running = certrollout.UNREAD
+    elif running in ("none wanted", "wanted"):
+        count = 2 if running == "wanted" else 0
+        running = certrollout.rollout_of([], cfg, {"DaemonSet": count, "StatefulSet": 0})
+
+    def program() -> Callable[[], None]:
+        PmemCsiDeployment(
+            cfg.name,
+            PmemCsiDeploymentArgs(cfg, running_certificates=running),
+        )
+
+        def check() -> None:
+            dyn = mocks.one("pulumi-python:dynamic/pmem-csi:Certificates")
+            assert dyn.inputs.get("runningFingerprints") == given
+
+        return check
+
+    run(program)
+
+
 def test_adopted_objects_are_applied_with_force_and_carry_the_full_identity(
     mocks: Mocks,
 ) -> None:

@@ -63,6 +63,9 @@ class CertificatesArgs(TypedDict, total=False):
     """Generated sets: renew this many days before expiry (default 30; 0 = never)."""
     rotation: str
     """Generated sets: a change of this value starts a staged CA change."""
+    rolled_out: str
+    """Generated sets: the certificates hash every driver pod runs, confirmed by the
+    administrator, which moves a CA change whose pods were not read to its next stage."""
 
 
 class PatchArgs(TypedDict, total=False):

@@ -46,7 +46,7 @@ from tests.e2e.reporter_helpers import (
     driver_config,
     ensure_crd,
 )
-from tests.e2e.waiting import wait_for
+from tests.e2e.waiting import settled, wait_for
 from tools import image as image_tool
 from tools import realnode
 
@@ -414,6 +414,10 @@ RECOVERY_AFTER_REFRESH = 60.0
 # The API server caches a token's successful authentication for 10 s (kube-apiserver's
 # built-in TokenSuccessCacheTTL): the old token may pass that long after the SA is gone.
 AUTH_CACHE = 10.0
+# With the tokens refused: how long nothing may change before "nobody leads or writes" holds.
+# A replica whose requests worked would take the free Lease within the documented hand-over
+# bound and report the change well under a second later (reporter/schedule.py debounce).
+NOBODY_LEADS_QUIET = DOCUMENTED_TAKEOVER
 WRITES = "pmem_csi_reporter_status_writes_total"
 
 
@@ -495,16 +499,21 @@ def test_a_token_the_kubelet_rotates_is_picked_up_by_the_same_reporter_process(
     wait_for(lambda: all("401 Unauthorized" in _pod_log(p) for p in pods), 60,
              "401 Unauthorized in both pods' logs")  # fmt: skip
     # A change made now is not reported by anybody.
-    writes = {p["metadata"]["name"]: _metric(p, WRITES)
-              for p in pods}  # fmt: skip
+    writes = tuple(_metric(p, WRITES) for p in pods)
     changed_at = time.time()
     delete_object(raw, SERVICE, drv.names.metrics_service, ns)
+
+    def reporting() -> tuple[Any, ...]:
+        return (condition(drv.status(), "DriverDeployed").get("status"),
+                tuple(_metric(p, "pmem_csi_reporter_is_leader") for p in pods),
+                tuple(_metric(p, WRITES) for p in pods))  # fmt: skip
+
     # Not reported, and nobody can: only a leader writes, and leading takes a Lease request
-    # the API server accepts.
-    assert condition(drv.status(), "DriverDeployed").get("status") == "True"
-    assert all(_metric(p, "pmem_csi_reporter_is_leader") == 0 for p in pods)
-    assert {p["metadata"]["name"]: _metric(p, WRITES)
-            for p in pods} == writes  # fmt: skip
+    # the API server accepts. Watched for as long as a replica able to take the Lease would
+    # need to lead and write (the documented hand-over bound), not sampled once.
+    assert settled(reporting, NOBODY_LEADS_QUIET, NOBODY_LEADS_QUIET + 60,
+                   "the status, leadership and writes with no usable token") == (
+        "True", (0.0, 0.0), writes)  # fmt: skip
 
     # (c) The kubelet restarted: containerd, the pods and the guard stay.
     restarted_at = time.time()

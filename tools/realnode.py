@@ -1326,7 +1326,11 @@ def cleanup(quiet: bool = False) -> None:
         for name, pid in (record.pids if record else {}).items()
         if _same_process(pid, record.pid_starts.get(name))  # type: ignore[union-attr]
     }
-    kubelets = _node_kubelets()  # the recorded one, and one a killed restart did not record
+    # The kubelet first (it would restart containers): the recorded one, and one a killed
+    # restart started but did not record.
+    kubelets = _node_kubelets()
+    if record and record.pids.get("kubelet") in starts:
+        kubelets[record.pids["kubelet"]] = starts[record.pids["kubelet"]]
     for pid, start in kubelets.items():
         _signal_recorded(pid, start, signal.SIGTERM)
     _wait_gone(set(kubelets), 10)

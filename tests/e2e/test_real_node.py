@@ -550,7 +550,8 @@ def test_a_token_the_kubelet_rotates_is_picked_up_by_the_same_reporter_process(
     wait_for(lambda: all("401 Unauthorized" in _pod_log(p) for p in pods), 60,
              "401 Unauthorized in both pods' logs")  # fmt: skip
     # A change made now is not reported by anybody.
-    writes = tuple(_metric(p, WRITES) for p in pods)
+    writes = {p["metadata"]["name"]: _metric(p, WRITES)
+              for p in pods}  # fmt: skip
     changed_at = time.time()
     delete_object(raw, SERVICE, drv.names.metrics_service, ns)
 
@@ -564,7 +565,7 @@ def test_a_token_the_kubelet_rotates_is_picked_up_by_the_same_reporter_process(
     # need to lead and write (the documented hand-over bound), not sampled once.
     assert settled(reporting, NOBODY_LEADS_QUIET, NOBODY_LEADS_QUIET + 60,
                    "the status, leadership and writes with no usable token") == (
-        "True", (0.0, 0.0), writes)  # fmt: skip
+        "True", (0.0, 0.0), tuple(writes.values()))  # fmt: skip
 
     # (c) The kubelet restarted: containerd, the pods and the guard stay.
     restarted_at = time.time()

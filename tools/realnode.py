@@ -43,6 +43,7 @@ import contextlib
 import ctypes
 import fcntl
 import json
+import math
 import os
 import shutil
 import signal
@@ -84,6 +85,15 @@ NFT_TABLE = "pmem_csi_guard"
 NODE_ROOT = Path("/var/lib/pmem-csi-pulumi-node")
 NODE_RUN = Path("/run/pmem-csi-pulumi-node")
 LOCK_FILE = Path("/run/pmem-csi-pulumi-node.lock")
+# One change of the node at a time: start, stop and restart-kubelet each hold this flock from
+# their first look at the record to their last write (always before LOCK_FILE). LOCK_FILE
+# cannot serve: the forwarder holds it for as long as the node lives (that is what makes a
+# running node "in use" for every other process), so a restart of a running node could never
+# take it.
+CHANGE_LOCK_FILE = Path("/run/pmem-csi-pulumi-node.change.lock")
+# How long a change waits for one under way (a start builds nothing when the tools are
+# cached, so this is a kubelet restart's or a start's worst case on a loaded machine).
+CHANGE_WAIT = 300.0
 RECORD_FILE = Path("/run/pmem-csi-pulumi-node.json")
 # What the machine looked like before the first node ran (the paths of HARD_CODED_PATHS that
 # existed, the kernel tunables the kubelet changes). Outside /run, so that it outlives a
@@ -283,6 +293,30 @@ def _same_process(pid: int | None, start: float | None) -> bool:
         return False  # no start time saved: cannot tell it from a reused PID
     now = _start_of(pid)
     return now is not None and abs(now - start) <= 2 / os.sysconf("SC_CLK_TCK")
+
+
+def _signal_recorded(pid: int | None, start: float | None, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only if it is the process that started at ``start``; True if sent.
+
+    The only way a recorded PID is signalled. Through a pidfd opened before the start time is
+    compared: the descriptor names the process that had the PID then, so a PID that is
+    reused after the check is never hit (the signal finds the old process gone).
+    """
+    if not pid or start is None:
+        return False
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone (ESRCH)
+        return False
+    try:
+        if not _same_process(pid, start):
+            return False
+        signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- commands
@@ -696,6 +730,46 @@ def cluster_problems(api_port: int) -> list[str]:
 # --------------------------------------------------------------------------- start
 
 
+_change_held = threading.local()
+
+
+@contextlib.contextmanager
+def _changing(wait: float = CHANGE_WAIT) -> Iterator[None]:
+    """Hold the node's change lock (CHANGE_LOCK_FILE); ``wait`` seconds for a change under way.
+
+    Re-entered freely by the thread that holds it (a restart that finds the guard broken runs
+    stop()). Another thread or process waits, then is refused naming the lock.
+    """
+    if getattr(_change_held, "depth", 0):
+        _change_held.depth += 1
+        try:
+            yield
+        finally:
+            _change_held.depth -= 1
+        return
+    fd = os.open(CHANGE_LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RealNodeError(
+                        "another start, stop or kubelet restart of the real node is under way "
+                        f"(waited {wait:.0f}s for {CHANGE_LOCK_FILE}); try again when it is done"
+                    ) from None
+                time.sleep(0.2)
+        _change_held.depth = 1
+        try:
+            yield
+        finally:
+            _change_held.depth = 0
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def _lock(wait: float = 0) -> Iterator[int]:
     """The machine's node lock; ``wait`` seconds for a holder that is exiting (a forwarder)."""
@@ -794,18 +868,48 @@ def _isolation_problems(api_port: int) -> list[str]:
     return guard_problems() + cluster_problems(api_port)
 
 
-def start(images: Sequence[tuple[Path, str]] = (), timeout: float = 120) -> Record:
+def _kubelet_down_only(record: Record) -> bool:
+    """Everything of the node lives but its kubelet: a restart that did not finish.
+
+    (Killed or failed after the old kubelet stopped.) Such a node keeps its pods: a restart
+    or a start brings the kubelet back instead of tearing it all down.
+    """
+    others = {name: pid for name, pid in record.pids.items() if name != "kubelet"}
+    return (
+        "forwarder" in others
+        and "containerd" in others
+        and all(_same_process(pid, record.pid_starts.get(n)) for n, pid in others.items())
+        and not _same_process(record.pids.get("kubelet"), record.pid_starts.get("kubelet"))
+    )
+
+
+def start(
+    images: Sequence[tuple[Path, str]] = (), timeout: float = 120, wait: float = CHANGE_WAIT
+) -> Record:
     """Join the real node to the running local cluster; ``images`` are (archive, base name).
 
-    ``timeout`` bounds the wait for the kubelet's registration and the Node's Ready. Reuses
-    a node that this state directory started and that still runs (importing the images again,
-    which is cheap when present). Refuses a node of another checkout.
+    ``timeout`` bounds the wait for the kubelet's registration and the Node's Ready; ``wait``
+    the wait for another start, stop or restart under way (the change lock). Reuses a node
+    that this state directory started and that still runs (importing the images again, which
+    is cheap when present), and brings back the kubelet of one whose restart did not finish.
+    Refuses a node of another checkout.
     """
     t0 = time.monotonic()
+    with _changing(wait):
+        return _start_changing(images, timeout, t0)
+
+
+def _start_changing(images: Sequence[tuple[Path, str]], timeout: float, t0: float) -> Record:
     record = Record.load()
     ours = str(localenv.state_dir())
     if record and record.state_dir != ours and (is_running() or _holder_alive(record)):
         raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
+    if record and record.state_dir == ours and _kubelet_down_only(record):
+        _log("the node's kubelet is not running (a restart did not finish); starting it")
+        _restart_locked(record, timeout)
+        for archive, base in images:
+            import_image(archive, base)
+        return record
     if record and is_running():
         _, _, api_port = _kubelet_kubeconfig()
         problems = _isolation_problems(api_port)
@@ -897,8 +1001,8 @@ def _start_locked(record: Record, lock_fd: int, api_host: str, api_port: int,
     kubeconfig, _, _ = _kubelet_kubeconfig()
     (NODE_RUN / "kubeconfig").write_text(json.dumps(kubeconfig))
     (NODE_RUN / "kubelet.json").write_text(json.dumps(_kubelet_config(), indent=1))
-    kubelet = _spawn_kubelet(record, env)
-    _wait("node Ready", _node_ready, timeout, kubelet)
+    kubelet, since = _spawn_kubelet(record, env)
+    _wait("node Ready", lambda: _node_ready_since(since), timeout, kubelet)
     # The kubelet (and containerd's CNI) changed the namespace while starting: check again.
     problems = _isolation_problems(api_port)
     if problems:
@@ -928,12 +1032,21 @@ def _kubelet_command() -> list[str]:
     )  # fmt: skip
 
 
-def _spawn_kubelet(record: Record, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """Start the kubelet (in the tracking cgroup, inside the namespace) and record its PID."""
+def _spawn_kubelet(record: Record, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], float]:
+    """Start the kubelet (in the tracking cgroup, inside the namespace) and record its PID.
+
+    Called once every earlier kubelet of the node has exited. Also returns the wall-clock
+    second from which a Node heartbeat can only be this kubelet's: the API server keeps
+    heartbeats in whole seconds, so the start is moved past the second in which the last one
+    exited (at most a second's wait) and a stamp of that second stays the old kubelet's.
+    """
+    now = time.time()
+    time.sleep(math.floor(now) + 1 - now)
+    since = float(math.floor(time.time()))
     kubelet = _spawn("kubelet", _kubelet_command(), env=env)
     record.started_at_boottime = boottime()
     _remember(record, "kubelet", kubelet.pid)
-    return kubelet
+    return kubelet, since
 
 
 def _kubelet_healthy() -> bool:
@@ -944,23 +1057,33 @@ def _kubelet_healthy() -> bool:
         return False
 
 
-def restart_kubelet(timeout: float = 120) -> Record:
+def restart_kubelet(timeout: float = 120, wait: float = CHANGE_WAIT) -> Record:
     """Stop the node's kubelet and start it again; containerd, the pods and the guard stay.
 
     What a kubelet upgrade or crash does to a node. The kubelet keeps some state in memory
     only, the pods' ServiceAccount tokens among it: the new process requests a token for
     every running pod's projected volume and writes it (tests/e2e/test_real_node.py uses
-    that to rotate a token now rather than at 80 % of its lifetime).
+    that to rotate a token now rather than at 80 % of its lifetime). Returns once the Node is
+    Ready with a heartbeat the new kubelet wrote.
 
-    Only this checkout's running node, with its guard complete before and after. The lock
-    stays with the forwarder for the node's life: the new kubelet is started only while that
-    process (verified by PID and start time) still holds it, so never beside a teardown.
+    Only this checkout's node, with its guard complete before and after, under the node's
+    change lock (one start, stop or restart at a time, ``wait`` seconds for one under way).
+    A node whose last restart did not finish (its kubelet dead, or one it started but never
+    recorded) is restarted all the same. The node's lock stays with the forwarder for the
+    node's life: the new kubelet is started only while that process (verified by PID and
+    start time) still holds it, so never beside a teardown.
     """
-    record = Record.load()
-    if record is None or not is_running():
-        raise RealNodeError("no real node runs")
-    if record.state_dir != str(localenv.state_dir()):
-        raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
+    with _changing(wait):
+        record = Record.load()
+        if record is None or not (is_running() or _kubelet_down_only(record)):
+            raise RealNodeError("no real node runs")
+        if record.state_dir != str(localenv.state_dir()):
+            raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
+        return _restart_locked(record, timeout)
+
+
+def _restart_locked(record: Record, timeout: float) -> Record:
+    """restart_kubelet() with the change lock held: of a running node, or one whose kubelet died."""
     _, _, api_port = _kubelet_kubeconfig()
     problems = _isolation_problems(api_port)
     if problems:
@@ -976,24 +1099,18 @@ def restart_kubelet(timeout: float = 120) -> Record:
 
     if not lock_held():
         raise RealNodeError("the node's lock is not held: its forwarder is not the node's")
-    old = record.pids["kubelet"]
-    _kill({old}, signal.SIGTERM)
-    _wait_gone({old}, 30)
-    if _same_process(old, record.pid_starts.get("kubelet")):
-        _kill({old}, signal.SIGKILL)
-        _wait_gone({old}, 10)
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(old, os.WNOHANG)
-    if _same_process(old, record.pid_starts.get("kubelet")):
-        raise RealNodeError(f"the kubelet ({old}) did not exit")
+    left = _stop_kubelets(record)
+    if left:
+        raise RealNodeError(f"the node's kubelet ({', '.join(map(str, left))}) did not exit")
     if not lock_holder_lives() or not lock_held():
         raise RealNodeError("the node's forwarder (the lock's holder) is gone: being torn down")
-    kubelet = _spawn_kubelet(record, _component_env())
+    kubelet, since = _spawn_kubelet(record, _component_env())
     if not lock_holder_lives():  # a teardown began meanwhile: it kills the cgroup, and so do we
         _kill({kubelet.pid}, signal.SIGKILL)
         kubelet.wait()
         raise RealNodeError("the node was torn down while its kubelet restarted")
     _wait("kubelet /healthz", _kubelet_healthy, timeout, kubelet)
+    _wait("node Ready", lambda: _node_ready_since(since), timeout, kubelet)
     problems = _isolation_problems(api_port)
     if problems:
         stop(quiet=True)
@@ -1003,14 +1120,77 @@ def restart_kubelet(timeout: float = 120) -> Record:
     return record
 
 
-def _node_ready() -> bool:
+def _node_kubelets() -> dict[int, float]:
+    """The node's kubelet processes, recorded or not: PID -> start time.
+
+    Those in the node's tracking cgroup (where _spawn puts every component; the shims and
+    containerd are there too) whose command line names the node's kubelet configuration.
+    One a killed restart started but never recorded is found here, so it is never doubled.
+    """
+    config = str(NODE_RUN / "kubelet.json")
+    found = {}
+    for pid in _cgroup_pids([CGROUP_ROOT / "pids" / TRACKING_CGROUP]):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        start = _start_of(pid)
+        if config in args and start is not None and _alive(pid):
+            found[pid] = start
+    return found
+
+
+def _stop_kubelets(record: Record) -> list[int]:
+    """Stop the recorded kubelet and any other of the node's; the PIDs still alive after.
+
+    SIGTERM (as a node's kubelet is stopped), SIGKILL after 30 s; each by _signal_recorded,
+    so a PID reused since it was read is never signalled. The recorded one is signalled only
+    if it still is the process the record names.
+    """
+    targets = _node_kubelets()
+    recorded, start = record.pids.get("kubelet"), record.pid_starts.get("kubelet")
+    if recorded and start is not None and _same_process(recorded, start):
+        targets[recorded] = start
+    for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        sent = {pid for pid, t in targets.items() if _signal_recorded(pid, t, sig)}
+        _wait_gone(sent, grace)
+        for pid in targets:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        targets = {pid: t for pid, t in targets.items() if _same_process(pid, t)}
+        if not targets:
+            break
+    return sorted(targets)
+
+
+def _node_ready_condition() -> dict | None:
+    """The Node's Ready condition as the API server has it (None: no Node yet, or no answer).
+
+    ``lastHeartbeatTime`` as epoch seconds (whole seconds: what the API server keeps).
+    """
     from tools import cluster
 
     try:
-        cluster.wait_nodes_ready([NODE_NAME], timeout=0)
+        node = cluster._core_api().read_node(NODE_NAME, _request_timeout=10)
     except Exception:  # not registered yet, or the API server is busy
-        return False
-    return True
+        return None
+    for cond in node.status.conditions or []:
+        if cond.type == "Ready":
+            beat = cond.last_heartbeat_time
+            return {"status": cond.status,
+                    "lastHeartbeatTime": beat.timestamp() if beat else None}  # fmt: skip
+    return None
+
+
+def _node_ready_since(since: float) -> bool:
+    """The Node is Ready by a heartbeat stamped at ``since`` or later (the new kubelet's).
+
+    A Ready condition written before is the kubelet's that was stopped: the node controller
+    leaves it True for its grace period, whatever the new kubelet finds.
+    """
+    cond = _node_ready_condition()
+    beat = (cond or {}).get("lastHeartbeatTime")
+    return bool(cond and cond["status"] == "True" and beat is not None and beat >= since)
 
 
 # --------------------------------------------------------------------------- inspection
@@ -1122,8 +1302,7 @@ def _node_netns() -> list[Path]:
 def _stop_forwarder(record: Record) -> None:
     """SIGTERM the record's forwarder (the lock's holder), if it still is that process."""
     pid = record.pids.get("forwarder")
-    if pid and _same_process(pid, record.pid_starts.get("forwarder")):
-        _kill({pid}, signal.SIGTERM)
+    if pid and _signal_recorded(pid, record.pid_starts.get("forwarder"), signal.SIGTERM):
         _wait_gone({pid}, 10)
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
@@ -1141,26 +1320,35 @@ def cleanup(quiet: bool = False) -> None:
     The record and the baseline go only when nothing is left.
     """
     record = Record.load()
-    pids = {
-        name: pid
+    # The record's processes, each with its start time: signalled only while still that one.
+    starts = {
+        pid: record.pid_starts[name]
         for name, pid in (record.pids if record else {}).items()
         if _same_process(pid, record.pid_starts.get(name))  # type: ignore[union-attr]
     }
-    kubelet = pids.get("kubelet")
-    if kubelet:
-        _kill({kubelet}, signal.SIGTERM)
-        _wait_gone({kubelet}, 10)
+    # The kubelet first (it would restart containers): the recorded one, and one a killed
+    # restart started but did not record.
+    kubelets = _node_kubelets()
+    if record and record.pids.get("kubelet") in starts:
+        kubelets[record.pids["kubelet"]] = starts[record.pids["kubelet"]]
+    for pid, start in kubelets.items():
+        _signal_recorded(pid, start, signal.SIGTERM)
+    _wait_gone(set(kubelets), 10)
     for _ in range(50):
-        alive = {p for p in _cgroup_pids(_cgroup_dirs()) | set(pids.values()) if _alive(p)}
+        in_cgroups = {p for p in _cgroup_pids(_cgroup_dirs()) if _alive(p)}
+        recorded = {p: t for p, t in starts.items() if _same_process(p, t)}
+        alive = in_cgroups | set(recorded)
         if not alive:
             break
-        _kill(alive, signal.SIGKILL)
+        _kill(in_cgroups - set(recorded), signal.SIGKILL)  # read from the node's cgroups now
+        for pid, start in recorded.items():
+            _signal_recorded(pid, start, signal.SIGKILL)
         time.sleep(0.1)
     else:
         raise RealNodeError(f"processes of the node did not exit: {sorted(alive)}")
     # Components this process started are its children: reap them, or their zombies keep
     # the cgroups busy.
-    for pid in pids.values():
+    for pid in set(starts) | set(kubelets):
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)
     baseline = Baseline.load()
@@ -1261,15 +1449,21 @@ def _group_of(binary: str) -> str:
     return next(g.name for g in toolchain.GROUPS.values() if binary in g.packages)
 
 
-def stop(quiet: bool = False) -> None:
+def stop(quiet: bool = False, wait: float = CHANGE_WAIT) -> None:
     """Tear the node down if this checkout's state directory owns it (or nobody living does).
 
     A node of another checkout is left alone while it runs, is being started or its
     forwarder lives (one of a state directory inside this checkout's is this checkout's).
     Else the forwarder (which holds the lock) is stopped by its verified PID and the
     teardown runs with the lock held; the lock still taken (a start under way in this
-    checkout) is an error, never a teardown without it.
+    checkout) is an error, never a teardown without it. All under the change lock (``wait``
+    seconds for a start, stop or restart under way).
     """
+    with _changing(wait):
+        _stop_changing(quiet)
+
+
+def _stop_changing(quiet: bool) -> None:
     record = Record.load()
     # A node of a state directory inside this one (the test session's, .state/test-session,
     # left running by a killed pytest) is this checkout's to stop.
@@ -1333,8 +1527,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
     else:
         running = is_running()
-        # A node being started (or one whose record lacks start times) holds the lock.
-        print("running" if running else "in use (lock held)" if lock_held() else "not running")
+        record = Record.load()
+        if running:
+            print("running")
+        elif record and _kubelet_down_only(record):
+            print("kubelet is not running (a restart did not finish): `restart-kubelet` or "
+                  "`start` brings it back, `stop` removes the node")  # fmt: skip
+        else:
+            # A node being started (or one whose record lacks start times) holds the lock.
+            print("in use (lock held)" if lock_held() else "not running")
         return 0 if running else 1
     return 0
 

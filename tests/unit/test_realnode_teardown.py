@@ -11,8 +11,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -100,6 +103,7 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMac
     run.mkdir()
     monkeypatch.setattr(realnode, "RECORD_FILE", run / "node.json")
     monkeypatch.setattr(realnode, "LOCK_FILE", run / "node.lock")
+    monkeypatch.setattr(realnode, "CHANGE_LOCK_FILE", run / "node.change.lock")
     monkeypatch.setattr(realnode, "BASELINE_FILE", tmp_path / "var-lib" / "baseline.json")
     (tmp_path / "var-lib").mkdir()
     monkeypatch.setattr(realnode, "NETNS_DIR", run / "netns")
@@ -459,6 +463,28 @@ def _sleeper(on_term: Path | None = None) -> subprocess.Popen[bytes]:
     return proc
 
 
+def _kubelet_like(on_term: Path | None = None) -> subprocess.Popen[bytes]:
+    """A sleeper whose command line is the kubelet's, in the node's tracking cgroup (faked)."""
+    code = (
+        "import pathlib, signal, sys, time\n"
+        "def term(*_):\n"
+        "    if sys.argv[1]:\n"
+        "        pathlib.Path(sys.argv[1]).write_text('TERM')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    cmd = [sys.executable, "-c", code, str(on_term or ""), *realnode._kubelet_command()]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    procs = realnode.CGROUP_ROOT / "pids" / realnode.TRACKING_CGROUP / "cgroup.procs"
+    procs.parent.mkdir(parents=True, exist_ok=True)
+    with procs.open("a") as f:
+        f.write(f"{proc.pid}\n")
+    return proc
+
+
 def _running_node(forwarder: int, **others: subprocess.Popen[bytes]) -> realnode.Record:
     pids = {"forwarder": forwarder, **{name: p.pid for name, p in others.items()}}
     record = realnode.Record(
@@ -482,13 +508,22 @@ def restart_env(machine: FakeMachine, monkeypatch: pytest.MonkeyPatch) -> Iterat
         return list(seen.get("problems", []))
 
     def spawn(name: str, cmd: list[str], env: object = None, pass_fds: object = ()) -> object:
-        proc = _sleeper()
+        # A stand-in with the kubelet's command line, in the node's tracking cgroup (as _spawn
+        # puts it): what the real kubelet looks like to the machine.
+        proc = _kubelet_like() if name == "kubelet" else _sleeper()
         seen["spawned"].append((name, cmd, proc))
         return proc
+
+    def ready_condition() -> dict | None:
+        seen["ready_reads"] = seen.get("ready_reads", 0) + 1
+        heartbeat = seen.get("heartbeat")  # None: the kubelet's fresh one, stamped now
+        return {"status": "True", "lastHeartbeatTime": time.time() if heartbeat is None
+                else heartbeat() if callable(heartbeat) else heartbeat}  # fmt: skip
 
     monkeypatch.setattr(realnode, "_isolation_problems", problems)
     monkeypatch.setattr(realnode, "_spawn", spawn)
     monkeypatch.setattr(realnode, "_kubelet_healthy", lambda: seen["healthy"])
+    monkeypatch.setattr(realnode, "_node_ready_condition", ready_condition)
     monkeypatch.setattr(realnode.toolchain, "bin_path", lambda name: Path("/tools/bin") / name)
     yield seen
     for _, _, proc in seen["spawned"]:
@@ -583,3 +618,267 @@ def test_a_restarted_kubelet_that_never_gets_healthy_fails_the_restart(
     finally:
         kubelet.kill()
         kubelet.wait()
+
+
+# --------------------------------------------------------------------------- restart review
+
+
+def _gone(proc: subprocess.Popen[bytes]) -> bool:
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def test_a_restart_killed_after_the_old_kubelet_stopped_is_finished_by_the_next_restart(
+    restart_env: dict, lock_holder: subprocess.Popen[str]
+) -> None:
+    """Review (1): the record names a dead kubelet, containerd and the forwarder live on."""
+    containerd, old = _sleeper(), _kubelet_like()
+    try:
+        _running_node(lock_holder.pid, kubelet=old, containerd=containerd)
+        old.kill()  # the restart's SIGTERM landed; then the restart itself was killed
+        old.wait()
+        assert not realnode.is_running()
+        record = realnode.restart_kubelet(timeout=5)
+        ((_, _, new),) = restart_env["spawned"]
+        saved = realnode.Record.load()
+        assert saved is not None and saved.pids == record.pids
+        assert saved.pids["kubelet"] == new.pid and new.poll() is None
+        assert saved.pids["containerd"] == containerd.pid and containerd.poll() is None
+        assert realnode.is_running()
+    finally:
+        containerd.kill()
+        containerd.wait()
+
+
+def test_a_start_after_a_killed_restart_brings_the_kubelet_back_and_keeps_the_pods(
+    restart_env: dict, lock_holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review (1): start() finishes the restart instead of tearing the node down (stop+start)."""
+    monkeypatch.setattr(realnode, "ensure_node_packages", lambda: None)
+    monkeypatch.setattr(realnode.toolchain, "build_all", lambda groups: None)
+    monkeypatch.setattr(realnode, "cluster_problems", lambda port: [])
+    imported: list[str] = []
+    monkeypatch.setattr(realnode, "import_image", lambda archive, base: imported.append(base))
+
+    def full_start(*_: object) -> None:
+        raise AssertionError("a whole new node was started: the pods were torn down")
+
+    monkeypatch.setattr(realnode, "_start_locked", full_start)
+    containerd, old = _sleeper(), _kubelet_like()
+    try:
+        _running_node(lock_holder.pid, kubelet=old, containerd=containerd)
+        old.kill()
+        old.wait()
+        record = realnode.start(images=[(Path("reporter.tar"), "localhost/r")])
+        ((_, _, new),) = restart_env["spawned"]
+        assert record.pids["kubelet"] == new.pid and new.poll() is None
+        assert lock_holder.poll() is None and containerd.poll() is None  # nothing torn down
+        assert realnode.is_running() and imported == ["localhost/r"]
+    finally:
+        containerd.kill()
+        containerd.wait()
+
+
+def test_a_kubelet_a_killed_restart_started_but_never_recorded_is_replaced_not_doubled(
+    restart_env: dict, lock_holder: subprocess.Popen[str], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Review (1): killed between the new kubelet's spawn and its record; the next restart
+    stops that unrecorded kubelet (found in the node's cgroup by its command line) first."""
+    containerd, old = _sleeper(), _kubelet_like()
+    stray = _kubelet_like(tmp_path / "stray-stopped")
+    try:
+        _running_node(lock_holder.pid, kubelet=old, containerd=containerd)
+        old.kill()
+        old.wait()
+        assert realnode.main(["status"]) == 1
+        assert "kubelet is not running" in capsys.readouterr().out
+        realnode.restart_kubelet(timeout=5)
+        assert (tmp_path / "stray-stopped").read_text() == "TERM" and _gone(stray)
+        ((_, _, new),) = restart_env["spawned"]
+        assert realnode.Record.load().pids["kubelet"] == new.pid  # type: ignore[union-attr]
+        assert realnode.main(["status"]) == 0
+    finally:
+        for proc in (containerd, stray):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_failed_restart_is_undone_by_the_next_restart(
+    restart_env: dict, lock_holder: subprocess.Popen[str]
+) -> None:
+    """Review (1): the new kubelet never got healthy; the record names it; a restart replaces it."""
+    restart_env["healthy"] = False
+    containerd, old = _sleeper(), _kubelet_like()
+    try:
+        _running_node(lock_holder.pid, kubelet=old, containerd=containerd)
+        with pytest.raises(realnode.RealNodeError, match="not ready"):
+            realnode.restart_kubelet(timeout=0.5)
+        ((_, _, failed),) = restart_env["spawned"]
+        assert realnode.Record.load().pids["kubelet"] == failed.pid  # type: ignore[union-attr]
+        restart_env["healthy"] = True
+        record = realnode.restart_kubelet(timeout=5)
+        assert _gone(failed)
+        assert record.pids["kubelet"] == restart_env["spawned"][1][2].pid
+        assert realnode.is_running()
+    finally:
+        containerd.kill()
+        containerd.wait()
+
+
+def test_two_restarts_at_once_run_one_after_the_other_and_record_a_live_kubelet(
+    restart_env: dict, lock_holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review (2): both passed their checks together, both killed the old kubelet and both
+    started one (the second dies on the first's ports and is recorded). With the node's change
+    lock, the second waits for the first: the barrier below is never passed by both."""
+    barrier = threading.Barrier(2, timeout=2)
+    overlapped: list[bool] = []
+    checks = realnode._isolation_problems
+
+    def problems(port: int) -> list[str]:
+        if threading.current_thread() is not threading.main_thread():
+            try:
+                barrier.wait()
+                overlapped.append(True)
+            except threading.BrokenBarrierError:
+                pass
+        return checks(port)
+
+    monkeypatch.setattr(realnode, "_isolation_problems", problems)
+    containerd, old = _sleeper(), _kubelet_like()
+    errors: list[BaseException] = []
+
+    def restart() -> None:
+        try:
+            realnode.restart_kubelet(timeout=5)
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        _running_node(lock_holder.pid, kubelet=old, containerd=containerd)
+        threads = [threading.Thread(target=restart) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not overlapped, "two restarts ran at once"
+        assert errors == []
+        kubelets = [p for name, _, p in restart_env["spawned"] if name == "kubelet"]
+        assert len(kubelets) == 2 and kubelets[0].poll() is not None  # replaced by the second
+        assert realnode.Record.load().pids["kubelet"] == kubelets[1].pid  # type: ignore[union-attr]
+        assert kubelets[1].poll() is None and realnode.is_running()
+    finally:
+        for proc in (containerd, old):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_change_under_way_elsewhere_makes_a_restart_and_a_start_wait_then_refuse(
+    restart_env: dict, lock_holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review (2): start, stop and restart take the node's change lock; held, nothing moves."""
+    monkeypatch.setattr(realnode, "ensure_node_packages", lambda: None)
+    monkeypatch.setattr(realnode.toolchain, "build_all", lambda groups: None)
+    monkeypatch.setattr(realnode, "cluster_problems", lambda port: [])
+    containerd, old = _sleeper(), _kubelet_like()
+    holder = os.open(realnode.CHANGE_LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        _running_node(lock_holder.pid, kubelet=old, containerd=containerd)
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for change in (lambda: realnode.restart_kubelet(timeout=5, wait=0.5),
+                       lambda: realnode.start(wait=0.5),
+                       lambda: realnode.stop(quiet=True, wait=0.5)):  # fmt: skip
+            with pytest.raises(realnode.RealNodeError, match="under way"):
+                change()
+        assert restart_env["spawned"] == [] and old.poll() is None
+        assert lock_holder.poll() is None and containerd.poll() is None
+    finally:
+        os.close(holder)
+        for proc in (containerd, old):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_recorded_kubelet_whose_pid_was_reused_meanwhile_is_never_signalled(
+    restart_env: dict, lock_holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Review (3): the kubelet checked at the restart's start; before its SIGTERM (after the
+    guard checks) the PID belongs to another process (faked: its start time changes)."""
+    containerd = _sleeper()
+    stand_in = _sleeper(tmp_path / "signalled")  # the other process, now at the kubelet's PID
+    checks = realnode._isolation_problems
+    start_of = realnode._start_of
+
+    def problems(port: int) -> list[str]:
+        reused = start_of(stand_in.pid)
+        monkeypatch.setattr(realnode, "_start_of",
+                            lambda pid: reused + 50 if pid == stand_in.pid else start_of(pid))
+        return checks(port)
+
+    monkeypatch.setattr(realnode, "_isolation_problems", problems)
+    try:
+        _running_node(lock_holder.pid, kubelet=stand_in, containerd=containerd)
+        realnode.restart_kubelet(timeout=5)
+        assert not (tmp_path / "signalled").exists() and stand_in.poll() is None
+        ((_, _, new),) = restart_env["spawned"]
+        assert realnode.Record.load().pids["kubelet"] == new.pid  # type: ignore[union-attr]
+    finally:
+        for proc in (containerd, stand_in):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_signal_goes_only_to_the_process_that_started_at_the_recorded_time(
+    process: subprocess.Popen[bytes],
+) -> None:
+    """Review (3): the one way a recorded PID is signalled (a pidfd, the start time checked)."""
+    start = realnode.process_start_boottime(process.pid)
+    assert realnode._signal_recorded(process.pid, start + 50, signal.SIGKILL) is False
+    assert realnode._signal_recorded(process.pid, None, signal.SIGKILL) is False
+    assert process.poll() is None
+    assert realnode._signal_recorded(process.pid, start, signal.SIGKILL) is True
+    assert process.wait(timeout=10) == -signal.SIGKILL
+    assert realnode._signal_recorded(process.pid, start, signal.SIGKILL) is False
+
+
+def test_a_restart_returns_only_at_node_ready_with_a_heartbeat_after_the_restart(
+    restart_env: dict, lock_holder: subprocess.Popen[str]
+) -> None:
+    """Review (4): /healthz answers before the Node is Ready again; the restart waits for a
+    Ready condition whose heartbeat the new kubelet wrote (a stale Ready is the old one's)."""
+    containerd, old = _sleeper(), _kubelet_like()
+    stale = time.time() - 30
+    reads = {"n": 0}
+
+    def heartbeat() -> float:
+        reads["n"] += 1
+        return stale if reads["n"] <= 3 else time.time()
+
+    restart_env["heartbeat"] = heartbeat
+    try:
+        _running_node(lock_holder.pid, kubelet=old, containerd=containerd)
+        realnode.restart_kubelet(timeout=5)
+        assert reads["n"] >= 4
+    finally:
+        containerd.kill()
+        containerd.wait()
+
+
+def test_a_restart_whose_node_keeps_an_old_heartbeat_fails(
+    restart_env: dict, lock_holder: subprocess.Popen[str]
+) -> None:
+    """Review (4): Ready True, but last written before the restart: not the new kubelet's."""
+    restart_env["heartbeat"] = time.time() - 30
+    containerd, old = _sleeper(), _kubelet_like()
+    try:
+        _running_node(lock_holder.pid, kubelet=old, containerd=containerd)
+        with pytest.raises(realnode.RealNodeError, match=r"node Ready.*not ready after"):
+            realnode.restart_kubelet(timeout=1)
+    finally:
+        containerd.kill()
+        containerd.wait()

@@ -4,6 +4,7 @@ open in test_status.py.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -301,3 +302,19 @@ def test_a_transition_time_up_to_one_clock_skew_ahead_is_kept() -> None:
     kept = st.without_implausible_times(old, cr, NOW)
     assert kept["conditions"][0]["lastTransitionTime"] == at_limit
     assert "lastTransitionTime" not in kept["conditions"][1]
+
+
+def test_failing_pods_are_the_broken_ones_of_the_controller_and_the_nodes() -> None:
+    """What the writer sends at once (``failing_pods``): the names of the broken pods among
+    both the controller's and the nodes' pods, none of those merely on their way; nothing
+    when pods cannot be read (then nothing is known to be broken)."""
+    crashing = pod(BAD, "worker-2", ready=False, waiting="CrashLoopBackOff")
+    unplaced = pod(f"{NAMES.controller_driver}-0", None, unschedulable="0/3 nodes")
+    starting = pod(f"{NAMES.hyphened}-node-1", "worker-1", ready=False, waiting="ContainerCreating")
+    nameless = pod("x", "worker-0", ready=False, waiting="ImagePullBackOff")
+    del nameless["metadata"]["name"]
+    seen = observed(ctrl_pods=[unplaced], nodepods=[*node_pods(1), starting, crashing, nameless])
+    assert st.failing_pods(seen) == frozenset({BAD, f"{NAMES.controller_driver}-0", "?"})
+    assert st.failing_pods(observed()) == frozenset()
+    unreadable = dataclasses.replace(seen, unreadable={"Pod": "403 forbidden"})
+    assert st.failing_pods(unreadable) == frozenset()

@@ -16,6 +16,7 @@ scores and explains each survivor that is left.
     python -m tools.mutate report --sample 150      # ... and its score per module
     python -m tools.mutate report     # the table of the last run
     python -m tools.mutate survivors [PATTERN]  # each surviving mutant's diff
+    python -m tools.mutate cost TEST...  # a mutant's CPU cost, mutmut's way and this one
 
 Why a wrapper: mutmut reports per file and counts the preflight's cluster reading
 (``observe`` and friends, exercised by the end-to-end tests) like its planning; this groups
@@ -474,6 +475,48 @@ def _in_session_fork_runner(max_workers: int = 1) -> object:
     return fork_runner
 
 
+def cost(tests: list[str], repeat: int) -> int:
+    """CPU-seconds of one mutant's child process, both ways: mutmut's fresh ``pytest.main``
+    per mutant and ``in_session_runner``'s collected session, each ``repeat`` times, with the
+    original code (no mutant) in ``mutants/``, from a parent warmed as mutmut's is (the
+    selected test files imported, the garbage collector frozen). Prints each way's median."""
+    import gc
+    import resource
+
+    from mutmut.runners.harness import PytestRunner
+
+    os.chdir(PROJECT_DIR)
+    for name in [n for n in sys.modules if n == "tools" or n.startswith("tools.")]:
+        del sys.modules[name]  # the tests import ``tools`` from mutants/, as under mutmut
+    sys.path.insert(0, str(MUTANTS_DIR))
+    runner = in_session_runner()()
+    runner.collect()
+    gc.freeze()
+    ways = {
+        "pytest.main per mutant (mutmut's way)": lambda: PytestRunner.run_tests(
+            runner, mutant_name=None, tests=tests
+        ),
+        "one collected session (tools.mutate's way)": lambda: runner.run_tests(
+            mutant_name="", tests=tests
+        ),
+    }
+    for label, run_tests in ways.items():
+        cpu: list[float] = []
+        codes: set[int] = set()
+        for _ in range(repeat):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            pid = os.fork()
+            if pid == 0:
+                sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the child exits)
+                os._exit(int(run_tests()))
+            codes.add(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        cpu.sort()
+        print(f"{label}: {cpu[len(cpu) // 2]:.3f} CPU-s (median of {repeat}), exit {codes}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["mutmut"]:  # what ``run`` starts: not for use by hand
@@ -499,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     report_p.add_argument("--sample", type=int, help="add the score of this sample per module")
     surv_p = sub.add_parser("survivors", help="diffs of the surviving mutants")
     surv_p.add_argument("pattern", nargs="?", default="*", help="mutant name or file glob")
+    cost_p = sub.add_parser("cost", help="a mutant's CPU cost, mutmut's way and this one")
+    cost_p.add_argument("tests", nargs="+", help="test node ids (tests/unit/...::test_x)")
+    cost_p.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args(argv)
     if args.command == "run":
         return run(
@@ -512,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     if not MUTANTS_DIR.is_dir():
         print("no mutants/ yet: run `make mutate` first", file=sys.stderr)
         return 1
+    if args.command == "cost":
+        return cost(args.tests, args.repeat)
     if args.command == "report":
         found = list(mutants())
         print(table(found, sample(found, args.sample) if args.sample else None))

@@ -10,6 +10,7 @@ import datetime as dt
 import pytest
 from test_status import BAD, NAMES, NOW, comp, daemonset, node_pods, observed, pod, with_changes
 
+from pmem_components import names as n
 from reporter import status as st
 
 
@@ -318,3 +319,16 @@ def test_failing_pods_are_the_broken_ones_of_the_controller_and_the_nodes() -> N
     assert st.failing_pods(observed()) == frozenset()
     unreadable = dataclasses.replace(seen, unreadable={"Pod": "403 forbidden"})
     assert st.failing_pods(unreadable) == frozenset()
+
+
+def test_an_object_without_our_labels_says_which_it_lacks_and_that_it_has_none() -> None:
+    """The relabelled text: the expected labels sorted and comma-separated, and ``none`` for
+    the labels of ours it still has when it has none of them."""
+    obs = dataclasses.replace(
+        observed(with_changes(ds=None)), relabelled={("DaemonSet", NAMES.node_driver): {}}
+    )
+    c = next(c for c in st.compute_status(obs, NOW)["conditions"] if c["type"] == "DriverDeployed")
+    assert (
+        f"DaemonSet/{NAMES.node_driver} (expected {n.LABEL_INSTANCE}={NAMES.hyphened}, "
+        f"{n.LABEL_PART_OF}={n.PART_OF}; has none)"
+    ) in c["message"]

@@ -23,7 +23,10 @@ Why a wrapper: mutmut reports per file and counts the preflight's cluster readin
 the scores by the modules issue 17 names and scores only their pure decisions. And it runs
 each module's mutants against that module's own test files only (``OWN_TESTS``): mutmut
 would run every unit test that merely passes through the mutated function (a Pulumi-mock
-component test through config.py), which made a full run take hours.
+component test through config.py), which made a full run take hours. Last, it runs each
+mutant's tests inside one pytest session collected before the first mutant
+(``in_session_runner``) instead of mutmut's fresh ``pytest.main`` per mutant, whose start
+cost more CPU than most mutants' tests (docs/testing.md, "Speed").
 """
 
 from __future__ import annotations

@@ -16,13 +16,17 @@ scores and explains each survivor that is left.
     python -m tools.mutate report --sample 150      # ... and its score per module
     python -m tools.mutate report     # the table of the last run
     python -m tools.mutate survivors [PATTERN]  # each surviving mutant's diff
+    python -m tools.mutate cost TEST...  # a mutant's CPU cost, mutmut's way and this one
 
 Why a wrapper: mutmut reports per file and counts the preflight's cluster reading
 (``observe`` and friends, exercised by the end-to-end tests) like its planning; this groups
 the scores by the modules issue 17 names and scores only their pure decisions. And it runs
 each module's mutants against that module's own test files only (``OWN_TESTS``): mutmut
 would run every unit test that merely passes through the mutated function (a Pulumi-mock
-component test through config.py), which made a full run take hours.
+component test through config.py), which made a full run take hours. Last, it runs each
+mutant's tests inside one pytest session collected before the first mutant
+(``in_session_runner``) instead of mutmut's fresh ``pytest.main`` per mutant, whose start
+cost more CPU than most mutants' tests (docs/testing.md, "Speed").
 """
 
 from __future__ import annotations
@@ -72,14 +76,17 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_patches.py",
         "tests/unit/test_patches_mutants.py",
         "tests/unit/test_bad_input_certs_patches.py",
+        "tests/unit/test_patchtypes.py",
     ),
     "pmem_components/preflight.py (planning)": (
         "tests/unit/test_preflight.py",
         "tests/unit/test_preflight_mutants.py",
+        "tests/unit/test_preflight_identity.py",
     ),
     "pmem_components/takeover.py": (
         "tests/unit/test_takeover.py",
         "tests/unit/test_takeover_mutants.py",
+        "tests/unit/test_takeover_stale.py",
     ),
     "pmem_components/fieldowners.py": (
         "tests/unit/test_fieldowners.py",
@@ -278,6 +285,7 @@ def run(
     again_survivors: bool = False,
     sample_size: int | None = None,
     only: list[str] | None = None,
+    per_mutant_pytest: bool = False,
 ) -> int:
     """A mutmut run; ``again_survivors``: only the last run's survivors (after new tests: a
     killed mutant stays killed when tests are only added); ``sample_size``: only the sampled
@@ -311,6 +319,7 @@ def run(
             "-m",
             "tools.mutate",
             "mutmut",
+            *(["--per-mutant-pytest"] if per_mutant_pytest else []),
             "run",
             "--max-children",
             str(children),
@@ -330,13 +339,88 @@ def run(
     return done.returncode
 
 
+# What a mutant's child process costs before its first test (measured, docs/testing.md "Speed"):
+# a fresh ``pytest.main`` per mutant (mutmut's way) parses the options, registers the plugins
+# and conftests, parses their fixtures and collects the test files again, about 0.3 to 0.4
+# CPU-seconds, more than most of the tests it then runs. ``InSessionRunner`` does all of that
+# once, in the process that mutmut forks its children from, and a child only runs its items.
+PYTEST_ARGS = ["--rootdir=.", "--tb=native", "-q", "-p", "no:randomly", "-p", "no:random-order"]
+
+
+def failed(reports: Iterable[object]) -> bool:
+    """Whether any phase (setup, call, teardown) of a test failed, as pytest counts it: an
+    error in a fixture fails the test as much as a failed assertion."""
+    return any(getattr(r, "failed", False) for r in reports)
+
+
+def in_session_runner() -> type:
+    """mutmut's ``PytestRunner`` with the mutants' test runs inside one collected session.
+
+    ``collect`` (in mutmut's main process, once, before it forks the first mutant's child)
+    configures pytest with mutmut's own arguments and collects the selected test files; each
+    mutant's child (a fork, so the session is a copy of its own) runs its tests through
+    pytest's ``runtestprotocol``, fastest first as mutmut orders them, and stops at the first
+    one that fails (mutmut's ``-x``): exit code 1 (killed) or 0 (survived). The test modules
+    are the same objects as under ``pytest.main`` in a fork (both import them once, in the
+    parent), and the mutant is chosen at call time (``MUTANT_UNDER_TEST``), so a verdict is
+    the same; ``run --per-mutant-pytest`` keeps mutmut's way to compare. The clean run, the
+    forced-fail run and the stats stay mutmut's own ``pytest.main`` runs."""
+    from mutmut.runners.harness import PytestRunner
+    from mutmut.utils.file_utils import change_cwd
+
+    class InSessionRunner(PytestRunner):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.items: dict[str, object] = {}
+
+        def collect(self) -> None:
+            from _pytest.config import _prepareconfig
+            from _pytest.main import Session
+
+            args = [*PYTEST_ARGS, *self._pytest_add_cli_args_test_selection]
+            with change_cwd("mutants"):
+                pytest_config = _prepareconfig([*args, *self._pytest_add_cli_args])
+                pytest_config._do_configure()
+                session = Session.from_config(pytest_config)
+                pytest_config.hook.pytest_sessionstart(session=session)
+                session.perform_collect()
+                # The capture plugin captures this process's output from the start; the
+                # children capture around each test phase themselves.
+                capture = pytest_config.pluginmanager.getplugin("capturemanager")
+                if capture is not None:
+                    capture.suspend_global_capture(in_=True)
+            self.items = {item.nodeid: item for item in session.items}
+
+        def run_tests(self, *, mutant_name: str | None, tests: Iterable[str]) -> int:
+            tests = list(tests)
+            if mutant_name is None or not self.items or not set(tests) <= self.items.keys():
+                return int(super().run_tests(mutant_name=mutant_name, tests=tests))
+            from _pytest.runner import runtestprotocol
+
+            items = [self.items[t] for t in tests]
+            with change_cwd("mutants"):
+                for item, next_item in zip(items, [*items[1:], None], strict=True):
+                    if failed(runtestprotocol(item, nextitem=next_item, log=False)):
+                        return 1
+            return 0 if items else 5
+
+    return InSessionRunner
+
+
 def mutmut_with_own_tests(argv: list[str]) -> int:
     """mutmut's command line, in this process, with each mutant's tests cut down to its
     module's own (``own_tests_only``) once mutmut has collected or loaded its stats. Only
     the copy in memory is cut: mutants/mutmut-stats.json keeps every test, so a changed
-    ``OWN_TESTS`` applies to the next run without collecting the stats again."""
+    ``OWN_TESTS`` applies to the next run without collecting the stats again. The mutants'
+    test runs go through ``in_session_runner`` unless ``argv`` starts with
+    ``--per-mutant-pytest``."""
     import mutmut.__main__ as mutmut_main
     from mutmut.state import state
+
+    per_mutant_pytest = argv[:1] == ["--per-mutant-pytest"]
+    argv = argv[1:] if per_mutant_pytest else argv
+    if not per_mutant_pytest:
+        mutmut_main.get_mutant_runner = _in_session_fork_runner
 
     # The tests import ``tools`` (conftest.py) from mutants/, as under plain mutmut; this
     # process imported it from the checkout to get here.
@@ -357,6 +441,85 @@ def mutmut_with_own_tests(argv: list[str]) -> int:
     return 0
 
 
+def forced_fail_in_session(test_runner: object) -> None:
+    """mutmut's forced-fail check for the session's way: with every mutated function
+    raising (the mutant ``fail``), the collected tests must fail, in a fork as a mutant's."""
+    from mutmut.mutation.trampoline import set_mutant_under_test
+
+    pid = os.fork()
+    if pid == 0:
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the child exits)
+        set_mutant_under_test("fail")
+        tests = list(test_runner.items)  # type: ignore[attr-defined]
+        os._exit(test_runner.run_tests(mutant_name="fail", tests=tests))  # type: ignore[attr-defined]
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if code != 1:
+        raise SystemExit(f"the forced-fail run in the collected session exited {code}, not 1")
+    print("    the forced-fail run in the collected session failed, as it must")
+
+
+def _in_session_fork_runner(max_workers: int = 1) -> object:
+    """mutmut's ``ForkRunner`` around an ``in_session_runner``, which collects the session
+    when mutmut starts the runner (after its clean and forced-fail runs, right before the
+    first mutant's fork; mutmut then freezes the garbage collector's view of it)."""
+    from mutmut.configuration import config
+    from mutmut.workers.isolation import ForkRunner
+
+    test_runner = in_session_runner()()
+    fork_runner = ForkRunner(max_workers=max_workers, test_runner=test_runner, debug=config().debug)
+    start = fork_runner.startup
+
+    def collect_then_start() -> None:
+        test_runner.collect()
+        forced_fail_in_session(test_runner)
+        start()
+
+    fork_runner.startup = collect_then_start  # type: ignore[method-assign]
+    return fork_runner
+
+
+def cost(tests: list[str], repeat: int) -> int:
+    """CPU-seconds of one mutant's child process, both ways: mutmut's fresh ``pytest.main``
+    per mutant and ``in_session_runner``'s collected session, each ``repeat`` times, with the
+    original code (no mutant) in ``mutants/``, from a parent warmed as mutmut's is (the
+    selected test files imported, the garbage collector frozen). Prints each way's median."""
+    import gc
+    import resource
+
+    from mutmut.runners.harness import PytestRunner
+
+    os.chdir(PROJECT_DIR)
+    for name in [n for n in sys.modules if n == "tools" or n.startswith("tools.")]:
+        del sys.modules[name]  # the tests import ``tools`` from mutants/, as under mutmut
+    sys.path.insert(0, str(MUTANTS_DIR))
+    runner = in_session_runner()()
+    runner.collect()
+    gc.freeze()
+    ways = {
+        "pytest.main per mutant (mutmut's way)": lambda: PytestRunner.run_tests(
+            runner, mutant_name=None, tests=tests
+        ),
+        "one collected session (tools.mutate's way)": lambda: runner.run_tests(
+            mutant_name="", tests=tests
+        ),
+    }
+    for label, run_tests in ways.items():
+        cpu: list[float] = []
+        codes: set[int] = set()
+        for _ in range(repeat):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            pid = os.fork()
+            if pid == 0:
+                sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (the child exits)
+                os._exit(int(run_tests()))
+            codes.add(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+        cpu.sort()
+        print(f"{label}: {cpu[len(cpu) // 2]:.3f} CPU-s (median of {repeat}), exit {codes}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["mutmut"]:  # what ``run`` starts: not for use by hand
@@ -371,18 +534,35 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("--sample", type=int, help="check only a random sample per module")
     run_p.add_argument("--children", type=int, default=os.cpu_count() or 2)
     run_p.add_argument(
+        "--per-mutant-pytest",
+        action="store_true",
+        help="mutmut's own way: a fresh pytest.main per mutant (slower; to compare verdicts)",
+    )
+    run_p.add_argument(
         "mutants", nargs="*", help="only these mutants (names or globs), checked again"
     )
     report_p = sub.add_parser("report", help="the table of the last run")
     report_p.add_argument("--sample", type=int, help="add the score of this sample per module")
     surv_p = sub.add_parser("survivors", help="diffs of the surviving mutants")
     surv_p.add_argument("pattern", nargs="?", default="*", help="mutant name or file glob")
+    cost_p = sub.add_parser("cost", help="a mutant's CPU cost, mutmut's way and this one")
+    cost_p.add_argument("tests", nargs="+", help="test node ids (tests/unit/...::test_x)")
+    cost_p.add_argument("--repeat", type=int, default=15)
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run(args.keep, args.children, args.again_survivors, args.sample, args.mutants)
+        return run(
+            args.keep,
+            args.children,
+            args.again_survivors,
+            args.sample,
+            args.mutants,
+            args.per_mutant_pytest,
+        )
     if not MUTANTS_DIR.is_dir():
         print("no mutants/ yet: run `make mutate` first", file=sys.stderr)
         return 1
+    if args.command == "cost":
+        return cost(args.tests, args.repeat)
     if args.command == "report":
         found = list(mutants())
         print(table(found, sample(found, args.sample) if args.sample else None))

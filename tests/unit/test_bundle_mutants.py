@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from pmem_components.manifests import bundle
+from pmem_components.config import load_config
+from pmem_components.manifests import bundle, namespace
 
 CA, REGISTRY, NODE = "ca-pem", "registry-pem", "node-pem"
 
@@ -39,3 +40,24 @@ def test_the_fingerprint_ignores_surrounding_whitespace_and_is_stable() -> None:
     one = bundle.certificates_fingerprint(CA, REGISTRY, NODE)
     assert bundle.certificates_fingerprint(f"{CA}\n", f" {REGISTRY}", f"{NODE}\n\n") == one
     assert len(one) == 32 and int(one, 16) >= 0
+
+
+def test_a_shared_namespace_is_labelled_as_its_first_deployment_labels_it() -> None:
+    """``build_shared_namespace``: the stack's Namespace of that name, with the labels of the
+    first deployment in it (not of a deployment in another namespace, not of a later one)."""
+    stack = load_config(
+        {
+            "deployments": [
+                {"name": "a.example.org", "namespace": "elsewhere", "labels": {"team": "a"}},
+                {"name": "b.example.org", "namespace": "shared", "labels": {"team": "b"}},
+                {"name": "c.example.org", "namespace": "shared", "labels": {"team": "c"}},
+            ]
+        }
+    )
+    first = stack.deployments[1]
+    for build in (bundle.build_shared_namespace, namespace.build_shared_namespace):
+        ns = build("shared", stack.deployments)
+        assert ns == namespace.build_namespace(first)
+        assert ns["kind"] == "Namespace"
+        assert ns["metadata"]["name"] == "shared"
+        assert ns["metadata"]["labels"]["team"] == "b"

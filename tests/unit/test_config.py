@@ -372,3 +372,16 @@ def test_the_longest_accepted_name_fits_every_derived_value() -> None:
         assert len(value.value) <= value.limit, value
     with pytest.raises(c.ConfigError, match="controller-revision-hash"):
         c.load_config({"deployments": [{"name": longest + "x"}]})
+
+
+def test_adopt_consents_to_everything_to_the_named_objects_or_to_nothing() -> None:
+    """``StackConfig.adopts``: ``true`` consents to any object, a list to the objects it
+    names exactly, ``false`` (the default) to none."""
+    ref, other = "Namespace pmem-csi", "Deployment pmem-csi.intel.com"
+    assert load_config({"adopt": True}).adopts(ref)
+    named = load_config({"adopt": [ref]})
+    assert named.adopts(ref)
+    assert not named.adopts(other)
+    assert not named.adopts("Namespace pmem")
+    assert not load_config({"adopt": False}).adopts(ref)
+    assert not load_config({}).adopts(ref)

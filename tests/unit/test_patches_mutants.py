@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_patches import WHERE, patchset
 
-from pmem_components.patches import PatchError
+from pmem_components.patches import PatchError, changed_paths
 
 
 def test_the_late_check_names_every_entry_that_selected_nothing_in_one_line() -> None:
@@ -63,3 +63,30 @@ def test_library_errors_lose_every_document_excerpt_and_stay_short() -> None:
         "member 'a' not found"
     )
     assert _describe(JsonPointerException("x" * 300)) == "x" * 200
+
+
+def test_changed_paths_names_each_changed_leaf_once_and_lists_whole() -> None:
+    """``changed_paths``: dotted paths in first-seen order (``before``'s keys, then keys only
+    ``after`` has), a key added or removed as one path, a list compared whole."""
+    before = {
+        "spec": {"podManagementPolicy": "OrderedReady", "replicas": 1, "keep": {"a": 1}},
+        "roleRef": {"name": "old"},
+        "gone": True,
+        "list": [1, 2],
+    }
+    after = {
+        "spec": {"podManagementPolicy": "Parallel", "replicas": 1, "keep": {"a": 1}},
+        "roleRef": {"name": "new"},
+        "list": [1, 3],
+        "added": {"x": None, "y": 2},
+    }
+    assert changed_paths(before, after) == [
+        "spec.podManagementPolicy",
+        "roleRef.name",
+        "gone",
+        "list",
+        "added",
+    ]
+    assert changed_paths(before, before) == []
+    assert changed_paths({"a": 1}, {"a": 2}, "metadata") == ["metadata.a"]
+    assert changed_paths(1, 2, "x") == ["x"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pmem_components import identity, names
+from pmem_components import identity, names, preflight
 from pmem_components.config import ConfigError, load_config
 from pmem_components.preflight import Observed, ObservedObject, Previous, plan
 
@@ -336,3 +336,79 @@ def test_an_object_another_stack_took_over_since_is_not_applied_again_unasked() 
     ):
         observed = Observed(namespaces={"pmem-csi": taken(live_ns, managers)})
         assert plan(stack({}), observed, ME, state).problems == [], managers
+
+
+def _unheld(live: ObservedObject, adopt: Any = False) -> tuple[str | None, list[str]]:
+    out = preflight.Plan()
+    refusal = preflight._unheld(stack({}, adopt=adopt), out, live, ME, "key", "ALTERNATIVE")
+    return refusal, out.adopted
+
+
+ADOPT_HINT = (
+    ". If no other stack manages it any more (or it is to move to this one), set "
+    'pmem-csi:adopt: ["{ref}"] (or true) to take it over (its fields and field managers '
+    "become this stack's); otherwise use ALTERNATIVE"
+)
+
+
+@pytest.mark.parametrize(
+    ("owner", "whose"),
+    [
+        (
+            ME,
+            f"carries this stack's identity {ME!r} ({names.STACK_ANNOTATION}), but this "
+            "stack's state does not hold it: an earlier stack of this name kept it (pulumi "
+            "stack rm after destroy with retainNamespaces, or without destroy), or a stack "
+            "of the same name on another backend manages it",
+        ),
+        (
+            "org/other/prod",
+            f"is managed by stack 'org/other/prod' ({names.STACK_ANNOTATION}), and this "
+            "stack's state does not hold it",
+        ),
+        (
+            None,
+            f"was made by {names.MANAGED_BY} ({names.LABEL_MANAGED_BY}) but carries no stack "
+            "identity, and this stack's state does not hold it",
+        ),
+    ],
+    ids=["this-stacks-identity", "another-stack", "no-identity"],
+)
+def test_an_unheld_object_is_refused_naming_it_whose_it_is_and_the_settings(
+    owner: str | None, whose: str
+) -> None:
+    """The whole refusal text, for the namespace and for the Deployment CR."""
+    for live, what, ref in (
+        (ns(owner=owner), "namespace 'pmem-csi'", "Namespace pmem-csi"),
+        (cr(owner=owner), f"the Deployment CR {DRIVER!r}", f"{names.CRD_KIND} {DRIVER}"),
+    ):
+        assert _unheld(live) == (f"key: {what} {whose}" + ADOPT_HINT.format(ref=ref), [])
+
+
+def test_an_unheld_object_named_by_adopt_is_adopted_and_others_are_not() -> None:
+    assert _unheld(ns(), adopt=["Namespace pmem-csi"]) == (None, ["Namespace pmem-csi"])
+    refusal, adopted = _unheld(ns(), adopt=["Namespace other"])
+    assert refusal is not None and adopted == []
+
+
+def test_an_object_another_stack_took_is_refused_by_its_managers_or_adopted_when_named() -> None:
+    """``_taken_away``: the refusal names the object and every Pulumi manager it has now; an
+    adopt list naming it takes it back; this stack's own manager among them is no take-away."""
+    mine, theirs = "pulumi-kubernetes-1", ("pulumi-kubernetes-b", "pulumi-kubernetes-c")
+    live = ObservedObject(**{**cr().__dict__, "pulumi_managers": theirs})
+    state = held(live)
+    ref = f"{names.CRD_KIND} {DRIVER}"
+    out = preflight.Plan()
+    refusal = preflight._taken_away(stack({}), out, live, state, "key")
+    assert refusal == (
+        f"key: the Deployment CR {DRIVER!r} is in this stack's state, but another stack has "
+        f"taken it over since: its field manager is pulumi-kubernetes-b, pulumi-kubernetes-c, "
+        f"not this stack's {mine} (a stack of the same name on another backend, or one that "
+        f"adopted it with pmem-csi:adopt). Remove it from this stack, or, if this stack is to "
+        f'manage it again, set pmem-csi:adopt: ["{ref}"] (and remove it from the other stack)'
+    )
+    assert out.adopted == []
+    assert preflight._taken_away(stack({}, adopt=[ref]), out, live, state, "key") is None
+    assert out.adopted == [ref]
+    back = ObservedObject(**{**live.__dict__, "pulumi_managers": (mine, *theirs)})
+    assert preflight._taken_away(stack({}), preflight.Plan(), back, state, "key") is None

@@ -283,6 +283,13 @@ def test_an_object_of_another_kind_is_bound_to_no_driver() -> None:
     assert preflight.volume_driver(pod) is None
 
 
+def test_a_volume_of_another_provisioner_type_is_bound_to_no_driver() -> None:
+    """A PersistentVolume without ``csi`` (a hostPath one) or with ``csi: null``."""
+    for spec in ({"hostPath": {"path": "/mnt"}}, {"csi": None}):
+        pv = ObservedObject(kind="PersistentVolume", name="pv", spec=spec)
+        assert preflight.volume_driver(pv) is None
+
+
 def test_a_refusal_without_causes_gives_the_status_message_or_for_a_secret_its_reason() -> None:
     status = {"reason": "Invalid", "message": "Secret x is invalid: value 's3cr3t'"}
     assert preflight._refusal(status, secret=False) == ([], status["message"])

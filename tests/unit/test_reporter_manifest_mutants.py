@@ -5,13 +5,18 @@ started with, its probes, resources, security settings and spreading.
 
 from __future__ import annotations
 
+import copy
+import json
+
 from test_reporter_rbac import NAMES, all_objects, objects
 
+from pmem_components.fieldowners import ALLOWED_ENV, Allowance
 from pmem_components.manifests.reporter import (
     METRICS_PORT,
     REPORTER_UID,
     build_reporter_objects,
     reporter_selector,
+    with_allowed_field_owners,
 )
 from reporter.__main__ import parse_args
 
@@ -104,3 +109,38 @@ def test_the_reporter_image_is_pulled_only_when_missing_unless_configured() -> N
     ]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_the_field_ownership_policy_reaches_every_reporter_container_once() -> None:
+    """``with_allowed_field_owners``: the policy entries, each with its manager, paths and
+    reason, in the environment of each container of the reporter's Deployment, replacing an
+    entry of that name there before and keeping the others; the builder's output untouched."""
+    deployment = objects()["Deployment"]
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    containers[0]["env"] = [
+        {"name": "KEEP", "value": "1"},
+        {"name": ALLOWED_ENV, "value": "[]"},
+    ]
+    containers.append({"name": "second", "image": "reg/other:1"})
+    before = copy.deepcopy(deployment)
+    allowed = (
+        Allowance("team-labeller", ("metadata.labels.team", "metadata.labels.tier"), "ours"),
+        Allowance("hpa", ("spec.replicas",), "scaling"),
+    )
+    out = with_allowed_field_owners(deployment, allowed)
+    assert deployment == before
+    expected = [
+        {
+            "manager": "team-labeller",
+            "paths": ["metadata.labels.team", "metadata.labels.tier"],
+            "reason": "ours",
+        },
+        {"manager": "hpa", "paths": ["spec.replicas"], "reason": "scaling"},
+    ]
+    first, second = out["spec"]["template"]["spec"]["containers"]
+    assert [e["name"] for e in first["env"]] == ["KEEP", ALLOWED_ENV]
+    assert first["env"][0] == {"name": "KEEP", "value": "1"}
+    assert [e["name"] for e in second["env"]] == [ALLOWED_ENV]
+    for container in (first, second):
+        assert json.loads(container["env"][-1]["value"]) == expected
+    assert with_allowed_field_owners(deployment, []) is deployment

@@ -4,11 +4,13 @@ open in test_status.py.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
 from test_status import BAD, NAMES, NOW, comp, daemonset, node_pods, observed, pod, with_changes
 
+from pmem_components import names as n
 from reporter import status as st
 
 
@@ -301,3 +303,32 @@ def test_a_transition_time_up_to_one_clock_skew_ahead_is_kept() -> None:
     kept = st.without_implausible_times(old, cr, NOW)
     assert kept["conditions"][0]["lastTransitionTime"] == at_limit
     assert "lastTransitionTime" not in kept["conditions"][1]
+
+
+def test_failing_pods_are_the_broken_ones_of_the_controller_and_the_nodes() -> None:
+    """What the writer sends at once (``failing_pods``): the names of the broken pods among
+    both the controller's and the nodes' pods, none of those merely on their way; nothing
+    when pods cannot be read (then nothing is known to be broken)."""
+    crashing = pod(BAD, "worker-2", ready=False, waiting="CrashLoopBackOff")
+    unplaced = pod(f"{NAMES.controller_driver}-0", None, unschedulable="0/3 nodes")
+    starting = pod(f"{NAMES.hyphened}-node-1", "worker-1", ready=False, waiting="ContainerCreating")
+    nameless = pod("x", "worker-0", ready=False, waiting="ImagePullBackOff")
+    del nameless["metadata"]["name"]
+    seen = observed(ctrl_pods=[unplaced], nodepods=[*node_pods(1), starting, crashing, nameless])
+    assert st.failing_pods(seen) == frozenset({BAD, f"{NAMES.controller_driver}-0", "?"})
+    assert st.failing_pods(observed()) == frozenset()
+    unreadable = dataclasses.replace(seen, unreadable={"Pod": "403 forbidden"})
+    assert st.failing_pods(unreadable) == frozenset()
+
+
+def test_an_object_without_our_labels_says_which_it_lacks_and_that_it_has_none() -> None:
+    """The relabelled text: the expected labels sorted and comma-separated, and ``none`` for
+    the labels of ours it still has when it has none of them."""
+    obs = dataclasses.replace(
+        observed(with_changes(ds=None)), relabelled={("DaemonSet", NAMES.node_driver): {}}
+    )
+    c = next(c for c in st.compute_status(obs, NOW)["conditions"] if c["type"] == "DriverDeployed")
+    assert (
+        f"DaemonSet/{NAMES.node_driver} (expected {n.LABEL_INSTANCE}={NAMES.hyphened}, "
+        f"{n.LABEL_PART_OF}={n.PART_OF}; has none)"
+    ) in c["message"]

@@ -68,3 +68,10 @@ def test_the_merged_entry_holds_the_earlier_stacks_fields() -> None:
     ((manager, fields),) = managers(plan)
     assert manager == MINE
     assert fields == {"f:metadata": {"f:labels": {"f:app": {}, "f:tier": {}, "f:gone": {}}}}
+
+
+def test_the_stale_entries_are_the_other_pulumi_managers_object_entries_only() -> None:
+    """``stale_pulumi_entries`` itself: this stack's own entry, a person's edit and another
+    Pulumi manager's status entry are not stale; another Pulumi manager's entry is."""
+    assert takeover.stale_pulumi_entries([OLD, OWN, EDIT, STATUS], MINE) == [OLD]
+    assert takeover.stale_pulumi_entries([OWN, EDIT], MINE) == []

@@ -162,10 +162,14 @@ def test_build_observed_asks_for_the_labels_of_each_missing_object_by_its_name()
 # --------------------------------------------------------------------------- KubeStatusApi
 
 
-def test_the_status_api_names_the_reporter_as_field_manager_and_sends_the_event() -> None:
+def test_the_status_api_reads_the_cr_by_name_and_writes_as_the_reporter() -> None:
     calls: list[tuple[Any, ...]] = []
 
     class Raw:
+        def get(self, *args: Any) -> dict[str, Any]:
+            calls.append(("get", *args))
+            return {"kind": "PmemCSIDeployment"}
+
         def merge_patch_status(self, *args: Any) -> dict[str, Any]:
             calls.append(("patch", *args))
             return {}
@@ -175,9 +179,11 @@ def test_the_status_api_names_the_reporter_as_field_manager_and_sends_the_event(
             return {}
 
     api = write.KubeStatusApi(Raw())  # type: ignore[arg-type]
+    assert api.get_cr(NAME) == {"kind": "PmemCSIDeployment"}
     api.patch_status(NAME, {"status": {}})
     api.create_event("ns", {"kind": "Event"})
     assert calls == [
+        ("get", write.CR_RESOURCE, NAME),
         ("patch", write.CR_RESOURCE, NAME, {"status": {}}, "pmem-csi-reporter"),
         ("create", write.EVENTS, {"kind": "Event"}, "ns"),
     ]

@@ -876,7 +876,10 @@ def _kubelet_down_only(record: Record) -> bool:
     """
     others = {name: pid for name, pid in record.pids.items() if name != "kubelet"}
     return (
-        "forwarder" in others
+        # A restart keeps the old kubelet's entry until the new one replaces it; a start
+        # killed before its kubelet (and its configuration) never wrote one: a leftover.
+        "kubelet" in record.pids
+        and "forwarder" in others
         and "containerd" in others
         and all(_same_process(pid, record.pid_starts.get(n)) for n, pid in others.items())
         and not _same_process(record.pids.get("kubelet"), record.pid_starts.get("kubelet"))
@@ -895,22 +898,43 @@ def start(
     Refuses a node of another checkout.
     """
     t0 = time.monotonic()
+    # Checked before the change lock too (and again under it), so that another checkout's
+    # change under way never holds up a refusal; packages and builds need no lock either.
+    _refuse_anothers(Record.load())
+    ensure_node_packages()
+    toolchain.build_all(list(NODE_GROUPS))
     with _changing(wait):
         return _start_changing(images, timeout, t0)
+
+
+def _anothers(record: Record | None, here: Path) -> bool:
+    """Whether ``record`` is a node of another checkout (not of ``here`` or a state directory
+    inside it) that lives or is being started."""
+    return bool(
+        record
+        and not Path(record.state_dir).is_relative_to(here)
+        and (is_running() or _holder_alive(record))
+    )
+
+
+def _refuse_anothers(record: Record | None) -> None:
+    if record and record.state_dir != str(localenv.state_dir()) and (
+        is_running() or _holder_alive(record)
+    ):
+        raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
 
 
 def _start_changing(images: Sequence[tuple[Path, str]], timeout: float, t0: float) -> Record:
     record = Record.load()
     ours = str(localenv.state_dir())
-    if record and record.state_dir != ours and (is_running() or _holder_alive(record)):
-        raise RealNodeError(f"the machine's one real node belongs to {record.state_dir}")
+    _refuse_anothers(record)
     if record and record.state_dir == ours and _kubelet_down_only(record):
         _log("the node's kubelet is not running (a restart did not finish); starting it")
         _restart_locked(record, timeout)
         for archive, base in images:
             import_image(archive, base)
         return record
-    if record and is_running():
+    if record and is_running() and "kubelet" in record.pids:
         _, _, api_port = _kubelet_kubeconfig()
         problems = _isolation_problems(api_port)
         if problems:
@@ -920,8 +944,6 @@ def _start_changing(images: Sequence[tuple[Path, str]], timeout: float, t0: floa
         for archive, base in images:
             import_image(archive, base)
         return record
-    ensure_node_packages()
-    toolchain.build_all(list(NODE_GROUPS))
     _, api_host, api_port = _kubelet_kubeconfig()
     problems = cluster_problems(api_port)
     if problems:
@@ -1459,6 +1481,11 @@ def stop(quiet: bool = False, wait: float = CHANGE_WAIT) -> None:
     checkout) is an error, never a teardown without it. All under the change lock (``wait``
     seconds for a start, stop or restart under way).
     """
+    here = localenv.state_dir()
+    if _anothers(Record.load(), here):  # not ours: no need to wait for a change under way
+        if not quiet:
+            _log(f"the real node belongs to {Record.load().state_dir}; left alone")
+        return
     with _changing(wait):
         _stop_changing(quiet)
 
@@ -1468,9 +1495,7 @@ def _stop_changing(quiet: bool) -> None:
     # A node of a state directory inside this one (the test session's, .state/test-session,
     # left running by a killed pytest) is this checkout's to stop.
     here = localenv.state_dir()
-    if record and not Path(record.state_dir).is_relative_to(here) and (
-        is_running() or _holder_alive(record)
-    ):
+    if _anothers(record, here):
         if not quiet:
             _log(f"the real node belongs to {record.state_dir}; left alone")
         return

@@ -222,7 +222,7 @@ def test_a_running_node_is_reused_only_while_its_guard_holds(
     machine.make_node_traces()
     start = realnode.process_start_boottime(process.pid)
     realnode.Record(state_dir=str(realnode.localenv.state_dir()),
-                    pids={"containerd": process.pid}, pid_starts={"containerd": start},
+                    pids={"kubelet": process.pid}, pid_starts={"kubelet": start},
                     host_routes=realnode._host_blackholes()).save()  # fmt: skip
     assert realnode.is_running()
     monkeypatch.setattr(realnode, "_kubelet_kubeconfig", lambda: ({}, "127.0.0.1", 1))
@@ -879,6 +879,70 @@ def test_a_restart_whose_node_keeps_an_old_heartbeat_fails(
         _running_node(lock_holder.pid, kubelet=old, containerd=containerd)
         with pytest.raises(realnode.RealNodeError, match=r"node Ready.*not ready after"):
             realnode.restart_kubelet(timeout=1)
+    finally:
+        containerd.kill()
+        containerd.wait()
+
+
+def test_stop_leaves_another_checkouts_node_alone_without_waiting_for_a_change_lock(
+    machine: FakeMachine, lock_holder: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    """Every cluster start and stop of every checkout calls stop(): a change under way in
+    another checkout (a cold start: apt, builds) must not hold up a kwok-only cluster."""
+    kubelet, containerd = _sleeper(), _sleeper()
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import fcntl,os,sys,time; fd=os.open(sys.argv[1], os.O_RDWR|os.O_CREAT);"
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+         str(realnode.CHANGE_LOCK_FILE)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        record = _running_node(lock_holder.pid, kubelet=kubelet, containerd=containerd)
+        record.state_dir = str(tmp_path / "other-checkout")
+        record.save()
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        realnode.stop(quiet=True, wait=0.5)  # no "under way" error: it is not ours to change
+        assert realnode.Record.load() is not None and _alive_all(kubelet, containerd)
+        with pytest.raises(realnode.RealNodeError, match="belongs to"):
+            realnode.start(wait=0.5)
+    finally:
+        for proc in (holder, kubelet, containerd):
+            proc.kill()
+            proc.wait()
+
+
+def _alive_all(*procs: subprocess.Popen[bytes]) -> bool:
+    return all(proc.poll() is None for proc in procs)
+
+
+def test_a_start_killed_before_its_kubelet_is_not_taken_for_an_unfinished_restart(
+    restart_env: dict, lock_holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start() killed between the forwarder's spawn and the kubelet's leaves a record with
+    forwarder and containerd but no kubelet (and no kubelet.json): the next start tears that
+    down and starts afresh, instead of "restarting" a kubelet that has no configuration."""
+    monkeypatch.setattr(realnode, "ensure_node_packages", lambda: None)
+    monkeypatch.setattr(realnode.toolchain, "build_all", lambda groups: None)
+    monkeypatch.setattr(realnode, "cluster_problems", lambda port: [])
+    monkeypatch.setattr(realnode, "import_image", lambda a, b: None)
+    fresh: list[tuple] = []
+    monkeypatch.setattr(realnode, "_start_locked", lambda *a: fresh.append(a))
+    def stop_forwarder(record: realnode.Record) -> None:
+        lock_holder.kill()
+        lock_holder.wait()
+
+    monkeypatch.setattr(realnode, "_stop_forwarder", stop_forwarder)
+    monkeypatch.setattr(realnode, "cleanup", lambda quiet=False: None)
+    containerd = _sleeper()
+    try:
+        record = _running_node(lock_holder.pid, containerd=containerd)
+        record.starter_pid, record.starter_start = 1, 0.0  # the killed starter
+        record.save()
+        assert not realnode._kubelet_down_only(record)
+        realnode.start()
+        assert fresh, "a fresh start"
+        assert not [n for n, _, _ in restart_env["spawned"] if n == "kubelet"]
     finally:
         containerd.kill()
         containerd.wait()

@@ -18,6 +18,10 @@ d) after each adoption the earlier stack's field manager (``pulumi-kubernetes-<r
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import shlex
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +39,7 @@ from pmem_components.fieldowners import is_pulumi_manager
 from pmem_components.manifests import bundle
 from pmem_components.program import main as program
 from tests.e2e.test_program import Cluster
-from tools import localenv
+from tools import localenv, toolchain
 from tools import pulumi_stack as ps
 
 pytestmark = pytest.mark.timeout(900)
@@ -63,6 +67,18 @@ def stack_on(backend: Path, work_dir: Path, config: dict[str, Any]) -> auto.Stac
     )
     return auto.create_or_select_stack(
         stack_name=STACK, project_name=ps.PROJECT_NAME, program=program, opts=opts
+    )
+
+
+def state_cli(stack: auto.Stack, *args: str) -> None:
+    """Run ``pulumi <args>`` on the stack as its administrator would, in its checkout."""
+    env = {**os.environ, **stack.workspace.env_vars}
+    subprocess.run(
+        [str(toolchain.bin_path("pulumi")), *args, "--stack", STACK],
+        cwd=stack.workspace.work_dir,
+        env=env,
+        check=True,
+        timeout=120,
     )
 
 
@@ -193,6 +209,20 @@ def test_two_teams_same_stack_name_on_two_backends(
         assert f"namespace {raw['namespace']!r} is in this stack's state, but another" in text
         assert f"the Deployment CR {raw['name']!r} is in this stack's state" in text
         assert versions(kube, changed) == before
+        # D1: told to drop the deployment, the first team's stack would delete the second
+        # team's objects by name. Refused, naming the state delete that forgets them.
+        configure(first, {"pmem-csi:manageCrd": False, "pmem-csi:deployments": []})
+        text = refused(first.up)
+        assert f"{raw['name']!r} (in this stack's state) is no longer configured" in text
+        assert f"namespace {raw['namespace']!r} (in this stack's state) is created by" in text
+        assert versions(kube, changed) == before, "the refused up deleted nothing"
+        commands = re.findall(r"pulumi state delete [^']*'urn:[^']+'", text)
+        assert len(commands) == 2, text
+        for command in commands:  # the deployment's first: the namespace is its dependency
+            state_cli(first, *shlex.split(command)[1:])
+        assert first.up(on_output=ps.printer("[team a forgets] ")).summary.result == "succeeded"
+        assert versions(kube, changed) == before, "the second team's objects are untouched"
+        assert state_managers(first) == {}
     finally:
         second.destroy(on_output=ps.printer("[cleanup b] "))
         second.workspace.remove_stack(STACK)
@@ -209,6 +239,10 @@ def test_a_retained_namespace_is_adopted_by_a_new_stack_of_the_name_only_when_to
     kube = Cluster(api_client)
     raw = deployment
     backend = tmp_path / "backend"
+    # D5: a DIY backend in the legacy layout (made before project-scoped stacks): every run
+    # below reads its own state there, by the bare stack name.
+    (backend / ".pulumi").mkdir(parents=True)
+    (backend / ".pulumi" / "meta.yaml").write_text("version: 0\n")
     old = stack_on(backend, tmp_path / "checkout", config_of(raw))
     assert old.up(on_output=ps.printer("[old] ")).summary.result == "succeeded"
     old.destroy(on_output=ps.printer("[old destroy] "))
@@ -222,10 +256,17 @@ def test_a_retained_namespace_is_adopted_by_a_new_stack_of_the_name_only_when_to
         assert f"namespace {raw['namespace']!r} carries this stack's identity" in text
         assert f'pmem-csi:adopt: ["Namespace {raw["namespace"]}"]' in text
         assert "createNamespace: false" in text
+        # D6: the same refusal meets what an interrupted run created and did not record.
+        assert "a pulumi up of this stack that was interrupted" in text
+        # D4: adopting without the take-over would leave the earlier stack's manager on it.
+        adopt = [f"Namespace {raw['namespace']}"]
+        configure(new, config_of(raw, adopt=adopt, takeOverFields=False))
+        text = refused(new.preview)
+        assert "pmem-csi:takeOverFields: false" in text and "pmem-csi:adopt" in text
         assert core.read_namespace(raw["namespace"]).metadata.resource_version == (
             kept.metadata.resource_version
         )
-        configure(new, config_of(raw, adopt=[f"Namespace {raw['namespace']}"]))
+        configure(new, config_of(raw, adopt=adopt))
         assert new.up(on_output=ps.printer("[new adopts] ")).summary.result == "succeeded"
         live = kube.get(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": raw["namespace"]}}

@@ -5,10 +5,17 @@ The real CLI and engine on the local cluster, stacks on file backends of their o
 a) two teams run ``pmem-csi-pulumi/prod`` on two backends against one cluster: the second
    team's ``preview`` and ``up`` are refused, naming the namespace and the CR, the identity
    they carry and ``pmem-csi:adopt``, and change nothing; with the consent ``up`` adopts them;
-b) ``pulumi destroy`` (the namespace is retained), ``pulumi stack rm``, ``pulumi stack init``
-   of the same name: the retained namespace is adopted only with ``pmem-csi:adopt``;
-   The first team's next ``preview`` is refused in turn: its state holds them, but another
-   stack's field manager has replaced its own;
+   the first team's next ``preview`` is refused in turn: its state holds them, but another
+   stack's field manager has replaced its own; told to drop the deployment, its ``up`` is
+   refused too (it would delete the second team's objects by name), and after the
+   ``pulumi state delete`` commands the refusal names, its ``up`` forgets them and leaves
+   every object of the second team as it was (same resourceVersions). One object carries
+   the stamp of an earlier take-over when the second team adopts it: the run after the
+   adoption has nothing to change;
+b) ``pulumi destroy`` (the namespace is retained), ``pulumi stack rm``, ``pulumi stack
+   init`` of the same name: the retained namespace is adopted only with ``pmem-csi:adopt``
+   (the refusal names the interrupted-run case too), and not with ``takeOverFields: false``
+   (refused, naming both settings);
 d) after each adoption the earlier stack's field manager (``pulumi-kubernetes-<random>``) is
    gone from every adopted object, and a later ``pulumi up`` that changes a field both owned
    (a namespace label, with the consent removed again) succeeds instead of failing with a
@@ -38,6 +45,7 @@ from pmem_components.config import load_config
 from pmem_components.fieldowners import is_pulumi_manager
 from pmem_components.manifests import bundle
 from pmem_components.program import main as program
+from pmem_components.takeover_transform import TAKEN_OVER_ANNOTATION
 from tests.e2e.test_program import Cluster
 from tools import localenv, toolchain
 from tools import pulumi_stack as ps
@@ -179,6 +187,20 @@ def test_two_teams_same_stack_name_on_two_backends(
     second = stack_on(tmp_path / "backend-b", tmp_path / "team-b", config_of(raw))
     try:
         assert first.up(on_output=ps.printer("[team a] ")).summary.result == "succeeded"
+        # An earlier take-over on one object: its stamp is on it when the second team adopts.
+        account = next(o for o in objects_of(raw) if o["kind"] == "ServiceAccount")
+        client.CoreV1Api(api_client).patch_namespaced_service_account(
+            account["metadata"]["name"],
+            raw["namespace"],
+            {"metadata": {"labels": {"tier": "edited"}}},
+            field_manager="kubectl-edit",
+        )
+        assert first.up(on_output=ps.printer("[team a takes over] ")).summary.result == (
+            "succeeded"
+        )
+        stamped = kube.get(account)
+        assert stamped is not None
+        assert TAKEN_OVER_ANNOTATION in stamped["metadata"]["annotations"]
         before = versions(kube, raw)
         # The second team, same project and stack names, its own (empty) state.
         for action in (second.preview, second.up):
@@ -196,6 +218,8 @@ def test_two_teams_same_stack_name_on_two_backends(
         assert result.summary.result == "succeeded"
         after = versions(kube, raw)
         assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
+        # D3: the adoption kept the take-over stamp: the next run has nothing to change.
+        second.preview(expect_no_changes=True, on_output=ps.printer("[team b, no changes] "))
         # d) the consent removed, a field both stacks' managers had set changes.
         changed = {**raw, "labels": {"tier": "two"}}
         configure(second, config_of(changed))
@@ -239,10 +263,6 @@ def test_a_retained_namespace_is_adopted_by_a_new_stack_of_the_name_only_when_to
     kube = Cluster(api_client)
     raw = deployment
     backend = tmp_path / "backend"
-    # D5: a DIY backend in the legacy layout (made before project-scoped stacks): every run
-    # below reads its own state there, by the bare stack name.
-    (backend / ".pulumi").mkdir(parents=True)
-    (backend / ".pulumi" / "meta.yaml").write_text("version: 0\n")
     old = stack_on(backend, tmp_path / "checkout", config_of(raw))
     assert old.up(on_output=ps.printer("[old] ")).summary.result == "succeeded"
     old.destroy(on_output=ps.printer("[old destroy] "))

@@ -434,7 +434,11 @@ def test_the_state_is_read_on_a_legacy_layout_backend(monkeypatch: pytest.Monkey
         assert token == identity.READ_STATE_TOKEN
         asked.append(args["stackName"])
         if "/" in args["stackName"]:
-            raise Exception(f"invoke of {token} failed: {LEGACY_REFUSAL}")
+            # Word for word what CLI 3.260 gave on such a backend (tried by hand).
+            raise Exception(
+                f"invoke of {token} failed: invocation of {token} returned an error: "
+                + LEGACY_REFUSAL
+            )
         return answer
 
     monkeypatch.setattr(pulumi.runtime, "invoke", invoke)

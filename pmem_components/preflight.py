@@ -589,7 +589,7 @@ def _dropped_taken(live: ObservedObject, state: identity.StackState) -> str | No
         )
     else:
         what = f"namespace {live.name!r} (in this stack's state) is created by no deployment"
-        objects = "the namespace and everything in it"
+        objects = "the namespace (unless kept on delete: retainNamespaces) and all in it"
         command = f"pulumi state delete --yes '{urn or '<its URN (pulumi stack --show-urns)>'}'"
     return (
         f"{key_path(('deployments',))}: {what}, but another stack has taken it over since "

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pmem_components import identity, names
+from pmem_components import identity, names, preflight
 from pmem_components.config import ConfigError, load_config
 from pmem_components.preflight import Observed, ObservedObject, Previous, plan
 
@@ -383,6 +383,13 @@ def test_a_dropped_deployment_another_stack_took_over_is_not_deleted() -> None:
     result = plan(uses, observed, ME, state_with_urns())
     assert [p for p in result.problems if "namespace 'pmem-csi'" in p], result.problems
     assert result.keep_namespaces == set()
+
+
+def test_the_component_urn_of_a_cr() -> None:
+    assert preflight._component_urn(CR_URN) == COMPONENT_URN
+    library = CR_URN.replace(f"::{DRIVER}", f"::east:{DRIVER}")
+    assert preflight._component_urn(library) == COMPONENT_URN.replace(f"::{DRIVER}", "::east")
+    assert preflight._component_urn(NS_URN) is None
 
 
 def test_a_dropped_deployment_still_this_stacks_is_removed_as_before() -> None:

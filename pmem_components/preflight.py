@@ -18,7 +18,12 @@ So this module answers, before anything changes:
   stack's when its own state holds them (:mod:`pmem_components.identity`), whatever the
   annotation says; one the state does not hold (retained by an earlier stack of this name,
   or managed by a same-named stack on another backend, or by another stack) is refused,
-  naming it and the identity it carries, until ``pmem-csi:adopt`` names it.
+  naming it and the identity it carries, until ``pmem-csi:adopt`` names it (and only with
+  ``takeOverFields: true``, whose hooks merge the earlier owner's field manager away).
+* Would this update drop from the state a deployment or namespace that another stack has
+  taken over since (its Pulumi field manager replaced this stack's)? The engine would delete
+  it by name, the other stack's now: refused, naming the ``pulumi state delete`` that makes
+  this stack forget it without deleting anything.
 * Does a configured deployment move namespace, change its device mode, or replace another
   deployment of this stack (a rename)? Each is refused with the reason and the flag that
   allows it (``allowReinstall``, ``allowDeviceModeChange``, ``renamedFrom``); an allowed move

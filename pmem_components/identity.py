@@ -62,6 +62,8 @@ class Held:
 
     uid: str
     field_manager: str
+    # Its URN in the state: what `pulumi state delete` takes (the refusals name it).
+    urn: str = ""
 
 
 ObjectKey = tuple[str, str, str, str]  # (API group, kind, namespace, name)
@@ -94,6 +96,14 @@ class StackState:
     def field_manager(self, key: ObjectKey) -> str | None:
         held = self.objects.get(key)
         return held.field_manager if held is not None and held.field_manager else None
+
+    def urn(self, key: ObjectKey) -> str | None:
+        held = self.objects.get(key)
+        return held.urn if held is not None and held.urn else None
+
+    def namespaces(self) -> list[str]:
+        """The names of the namespaces the state holds."""
+        return [name for group, kind, _, name in self.objects if (group, kind) == ("", "Namespace")]
 
 
 def _plain(value: Any) -> Any:
@@ -141,6 +151,7 @@ def state_from_outputs(result: Mapping[str, Any] | None) -> StackState:
         objects[key] = Held(
             uid=str(meta.get("uid") or ""),
             field_manager=str(_plain(outs.get(FIELD_MANAGER_KEY)) or ""),
+            urn=str(urn),
         )
     return StackState(objects, phases)
 
@@ -150,6 +161,23 @@ class StateError(RuntimeError):
 
 
 READ_STATE_TRIES = 4
+# What a DIY backend in the legacy layout (``.pulumi/meta.yaml`` version 0, or none in a bucket
+# that held stacks before project-scoped ones: ``.pulumi/stacks/<stack>.json``) answers to a
+# reference with a ``/``: it parses references as bare stack names (pulumi
+# pkg/backend/diy/store.go, ``legacyReferenceStore.ParseReference``; sdk
+# go/common/tokens/stack_name.go, ``ParseStackName``).
+LEGACY_REFUSAL = "a stack name may only contain"
+
+
+def legacy_reference(stack_name: str, reason: str) -> str | None:
+    """The reference to try when the backend refused ``stack_name`` (``org/project/stack``)
+    for ``reason``: the bare stack name, which is how a legacy-layout DIY backend names its
+    stacks (there the stack's name alone is unique); None for any other refusal. Only then:
+    elsewhere a bare name means the default organization's stack (Pulumi Cloud), which may
+    be another stack than this one."""
+    if "/" not in stack_name or LEGACY_REFUSAL not in reason:
+        return None
+    return stack_name.rsplit("/", 1)[-1]
 
 
 def read_state(stack_name: str) -> StackState:
@@ -164,14 +192,20 @@ def read_state(stack_name: str) -> StackState:
     # The engine saves the checkpoint as the update starts (the Stack resource) while this
     # reads it: a read can meet a file being written ("failed to load checkpoint: EOF", seen
     # in tests/e2e/test_cli_interruptions.py). A few tries, then the engine's reason.
-    for attempt in range(READ_STATE_TRIES):
+    attempt = 0
+    while True:
         try:
             result = pulumi.runtime.invoke(READ_STATE_TOKEN, {"stackName": stack_name})
             break
         except Exception as err:  # the engine's reason, for the preflight's message
-            if attempt + 1 == READ_STATE_TRIES:
+            legacy = legacy_reference(stack_name, str(err))
+            if legacy is not None:
+                stack_name = legacy
+                continue
+            attempt += 1
+            if attempt == READ_STATE_TRIES:
                 raise StateError(f"{type(err).__name__}: {str(err)[:200]}") from None
-            time.sleep(0.5 * (attempt + 1))
+            time.sleep(0.5 * attempt)
     value = getattr(result, "value", result)
     if not isinstance(value, Mapping):
         raise StateError(f"unexpected answer {type(value).__name__}")

@@ -18,7 +18,12 @@ So this module answers, before anything changes:
   stack's when its own state holds them (:mod:`pmem_components.identity`), whatever the
   annotation says; one the state does not hold (retained by an earlier stack of this name,
   or managed by a same-named stack on another backend, or by another stack) is refused,
-  naming it and the identity it carries, until ``pmem-csi:adopt`` names it.
+  naming it and the identity it carries, until ``pmem-csi:adopt`` names it (and only with
+  ``takeOverFields: true``, whose hooks merge the earlier owner's field manager away).
+* Would this update drop from the state a deployment or namespace that another stack has
+  taken over since (its Pulumi field manager replaced this stack's)? The engine would delete
+  it by name, the other stack's now: refused, naming the ``pulumi state delete`` that makes
+  this stack forget it without deleting anything.
 * Does a configured deployment move namespace, change its device mode, or replace another
   deployment of this stack (a rename)? Each is refused with the reason and the flag that
   allows it (``allowReinstall``, ``allowDeviceModeChange``, ``renamedFrom``); an allowed move
@@ -366,6 +371,19 @@ def plan(
                 out.problems.append(problem)
 
     gone = sorted(n for n in mine if n not in configured and n not in renamed)
+    if state is not None:
+        for g in gone:
+            problem = _dropped_taken(mine[g], state)
+            if problem:
+                out.problems.append(problem)
+        created_here = {d.namespace for d in deps if d.create_namespace}
+        for ns in state.namespaces():
+            live = observed.namespaces.get(ns)
+            if ns in created_here or live is None or not state.holds(live.key, live.uid):
+                continue
+            problem = _dropped_taken(live, state)
+            if problem:
+                out.problems.append(problem)
     for g in gone:
         stranded = _volumes_of(observed, g)
         if stranded:
@@ -437,6 +455,19 @@ def plan(
             "anyway, delete the object first and run pulumi up again)"
         )
 
+    if out.adopted and not stack.take_over_fields:
+        # The take-over's hooks are what merge the earlier owner's field manager into this
+        # stack's (pmem_components.takeover_transform); without them both stacks' managers
+        # stay on the objects and both would apply them.
+        out.problems.append(
+            f"{key_path(('adopt',))}: adopting {', '.join(out.adopted)} with "
+            f"{key_path(('takeOverFields',))}: false would leave the field manager the "
+            "earlier owner left on them next to this stack's: two stacks managing one object "
+            "(and a later update that changes a field both set fails with a server-side "
+            f"apply conflict). Set {key_path(('takeOverFields',))}: true (the default) for the "
+            "pulumi up that adopts them (it may be false again afterwards)"
+        )
+
     # Namespaces this stack created that a deployment still uses, though no one creates it.
     created = {d.namespace for d in deps if d.create_namespace}
     for ns in dict.fromkeys(d.namespace for d in deps if not d.create_namespace):
@@ -446,7 +477,12 @@ def plan(
         if state is not None:
             # The engine would delete it otherwise. Without any stack annotation it was
             # released by the last update (program.deploy): this one drops it from the state.
-            if state.holds(live.key, live.uid) and live.stack_owner is not None:
+            # Not one another stack took over since (refused above): keeping it would write it.
+            if (
+                state.holds(live.key, live.uid)
+                and live.stack_owner is not None
+                and _taker(live, state) is None
+            ):
                 out.keep_namespaces.add(ns)
         elif identity.names_this_stack(live.stack_owner, stack_id):
             out.keep_namespaces.add(ns)
@@ -475,8 +511,10 @@ def _unheld(
         whose = (
             f"carries this stack's identity {owner!r} ({names.STACK_ANNOTATION}), but this "
             "stack's state does not hold it: an earlier stack of this name kept it (pulumi "
-            "stack rm after destroy with retainNamespaces, or without destroy), or a stack "
-            "of the same name on another backend manages it"
+            "stack rm after destroy with retainNamespaces, or without destroy), a stack "
+            "of the same name on another backend manages it, or a pulumi up of this stack "
+            "that was interrupted (Ctrl-C, killed) created it and did not record it; that "
+            "run's recovery takes it over with pmem-csi:adopt as well"
         )
     elif owner is not None:
         whose = (
@@ -502,8 +540,8 @@ def _taken_away(
     since: its Pulumi apply entry is another manager's, and this stack's (the one the state
     records) is gone, merged away by that stack's adoption. Applying it again would make two
     stacks fight over it; taking it back needs the same consent as any adoption."""
-    own = state.field_manager(live.key)
-    if not own or not live.pulumi_managers or own in live.pulumi_managers:
+    own = _taker(live, state)
+    if own is None:
         return None
     ref = adopt_ref(live)
     if stack.adopts(ref):
@@ -514,9 +552,72 @@ def _taken_away(
         f"{key}: {kind} {live.name!r} is in this stack's state, but another stack has taken "
         f"it over since: its field manager is {', '.join(live.pulumi_managers)}, not this "
         f"stack's {own} (a stack of the same name on another backend, or one that adopted "
-        f"it with pmem-csi:adopt). Remove it from this stack, or, if this stack is to manage "
-        f'it again, set pmem-csi:adopt: ["{ref}"] (and remove it from the other stack)'
+        f"it with pmem-csi:adopt). To leave it to that stack, remove it from this stack's config "
+        "(pulumi up then names the pulumi state delete that forgets it without deleting "
+        f"anything); if this stack is to manage it again, set pmem-csi:adopt: [\"{ref}\"] "
+        "(and remove it from the other stack)"
     )
+
+
+def _taker(live: ObservedObject, state: identity.StackState) -> str | None:
+    """This stack's field manager of ``live`` (the state's) when another stack has taken
+    ``live`` over since: its Pulumi apply entries are others', none is this stack's."""
+    own = state.field_manager(live.key)
+    if not own or not live.pulumi_managers or own in live.pulumi_managers:
+        return None
+    return own
+
+
+def _dropped_taken(live: ObservedObject, state: identity.StackState) -> str | None:
+    """The refusal for an object this stack's state holds, that another stack took over
+    since, and that this update would drop from the state: a deployment no longer
+    configured (its CR), a namespace no deployment creates any more.
+
+    The engine deletes what the program no longer registers, and the Kubernetes provider
+    deletes by name: the other stack's objects would go (review of issue 14, item 4, D1).
+    Registering them once more, kept on delete, would apply this stack's declared state to
+    them. So the update stops, and names how to make this stack forget them without
+    deleting anything: ``pulumi state delete``, which never calls the provider."""
+    own = _taker(live, state)
+    if own is None:
+        return None
+    urn = state.urn(live.key)
+    if live.kind == names.CRD_KIND:
+        what = f"{live.name!r} (in this stack's state) is no longer configured"
+        objects = "the driver's objects"
+        component = _component_urn(urn) if urn else None
+        command = (
+            f"pulumi state delete --target-dependents --yes '{component}'"
+            if component
+            else "pulumi state delete --target-dependents --yes <the URN of its "
+            "PmemCsiDeployment component (pulumi stack --show-urns)>"
+        )
+    else:
+        what = f"namespace {live.name!r} (in this stack's state) is created by no deployment"
+        objects = "the namespace (unless kept on delete: retainNamespaces) and all in it"
+        command = f"pulumi state delete --yes '{urn or '<its URN (pulumi stack --show-urns)>'}'"
+    return (
+        f"{key_path(('deployments',))}: {what}, but another stack has taken it over since "
+        f"(field manager {', '.join(live.pulumi_managers)}, not this stack's {own}): "
+        f"dropping it would delete {objects}, which that stack manages now, by name. To "
+        f"leave it to that stack, make this one forget it without deleting anything: "
+        f"{command}, then pulumi up; or, if this stack is to manage it again, configure it "
+        f'and set pmem-csi:adopt: ["{adopt_ref(live)}"]'
+    )
+
+
+def _component_urn(child_urn: str) -> str | None:
+    """The URN of the ``PmemCsiDeployment`` component whose child (its CR) has ``child_urn``:
+    the parent's type is the child's type chain but its last, its name the child's prefix
+    (``<name>:``, library use) or, without one, the child's name (the driver name)."""
+    parts = child_urn.split("::")
+    if len(parts) != 4 or "$" not in parts[2]:
+        return None
+    parent_type = parts[2].rsplit("$", 1)[0]
+    if "$" in parent_type:
+        return None  # not a top-level component's child
+    name = parts[3].split(":", 1)[0] if ":" in parts[3] else parts[3]
+    return "::".join([parts[0], parts[1], parent_type, name])
 
 
 def adopt_ref(live: ObservedObject) -> str:
@@ -695,8 +796,11 @@ class _Reader:
 _PARALLEL_GETS = 8
 
 
-def observe(api_client: Any, stack: StackConfig) -> Observed:
-    """Read what :func:`plan` needs: CRs, the namespaces, same-named objects, DaemonSets."""
+def observe(
+    api_client: Any, stack: StackConfig, state: identity.StackState | None = None
+) -> Observed:
+    """Read what :func:`plan` needs: CRs, the namespaces (the configured ones and those the
+    stack's ``state`` holds), same-named objects, DaemonSets."""
     reader = _Reader(api_client)
     out = Observed()
     cr_api = f"{names.CRD_GROUP}/{names.CRD_STORAGE_VERSION}"
@@ -704,7 +808,8 @@ def observe(api_client: Any, stack: StackConfig) -> Observed:
     for item in crs.get("items") or []:
         o = _observed(item, names.CRD_KIND)
         out.crs[o.name] = o
-    for ns in dict.fromkeys(d.namespace for d in stack.deployments):
+    held = state.namespaces() if state is not None else []
+    for ns in dict.fromkeys([*(d.namespace for d in stack.deployments), *held]):
         live = reader.get(_path("v1", "Namespace", None, ns))
         if live is not None:
             out.namespaces[ns] = _observed(live, "Namespace")
@@ -837,7 +942,7 @@ def run(
 ) -> Plan:
     """Observe and plan; cluster errors become :class:`PreflightError` with the way out."""
     try:
-        observed = observe(api_client, stack)
+        observed = observe(api_client, stack, state)
     except Exception as err:  # any failure to read must stop the update, with the reason
         raise PreflightError(
             f"pmem-csi:preflight: cannot read the cluster ({type(err).__name__}: "

@@ -260,7 +260,10 @@ def deploy(
         members = [d for d in stack.deployments if d.namespace == ns]
         obj = bundle.build_shared_namespace(ns, members)
         annotations = {names.STACK_ANNOTATION: stack_id()} if ns in creators else {}
-        if any(d.adopt_namespace for d in members) or f"Namespace {ns}" in adopted:
+        # Adopted now, or since, while the consent still names it: dropping the forced apply
+        # in the update right after the adoption would be a change nobody asked for.
+        ref = f"Namespace {ns}"
+        if any(d.adopt_namespace for d in members) or ref in adopted or stack.adopts(ref):
             annotations[PATCH_FORCE_ANNOTATION] = "true"
         obj["metadata"]["annotations"] = annotations
         obj = _patched_namespace(stack, obj, annotations)

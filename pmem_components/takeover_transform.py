@@ -435,16 +435,17 @@ class TakeOver:
         meta = live.get("metadata") or {}
         managed = meta.get("managedFields") or []
         pulumi_entries = takeover.stale_pulumi_entries(managed, own_manager="")
-        self.existing[(args.type_, args.name)] = (
-            obj,
-            tuple(str(e.get("manager", "")) for e in pulumi_entries),
-        )
+        managers = tuple(str(e.get("manager", "")) for e in pulumi_entries)
+        self.existing[(args.type_, args.name)] = (obj, managers)
         if self.stale_only:
             return None
         stamp = (meta.get("annotations") or {}).get(TAKEN_OVER_ANNOTATION)
         plan = takeover.plan(managed, str(meta.get("resourceVersion", "")), self.allowed)
         if plan is None:
-            # Keep the stamp of an earlier take-over: dropping it would be a change.
+            # Keep the stamp of an earlier take-over: dropping it would be a change. The
+            # object after_create applies is the one the provider creates: with it too.
+            if stamp:
+                self.existing[(args.type_, args.name)] = (_stamped(obj, stamp), managers)
             return _result(args, _stamped(args.props, stamp)) if stamp else None
         declared = any(
             fieldowners.is_foreign(e, self.allowed)

@@ -5,10 +5,17 @@ The real CLI and engine on the local cluster, stacks on file backends of their o
 a) two teams run ``pmem-csi-pulumi/prod`` on two backends against one cluster: the second
    team's ``preview`` and ``up`` are refused, naming the namespace and the CR, the identity
    they carry and ``pmem-csi:adopt``, and change nothing; with the consent ``up`` adopts them;
-b) ``pulumi destroy`` (the namespace is retained), ``pulumi stack rm``, ``pulumi stack init``
-   of the same name: the retained namespace is adopted only with ``pmem-csi:adopt``;
-   The first team's next ``preview`` is refused in turn: its state holds them, but another
-   stack's field manager has replaced its own;
+   the first team's next ``preview`` is refused in turn: its state holds them, but another
+   stack's field manager has replaced its own; told to drop the deployment, its ``up`` is
+   refused too (it would delete the second team's objects by name), and after the
+   ``pulumi state delete`` commands the refusal names, its ``up`` forgets them and leaves
+   every object of the second team as it was (same resourceVersions). One object carries
+   the stamp of an earlier take-over when the second team adopts it: the run after the
+   adoption has nothing to change;
+b) ``pulumi destroy`` (the namespace is retained), ``pulumi stack rm``, ``pulumi stack
+   init`` of the same name: the retained namespace is adopted only with ``pmem-csi:adopt``
+   (the refusal names the interrupted-run case too), and not with ``takeOverFields: false``
+   (refused, naming both settings);
 d) after each adoption the earlier stack's field manager (``pulumi-kubernetes-<random>``) is
    gone from every adopted object, and a later ``pulumi up`` that changes a field both owned
    (a namespace label, with the consent removed again) succeeds instead of failing with a
@@ -18,6 +25,10 @@ d) after each adoption the earlier stack's field manager (``pulumi-kubernetes-<r
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import shlex
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,8 +45,9 @@ from pmem_components.config import load_config
 from pmem_components.fieldowners import is_pulumi_manager
 from pmem_components.manifests import bundle
 from pmem_components.program import main as program
+from pmem_components.takeover_transform import TAKEN_OVER_ANNOTATION
 from tests.e2e.test_program import Cluster
-from tools import localenv
+from tools import localenv, toolchain
 from tools import pulumi_stack as ps
 
 pytestmark = pytest.mark.timeout(900)
@@ -63,6 +75,18 @@ def stack_on(backend: Path, work_dir: Path, config: dict[str, Any]) -> auto.Stac
     )
     return auto.create_or_select_stack(
         stack_name=STACK, project_name=ps.PROJECT_NAME, program=program, opts=opts
+    )
+
+
+def state_cli(stack: auto.Stack, *args: str) -> None:
+    """Run ``pulumi <args>`` on the stack as its administrator would, in its checkout."""
+    env = {**os.environ, **stack.workspace.env_vars}
+    subprocess.run(
+        [str(toolchain.bin_path("pulumi")), *args, "--stack", STACK],
+        cwd=stack.workspace.work_dir,
+        env=env,
+        check=True,
+        timeout=120,
     )
 
 
@@ -163,6 +187,20 @@ def test_two_teams_same_stack_name_on_two_backends(
     second = stack_on(tmp_path / "backend-b", tmp_path / "team-b", config_of(raw))
     try:
         assert first.up(on_output=ps.printer("[team a] ")).summary.result == "succeeded"
+        # An earlier take-over on one object: its stamp is on it when the second team adopts.
+        account = next(o for o in objects_of(raw) if o["kind"] == "ServiceAccount")
+        client.CoreV1Api(api_client).patch_namespaced_service_account(
+            account["metadata"]["name"],
+            raw["namespace"],
+            {"metadata": {"labels": {"tier": "edited"}}},
+            field_manager="kubectl-edit",
+        )
+        assert first.up(on_output=ps.printer("[team a takes over] ")).summary.result == (
+            "succeeded"
+        )
+        stamped = kube.get(account)
+        assert stamped is not None
+        assert TAKEN_OVER_ANNOTATION in stamped["metadata"]["annotations"]
         before = versions(kube, raw)
         # The second team, same project and stack names, its own (empty) state.
         for action in (second.preview, second.up):
@@ -180,6 +218,8 @@ def test_two_teams_same_stack_name_on_two_backends(
         assert result.summary.result == "succeeded"
         after = versions(kube, raw)
         assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
+        # D3: the adoption kept the take-over stamp: the next run has nothing to change.
+        second.preview(expect_no_changes=True, on_output=ps.printer("[team b, no changes] "))
         # d) the consent removed, a field both stacks' managers had set changes.
         changed = {**raw, "labels": {"tier": "two"}}
         configure(second, config_of(changed))
@@ -193,6 +233,21 @@ def test_two_teams_same_stack_name_on_two_backends(
         assert f"namespace {raw['namespace']!r} is in this stack's state, but another" in text
         assert f"the Deployment CR {raw['name']!r} is in this stack's state" in text
         assert versions(kube, changed) == before
+        # D1: told to drop the deployment, the first team's stack would delete the second
+        # team's objects by name. Refused, naming the state delete that forgets them.
+        configure(first, {"pmem-csi:manageCrd": False, "pmem-csi:deployments": []})
+        text = refused(first.up)
+        assert f"{raw['name']!r} (in this stack's state) is no longer configured" in text
+        assert f"namespace {raw['namespace']!r} (in this stack's state) is created by" in text
+        assert versions(kube, changed) == before, "the refused up deleted nothing"
+        # (The CLI prints the program's error twice.)
+        commands = list(dict.fromkeys(re.findall(r"pulumi state delete [^']*'urn:[^']+'", text)))
+        assert len(commands) == 2, commands
+        for command in commands:  # the deployment's first: the namespace is its dependency
+            state_cli(first, *shlex.split(command)[1:])
+        assert first.up(on_output=ps.printer("[team a forgets] ")).summary.result == "succeeded"
+        assert versions(kube, changed) == before, "the second team's objects are untouched"
+        assert state_managers(first) == {}
     finally:
         second.destroy(on_output=ps.printer("[cleanup b] "))
         second.workspace.remove_stack(STACK)
@@ -222,10 +277,17 @@ def test_a_retained_namespace_is_adopted_by_a_new_stack_of_the_name_only_when_to
         assert f"namespace {raw['namespace']!r} carries this stack's identity" in text
         assert f'pmem-csi:adopt: ["Namespace {raw["namespace"]}"]' in text
         assert "createNamespace: false" in text
+        # D6: the same refusal meets what an interrupted run created and did not record.
+        assert "a pulumi up of this stack that was interrupted" in text
+        # D4: adopting without the take-over would leave the earlier stack's manager on it.
+        adopt = [f"Namespace {raw['namespace']}"]
+        configure(new, config_of(raw, adopt=adopt, takeOverFields=False))
+        text = refused(new.preview)
+        assert "pmem-csi:takeOverFields: false" in text and "pmem-csi:adopt" in text
         assert core.read_namespace(raw["namespace"]).metadata.resource_version == (
             kept.metadata.resource_version
         )
-        configure(new, config_of(raw, adopt=[f"Namespace {raw['namespace']}"]))
+        configure(new, config_of(raw, adopt=adopt))
         assert new.up(on_output=ps.printer("[new adopts] ")).summary.result == "succeeded"
         live = kube.get(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": raw["namespace"]}}

@@ -794,3 +794,22 @@ def test_without_adoption_nothing_is_forced_when_take_over_is_off(mocks: Mocks) 
             assert "pulumi.com/patchForce" not in annotations, typ
 
     run(program)
+
+
+def test_an_adopted_namespace_stays_forced_while_the_consent_names_it(mocks: Mocks) -> None:
+    """The update after the adopting one: the state holds the namespace now (the preflight
+    adopts nothing), but ``pmem-csi:adopt`` still names it. Dropping ``patchForce`` then
+    would be a change the administrator did not make (a diff right after the adoption);
+    removing the consent is one."""
+
+    def program() -> Callable[[], None]:
+        from pmem_components.program import deploy as program_deploy
+
+        s = load_config({"deployments": [{}], "adopt": ["Namespace pmem-csi"]})
+        return settle(program_deploy(s, adopted=[]), check)
+
+    def check(_: Any) -> None:
+        ns = mocks.one("kubernetes:core/v1:Namespace")
+        assert ns.inputs["metadata"]["annotations"]["pulumi.com/patchForce"] == "true"
+
+    run(program)

@@ -358,8 +358,10 @@ ADOPT_HINT = (
             ME,
             f"carries this stack's identity {ME!r} ({names.STACK_ANNOTATION}), but this "
             "stack's state does not hold it: an earlier stack of this name kept it (pulumi "
-            "stack rm after destroy with retainNamespaces, or without destroy), or a stack "
-            "of the same name on another backend manages it",
+            "stack rm after destroy with retainNamespaces, or without destroy), a stack "
+            "of the same name on another backend manages it, or a pulumi up of this stack "
+            "that was interrupted (Ctrl-C, killed) created it and did not record it; that "
+            "run's recovery takes it over with pmem-csi:adopt as well",
         ),
         (
             "org/other/prod",
@@ -404,11 +406,148 @@ def test_an_object_another_stack_took_is_refused_by_its_managers_or_adopted_when
         f"key: the Deployment CR {DRIVER!r} is in this stack's state, but another stack has "
         f"taken it over since: its field manager is pulumi-kubernetes-b, pulumi-kubernetes-c, "
         f"not this stack's {mine} (a stack of the same name on another backend, or one that "
-        f"adopted it with pmem-csi:adopt). Remove it from this stack, or, if this stack is to "
-        f'manage it again, set pmem-csi:adopt: ["{ref}"] (and remove it from the other stack)'
+        f"adopted it with pmem-csi:adopt). To leave it to that stack, remove it from this "
+        f"stack's config (pulumi up then names the pulumi state delete that forgets it without "
+        f"deleting anything); if this stack is to manage it again, set "
+        f'pmem-csi:adopt: ["{ref}"] (and remove it from the other stack)'
     )
     assert out.adopted == []
     assert preflight._taken_away(stack({}, adopt=[ref]), out, live, state, "key") is None
     assert out.adopted == [ref]
     back = ObservedObject(**{**live.__dict__, "pulumi_managers": (mine, *theirs)})
     assert preflight._taken_away(stack({}), preflight.Plan(), back, state, "key") is None
+
+
+def taken(obj: ObservedObject, managers: tuple[str, ...]) -> ObservedObject:
+    """``obj`` as another stack's adoption left it: only that stack's Pulumi manager."""
+    return ObservedObject(**{**obj.__dict__, "pulumi_managers": managers})
+
+
+NS_URN = "urn:pulumi:prod::pmem-csi-pulumi::kubernetes:core/v1:Namespace::pmem-csi"
+CR_URN = (
+    "urn:pulumi:prod::pmem-csi-pulumi::pmem-csi:index:PmemCsiDeployment$"
+    f"kubernetes:{CR_API}:Deployment::{DRIVER}"
+)
+COMPONENT_URN = f"urn:pulumi:prod::pmem-csi-pulumi::pmem-csi:index:PmemCsiDeployment::{DRIVER}"
+OTHER = {"name": "other.example.org", "namespace": "other"}
+
+
+def state_with_urns(own: str = "pulumi-kubernetes-aaaa") -> identity.StackState:
+    return identity.StackState(
+        {
+            ns().key: identity.Held("ns-uid", own, NS_URN),
+            cr().key: identity.Held("cr-uid", own, CR_URN),
+        }
+    )
+
+
+def test_a_dropped_deployment_another_stack_took_over_is_not_deleted() -> None:
+    """Review of issue 14 item 4, D1: team B adopted team A's deployment; A's state still
+    holds it. A told to drop it would delete B's objects by name (the provider deletes by
+    name): refused, naming the state delete that leaves them to B."""
+    observed = Observed(
+        namespaces={"pmem-csi": taken(ns(), ("pulumi-kubernetes-bbbb",))},
+        crs={DRIVER: taken(cr(), ("pulumi-kubernetes-bbbb",))},
+    )
+    problems = plan(stack(), observed, ME, state_with_urns()).problems
+    assert len(problems) == 2, problems
+    dep, namespace = problems
+    assert dep.startswith(f"pmem-csi:deployments: {DRIVER!r} (in this stack's state) is no")
+    assert "pulumi-kubernetes-bbbb" in dep and "pulumi-kubernetes-aaaa" in dep
+    assert f"pulumi state delete --target-dependents --yes '{COMPONENT_URN}'" in dep
+    assert namespace.startswith("pmem-csi:deployments: namespace 'pmem-csi' (in this stack's")
+    assert f"pulumi state delete --yes '{NS_URN}'" in namespace
+    # Kept as a namespace a configured deployment uses without creating it: not registered
+    # again either (that would write the other stack's namespace).
+    uses = stack({**OTHER, "namespace": "pmem-csi", "createNamespace": False})
+    result = plan(uses, observed, ME, state_with_urns())
+    assert [p for p in result.problems if "namespace 'pmem-csi'" in p], result.problems
+    assert result.keep_namespaces == set()
+
+
+def test_the_component_urn_of_a_cr() -> None:
+    assert preflight._component_urn(CR_URN) == COMPONENT_URN
+    library = CR_URN.replace(f"::{DRIVER}", f"::east:{DRIVER}")
+    assert preflight._component_urn(library) == COMPONENT_URN.replace(f"::{DRIVER}", "::east")
+    assert preflight._component_urn(NS_URN) is None
+
+
+def test_a_dropped_deployment_still_this_stacks_is_removed_as_before() -> None:
+    for managers in (("pulumi-kubernetes-aaaa",), ()):
+        observed = Observed(
+            namespaces={"pmem-csi": taken(ns(), managers)}, crs={DRIVER: taken(cr(), managers)}
+        )
+        assert plan(stack(), observed, ME, state_with_urns()).problems == [], managers
+
+
+def test_adopting_without_taking_over_fields_is_refused_naming_both_settings() -> None:
+    """D4: with takeOverFields: false the adoption's hooks are not registered, so the earlier
+    stack's field manager would stay next to this stack's: two stacks managing one object."""
+    observed = Observed(namespaces={"pmem-csi": ns()}, crs={DRIVER: cr()})
+    result = plan(stack({}, adopt=True, takeOverFields=False), observed, ME, EMPTY)
+    (problem,) = result.problems
+    assert problem.startswith("pmem-csi:adopt: ")
+    assert "Namespace pmem-csi" in problem and f"Deployment {DRIVER}" in problem
+    assert "pmem-csi:takeOverFields: false" in problem
+    # Nothing to adopt: takeOverFields: false is fine with the consent left set.
+    assert plan(stack({}, adopt=True, takeOverFields=False), Observed(), ME, EMPTY).problems == []
+
+
+def test_the_refusal_of_an_unrecorded_object_names_a_cut_short_create() -> None:
+    """D6: an interrupted `pulumi up` can create a namespace or CR and not record it; the next
+    run's refusal says that this is one of the cases and that pmem-csi:adopt recovers it."""
+    (problem,) = plan(stack({}), Observed(namespaces={"pmem-csi": ns()}), ME, EMPTY).problems
+    assert "a pulumi up of this stack that was interrupted" in problem, problem
+    assert 'pmem-csi:adopt: ["Namespace pmem-csi"]' in problem
+
+
+LEGACY_REFUSAL = (
+    "a stack name may only contain alphanumeric, hyphens, underscores, or periods: "
+    "invalid character '/' at position 12"
+)
+
+
+def test_the_state_is_read_on_a_legacy_layout_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    """D5: a DIY backend in the legacy layout (meta.yaml version 0, no project in the path)
+    parses a stack reference as a bare stack name and refuses ``org/project/stack``; the
+    state is then read by the bare name, as the backend names its stacks."""
+    import pulumi
+
+    asked: list[str] = []
+    answer = {"outputs": {NS_URN: {"type": "kubernetes:core/v1:Namespace", "outputs": {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "pmem-csi"}}}}}  # fmt: skip
+
+    def invoke(token: str, args: dict[str, Any]) -> Any:
+        assert token == identity.READ_STATE_TOKEN
+        asked.append(args["stackName"])
+        if "/" in args["stackName"]:
+            # Word for word what CLI 3.260 gave on such a backend (tried by hand).
+            raise Exception(
+                f"invoke of {token} failed: invocation of {token} returned an error: "
+                + LEGACY_REFUSAL
+            )
+        return answer
+
+    monkeypatch.setattr(pulumi.runtime, "invoke", invoke)
+    state = identity.read_state(ME)
+    assert asked == [ME, "prod"]
+    assert state.namespaces() == ["pmem-csi"]
+
+
+def test_another_failure_is_not_retried_by_the_bare_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Pulumi Cloud a bare name means the user's default organization, maybe another
+    stack's: only the legacy layout's refusal leads to it."""
+    import pulumi
+
+    asked: list[str] = []
+
+    def invoke(token: str, args: dict[str, Any]) -> Any:
+        asked.append(args["stackName"])
+        raise Exception("unknown stack")
+
+    monkeypatch.setattr(pulumi.runtime, "invoke", invoke)
+    monkeypatch.setattr(identity, "READ_STATE_TRIES", 2)
+    monkeypatch.setattr("time.sleep", lambda _s: None)
+    with pytest.raises(identity.StateError):
+        identity.read_state(ME)
+    assert asked == [ME, ME]

@@ -19,6 +19,16 @@ import pytest
 
 from pmem_components import takeover_transform
 
+
+@pytest.fixture(autouse=True)
+def _event_loop_left_current() -> Any:
+    """``asyncio.run`` leaves the thread without a current event loop; the Pulumi mocks of
+    the modules that run after this one in the same process need one (they failed at setup
+    with "There is no current event loop" when run after it)."""
+    yield
+    asyncio.set_event_loop(asyncio.new_event_loop())
+
+
 MINE = "pulumi-kubernetes-aaaa1111"
 EARLIER = "pulumi-kubernetes-bbbb2222"
 LABELS = {"f:metadata": {"f:labels": {"f:app": {}}}}
@@ -28,26 +38,30 @@ ADMIN = {"manager": "kubectl-label", "operation": "Update", "fieldsV1": {"f:meta
 class FakeApi:
     """One object; before the create it carries the earlier stack's entry (and an admin's)."""
 
-    def __init__(self, exists: bool = True) -> None:
+    def __init__(self, exists: bool = True, annotations: dict[str, str] | None = None) -> None:
         self.entries: list[dict[str, Any]] = (
             [{"manager": EARLIER, "operation": "Apply", "fieldsV1": LABELS}, ADMIN]
             if exists
             else []
         )
         self.exists = exists
+        self.annotations = annotations or {}
         self.calls: list[tuple[str, Any]] = []
+        self.applied: list[dict[str, Any]] = []
 
     def get(self, path: str) -> dict[str, Any] | None:
         self.calls.append(("get", path))
         if not self.exists:
             return None
-        return {"metadata": {"resourceVersion": "7", "managedFields": copy.deepcopy(self.entries)}}
+        meta = {"resourceVersion": "7", "managedFields": copy.deepcopy(self.entries)}
+        return {"metadata": {**meta, "annotations": dict(self.annotations)}}
 
     def json_patch(self, path: str, ops: Any, manager: str) -> None:
         self.calls.append(("json_patch", [e["manager"] for e in ops[1]["value"]]))
 
     def apply(self, path: str, obj: dict[str, Any], manager: str) -> None:
         self.calls.append(("apply", manager))
+        self.applied.append(copy.deepcopy(obj))
 
 
 class FakeSource:
@@ -123,6 +137,18 @@ def test_an_adopted_namespace_keeps_the_administrators_entry(
     patches = [c[1] for c in api.calls if c[0] == "json_patch"]
     assert patches == [["kubectl-label", MINE]]
     assert not [c for c in api.calls if c[0] == "apply"], "the provider has just applied it"
+
+
+def test_the_adoptions_apply_keeps_the_take_over_stamp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """D3: the object carries the stamp of an earlier take-over; the transform keeps it in the
+    inputs the provider creates with, so the forced apply after the create must carry it too:
+    dropping it makes the next `pulumi up` see a change (one spurious update)."""
+    stamp = {takeover_transform.TAKEN_OVER_ANNOTATION: "5"}
+    api = FakeApi(annotations=stamp)
+    api.entries = [api.entries[0]]  # the earlier stack's entry only: nothing foreign to take
+    adopt(monkeypatch, api, "kubernetes:apps/v1:DaemonSet", stale_only=False)
+    (applied,) = api.applied
+    assert applied["metadata"].get("annotations") == stamp
 
 
 def test_a_new_object_is_not_touched_after_its_create(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -89,8 +89,12 @@ NODE_EVENT_REPEAT_SECONDS = 600.0
 # CONFLICT_EVENT_SECONDS.
 CONFLICT_QUIET_SECONDS = 60.0
 CONFLICT_EVENT_SECONDS = 600.0
-# Events of one CR kept for another attempt after a transient error (the rest are dropped).
-MAX_PENDING_EVENTS = 10
+# Node Events: the ones ``_node_events`` records, evicted first from a full queue.
+NODE_EVENT_REASONS = frozenset({"NodeDriverNotReady", "NodeDriversNotReady"})
+# Events of one CR kept for another attempt after a transient error: what one reconcile
+# records (its node Events, their summary, a phase Event, a StatusWriteConflict). A full
+# queue makes room by dropping its oldest node Event (logged), never a phase Event for one.
+MAX_PENDING_EVENTS = MAX_NODE_EVENTS + 3
 # An Event is tried at most this many times (with ``retry_backoff`` between the attempts,
 # about a minute in all), then given up: under a 500 storm Events are not retried for ever,
 # nor in a hot loop (review of issue 16).
@@ -660,8 +664,7 @@ class StatusWriter:
         pending = self._pending_events.setdefault(name, [])
         failures, due = self._event_backoff.get(name, (0, 0.0))
         if self.monotonic() < due:
-            if len(pending) < MAX_PENDING_EVENTS:
-                pending.append([event, attempts])
+            self._enqueue(name, pending, [event, attempts])
             self._wake_at(name, due)
             return
         try:
@@ -676,8 +679,7 @@ class StatusWriter:
                 delay = self.retry_backoff.wait_for(min(failures, 10), exc)
                 due = self.monotonic() + delay
                 self._event_backoff[name] = (failures + 1, due)
-                if len(pending) < MAX_PENDING_EVENTS:
-                    pending.insert(0, [event, attempts])  # the oldest first
+                if self._enqueue(name, pending, [event, attempts], first=True):
                     self._wake_at(name, due)
                     log.info(
                         "event %s on %s not created yet (attempt %d): %s; trying again in "
@@ -688,7 +690,7 @@ class StatusWriter:
                         describe_error(exc),
                         delay,
                     )
-                    return
+                return  # queued, or its drop logged
             log.warning(
                 "event %s on %s not created: %s%s",
                 event["reason"],
@@ -707,7 +709,30 @@ class StatusWriter:
         for i, (event, attempts) in enumerate(pending):
             self._create_event(event, attempts)
             if name in self._event_backoff and self._event_backoff[name][1] > self.monotonic():
-                rest = pending[i + 1 :]
                 queued = self._pending_events.setdefault(name, [])
-                queued.extend(rest[: max(0, MAX_PENDING_EVENTS - len(queued))])
+                for entry in pending[i + 1 :]:
+                    self._enqueue(name, queued, entry)
                 return
+
+    def _enqueue(self, name: str, pending: list[list[Any]], entry: list[Any], *,
+                 first: bool = False) -> bool:
+        """Queue ``entry`` (at the head when ``first``: the one just tried, oldest of all);
+        a full queue drops its oldest node Event, or else its oldest Event, to make room, so
+        that a phase or StatusWriteConflict Event never waits behind node Events it lost to.
+        Every drop is logged. False when ``entry`` itself was dropped."""
+        pending.insert(0, entry) if first else pending.append(entry)
+        if len(pending) <= MAX_PENDING_EVENTS:
+            return True
+        victim = next(
+            (e for e in pending if e[0]["reason"] in NODE_EVENT_REASONS), pending[0]
+        )
+        pending.remove(victim)
+        log.warning(
+            "event %s on %s dropped: %d Events of it wait already (the API server refuses "
+            "Events); %s",
+            victim[0]["reason"],
+            name,
+            MAX_PENDING_EVENTS,
+            victim[0]["message"],
+        )
+        return victim is not entry

@@ -43,7 +43,7 @@ longer cached). Watch events, resyncs and leadership changes in between do not s
 delay (a struggling API server is not hammered by a busy CR); other CRs are written meanwhile.
 An Event that meets a transient error is tried again with the same backoff per CR, at the
 CR's first reconcile after its delay (the main loop is asked to come back then), and given up
-after ``MAX_EVENT_ATTEMPTS``. A CR
+``EVENT_GIVE_UP_SECONDS`` after it was first held back. A CR
 that could not be written because this replica was not leading (at the start, or lost in
 the middle of retries) goes into ``awaiting_leader``; the main loop keeps it until
 ``is_leader()`` is True again, whether or not the elector saw a flip.
@@ -95,10 +95,11 @@ NODE_EVENT_REASONS = frozenset({"NodeDriverNotReady", "NodeDriversNotReady"})
 # records (its node Events, their summary, a phase Event, a StatusWriteConflict). A full
 # queue makes room by dropping its oldest node Event (logged), never a phase Event for one.
 MAX_PENDING_EVENTS = MAX_NODE_EVENTS + 3
-# An Event is tried at most this many times (with ``retry_backoff`` between the attempts,
-# about a minute in all), then given up: under a 500 storm Events are not retried for ever,
-# nor in a hot loop (review of issue 16).
-MAX_EVENT_ATTEMPTS = 10
+# An Event held back (it met a transient error, or waited behind one that did) is tried
+# with ``retry_backoff`` between the attempts and given up this long after it was first held
+# back: under a 500 storm Events are not retried for ever, nor in a hot loop, nor one after
+# the other for half an hour (review of issue 16).
+EVENT_GIVE_UP_SECONDS = 60.0
 _MISSING = object()
 
 
@@ -331,8 +332,9 @@ class StatusWriter:
     _yielding: dict[str, tuple[float, Obj]] = field(default_factory=dict, init=False)
     # CR name -> monotonic time of its last StatusWriteConflict Event.
     _conflict_event_at: dict[str, float] = field(default_factory=dict, init=False)
-    # CR name -> [Event, attempts so far] that met a transient error, tried again at the
-    # CR's first reconcile after ``_event_due``.
+    # CR name -> [Event, attempts so far, monotonic time it was first held back] that met a
+    # transient error (or waits behind one), tried again at the CR's first reconcile after
+    # the delay in ``_event_backoff``.
     _pending_events: dict[str, list[list[Any]]] = field(default_factory=dict, init=False)
     # CR name -> (failed Event attempts in a row, monotonic time of the next attempt).
     _event_backoff: dict[str, tuple[int, float]] = field(default_factory=dict, init=False)
@@ -654,18 +656,20 @@ class StatusWriter:
         event = build_event(cr, self.event_namespace, etype, reason, message, self.now())
         self._create_event(event)
 
-    def _create_event(self, event: Obj, attempts: int = 0) -> None:
+    def _create_event(self, event: Obj, attempts: int = 0, since: float | None = None) -> None:
         """One attempt, unless the CR's Events are backing off; after a transient error the
         Event waits (``_pending_events``, at most ``MAX_PENDING_EVENTS`` per CR) for the CR's
         first reconcile after a growing delay (``retry_backoff``, per CR), and is given up
-        after ``MAX_EVENT_ATTEMPTS``. No sleep holds up the main loop, and a 500 storm is
-        met with one attempt per delay, not one per reconcile."""
+        ``EVENT_GIVE_UP_SECONDS`` after it was first held back. No sleep holds up the main
+        loop, and a 500 storm is met with one attempt per delay, not one per reconcile."""
         name = str(event["involvedObject"]["name"])
         pending = self._pending_events.setdefault(name, [])
         failures, due = self._event_backoff.get(name, (0, 0.0))
-        if self.monotonic() < due:
-            self._enqueue(name, pending, [event, attempts])
-            self._wake_at(name, due)
+        now = self.monotonic()
+        since = now if since is None else since
+        if now < due:
+            self._enqueue(name, pending, [event, attempts, since])
+            self._wake_at(name, min(due, since + EVENT_GIVE_UP_SECONDS))
             return
         try:
             if not self.is_leader():
@@ -675,12 +679,12 @@ class StatusWriter:
             self._event_backoff.pop(name, None)
         except Exception as exc:  # an Event is a courtesy; the status is already written
             attempts += 1
-            if is_transient(exc) and attempts < MAX_EVENT_ATTEMPTS:
+            if is_transient(exc) and self.monotonic() - since < EVENT_GIVE_UP_SECONDS:
                 delay = self.retry_backoff.wait_for(min(failures, 10), exc)
                 due = self.monotonic() + delay
                 self._event_backoff[name] = (failures + 1, due)
-                if self._enqueue(name, pending, [event, attempts], first=True):
-                    self._wake_at(name, due)
+                if self._enqueue(name, pending, [event, attempts, since], first=True):
+                    self._wake_at(name, min(due, since + EVENT_GIVE_UP_SECONDS))
                     log.info(
                         "event %s on %s not created yet (attempt %d): %s; trying again in "
                         "%.1f s",
@@ -706,8 +710,21 @@ class StatusWriter:
         """Try the CR's pending Events again, oldest first, once their delay is over; the
         first that fails again puts the rest back behind it."""
         pending = self._pending_events.pop(name, [])
-        for i, (event, attempts) in enumerate(pending):
-            self._create_event(event, attempts)
+        now = self.monotonic()
+        expired = [e for e in pending if now - e[2] >= EVENT_GIVE_UP_SECONDS]
+        if expired:
+            log.warning(
+                "%d event(s) on %s given up, %.0f s after they were first refused: %s",
+                len(expired),
+                name,
+                EVENT_GIVE_UP_SECONDS,
+                ", ".join(sorted({str(e[0]["reason"]) for e in expired})),
+            )
+            pending = [e for e in pending if e not in expired]
+            if not pending:
+                self._event_backoff.pop(name, None)
+        for i, (event, attempts, since) in enumerate(pending):
+            self._create_event(event, attempts, since)
             if name in self._event_backoff and self._event_backoff[name][1] > self.monotonic():
                 queued = self._pending_events.setdefault(name, [])
                 for entry in pending[i + 1 :]:

@@ -89,3 +89,22 @@ def test_a_full_queue_evicts_the_oldest_node_event_not_a_phase_event_and_logs_it
     drops = [r for r in caplog.records if r.levelno == logging.WARNING and "dropped" in r.message]
     assert len(drops) == 3, [r.message for r in caplog.records]
 
+
+
+def test_under_a_lasting_500_storm_held_back_events_are_given_up_after_a_minute(caplog):
+    """Each Event had its own MAX_EVENT_ATTEMPTS, one after another (FIFO per CR): a dozen
+    Events under a lasting 500 storm were tried for about half an hour. Now they are all given
+    up ``EVENT_GIVE_UP_SECONDS`` after they were first held back, with one warning."""
+    _cache, api, writer, _ = setup()
+    clock = [0.0]
+    writer.monotonic = lambda: clock[0]
+    writer.retry_backoff = Backoff(base=0.2, cap=30.0, max_attempts=0, rng=random.Random(1))
+    attempts = _flaky_events(api, [-1], clock)
+    _fail_with_broken_nodes(writer)
+    caplog.set_level(logging.WARNING, logger="reporter.write")
+    assert writer.reconcile(NAME)
+    _run_main_loop(writer, clock, 3600)
+    assert writer._pending_events.get(NAME) in (None, [])
+    assert max(attempts) <= write.EVENT_GIVE_UP_SECONDS, attempts
+    given_up = [r for r in caplog.records if "given up" in r.message]
+    assert len(given_up) == 1, [r.message for r in caplog.records]

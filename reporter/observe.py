@@ -486,9 +486,10 @@ class Informer:
                 ):
                     # A namespace just added: its Role may be on its way. Unknown (this
                     # cache has not listed, so its CRs wait), asked again soon, not reported.
+                    # Not a failure: counted, the first retry after the grace would wait
+                    # 15-30 s instead of the backoff's first delay (review of issue 16).
                     log.info("%r: %s in a namespace just added; retrying", self, status)
                     self._stop.wait(NEW_GRANT_RETRY)
-                    failures += 1
                     continue
                 if self.unserved and status == TOO_MANY_REQUESTS:
                     # Seen on the local cluster while a deleted CRD was created again: one

@@ -516,9 +516,17 @@ class StatusWriter:
 
     def not_leading(self) -> None:
         """Leadership is lost (or was never held): what this replica wrote last says nothing
-        about the next writes, which are the new leader's, not another writer's."""
+        about the next writes, which are the new leader's, not another writer's. Events held
+        back are dropped with their backoff: the new leader Events what it writes, and an
+        Event created once this replica leads again, maybe hours later, would be stale
+        (review of issue 16)."""
         self._written.clear()
         self._yielding.clear()
+        dropped = sum(len(p) for p in self._pending_events.values())
+        if dropped:
+            log.info("%d held back event(s) dropped: not leading", dropped)
+        self._pending_events.clear()
+        self._event_backoff.clear()
 
     def _yields_to_another_writer(self, name: str, cr: Obj) -> bool:
         """True while another writer owns the CR's status (see ``CONFLICT_QUIET_SECONDS``).

@@ -108,3 +108,26 @@ def test_under_a_lasting_500_storm_held_back_events_are_given_up_after_a_minute(
     assert max(attempts) <= write.EVENT_GIVE_UP_SECONDS, attempts
     given_up = [r for r in caplog.records if "given up" in r.message]
     assert len(given_up) == 1, [r.message for r in caplog.records]
+
+
+def test_events_held_back_are_dropped_when_leadership_is_lost():
+    """``not_leading`` kept the pending Events and their backoff: a ``Failed`` Event refused
+    just before leadership moved was created hours later, once this replica led again (the
+    status may have changed many times meanwhile)."""
+    _cache, api, writer, _ = setup()
+    clock = [0.0]
+    leader = [True]
+    writer.monotonic = lambda: clock[0]
+    writer.is_leader = lambda: leader[0]
+    _flaky_events(api, [1], clock)
+    assert writer.reconcile(NAME)  # Failed written, its Event refused
+    assert writer._pending_events.get(NAME)
+    leader[0] = False
+    clock[0] = 30.0
+    writer.reconcile(NAME)
+    assert writer._pending_events.get(NAME) in (None, [])
+    assert NAME not in writer._event_backoff
+    leader[0] = True
+    clock[0] = 7200.0
+    writer.reconcile(NAME)  # nothing changed meanwhile: nothing to write, no stale Event
+    assert api.events == []

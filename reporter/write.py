@@ -338,6 +338,9 @@ class StatusWriter:
     _pending_events: dict[str, list[list[Any]]] = field(default_factory=dict, init=False)
     # CR name -> (failed Event attempts in a row, monotonic time of the next attempt).
     _event_backoff: dict[str, tuple[int, float]] = field(default_factory=dict, init=False)
+    # CR name -> the uid of the CR the per-CR records above are about: a CR deleted and
+    # created again under its name (pulumi replace) is another CR, not another writer's.
+    _uids: dict[str, str] = field(default_factory=dict, init=False)
     # CR name -> monotonic time the main loop must come back for it at the latest, whatever
     # the reconcile decided (a pending Event, a failed lookup that may be asked again).
     _wake: dict[str, float] = field(default_factory=dict, init=False)
@@ -382,6 +385,14 @@ class StatusWriter:
         if cr is None:
             self._forget(name)
             return False  # deleted (or not created yet): nothing to report on
+        uid = str((cr.get("metadata") or {}).get("uid") or "")
+        if self._uids.get(name, uid) != uid:
+            # Deleted and created again before a reconcile saw it gone: what was kept about
+            # the old one (its last write above all) says nothing about the new one.
+            log.info("%s: created again (uid %s); what was known of the old one forgotten",
+                     name, uid)
+            self._forget(name)
+        self._uids[name] = uid
         if not self.cache.cr_settled(cr):
             # Its caches mark the CR dirty again once they have listed.
             self.cache.ensure_for(cr)
@@ -652,6 +663,7 @@ class StatusWriter:
         self._written.pop(name, None)
         self._yielding.pop(name, None)
         self._conflict_event_at.pop(name, None)
+        self._uids.pop(name, None)
 
     def _event(self, cr: Obj, old: Obj, new: Obj) -> None:
         spec = status.phase_event(old, new)

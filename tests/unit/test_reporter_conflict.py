@@ -187,3 +187,23 @@ def test_each_new_conflict_is_logged_and_counted_its_event_at_most_every_ten_min
     assert ours > 2
     assert len(logged) == ours == writer.metrics.status_conflicts._value.get()
     assert len(events) == 1
+
+
+def test_a_cr_deleted_and_created_again_under_its_name_is_no_conflict(caplog):
+    """Review of issue 16: per-CR state was keyed by name, so a CR deleted and created again
+    (a new uid, no status) before a reconcile saw it gone was taken for another writer's:
+    a false StatusWriteConflict and 60 s without a status."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    caplog.set_level(logging.WARNING, logger="reporter.write")
+    assert writer.reconcile(NAME)
+    cache.crs[NAME] = {
+        "metadata": {"name": NAME, "resourceVersion": "50", "generation": 1, "uid": "u2"},
+        "spec": {},
+    }
+    clock[0] += 1
+    assert writer.reconcile(NAME)  # the new CR gets its status at once
+    assert writer.metrics.status_conflicts._value.get() == 0
+    assert "StatusWriteConflict" not in [e["reason"] for _, e in api.events]
+    assert not [r for r in caplog.records if "another writer" in r.message]

@@ -728,7 +728,8 @@ class StatusWriter:
 
     def _flush_events(self, name: str) -> None:
         """Try the CR's pending Events again, oldest first, once their delay is over; the
-        first that fails again puts the rest back behind it."""
+        first that fails again puts the rest back behind it. Those held back for
+        ``EVENT_GIVE_UP_SECONDS`` are given up first, with one warning for all of them."""
         pending = self._pending_events.pop(name, [])
         now = self.monotonic()
         expired = [e for e in pending if now - e[2] >= EVENT_GIVE_UP_SECONDS]
@@ -757,7 +758,10 @@ class StatusWriter:
         a full queue drops its oldest node Event, or else its oldest Event, to make room, so
         that a phase or StatusWriteConflict Event never waits behind node Events it lost to.
         Every drop is logged. False when ``entry`` itself was dropped."""
-        pending.insert(0, entry) if first else pending.append(entry)
+        if first:
+            pending.insert(0, entry)
+        else:
+            pending.append(entry)
         if len(pending) <= MAX_PENDING_EVENTS:
             return True
         victim = next(
@@ -765,8 +769,8 @@ class StatusWriter:
         )
         pending.remove(victim)
         log.warning(
-            "event %s on %s dropped: %d Events of it wait already (the API server refuses "
-            "Events); %s",
+            "event %s on %s dropped: %d Events of this CR wait already (the API server "
+            "refuses Events): %s",
             victim[0]["reason"],
             name,
             MAX_PENDING_EVENTS,

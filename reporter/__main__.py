@@ -18,7 +18,13 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
-from pmem_components.names import CLUSTER_EVENT_NAMESPACE, DeploymentNames
+from pmem_components.names import (
+    CLUSTER_EVENT_NAMESPACE,
+    DNS_SUBDOMAIN_MAX,
+    LABEL_INSTANCE,
+    LABEL_VALUE_MAX,
+    DeploymentNames,
+)
 from reporter.health import HealthServer
 from reporter.kubeapi import KubeconfigError, RawApi, load_api_client
 from reporter.leader import LeaderElector
@@ -90,19 +96,43 @@ def seconds(value: str) -> float:
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 
 
+def _is_dns_subdomain(value: str) -> bool:
+    return len(value) <= DNS_SUBDOMAIN_MAX and all(
+        _DNS_LABEL.fullmatch(part) for part in value.split(".")
+    )
+
+
+_DNS_SUBDOMAIN_RULE = (
+    "a DNS subdomain is expected (lower-case letters, digits, '-' and '.', starting and "
+    f"ending with a letter or digit, at most {DNS_SUBDOMAIN_MAX} characters)"
+)
+
+
 def deployment_name(value: str) -> str:
-    """``--deployment``: a name a Deployment CR can have (a DNS subdomain).
+    """``--deployment``: a name a Deployment CR can have (a DNS subdomain) whose instance
+    label value fits a label.
 
     Why: the names go into label and field selectors; ``a,b`` selected two deployments'
-    objects, and a name no CR can have gave selectors the API server refuses, for ever.
+    objects, and a name no CR can have gave selectors the API server refuses, for ever; so
+    did a subdomain longer than a label value (review of issue 16: every list a 400).
     """
-    labels = value.split(".")
-    if len(value) > 253 or not all(_DNS_LABEL.fullmatch(part) for part in labels):
+    if not _is_dns_subdomain(value):
         raise argparse.ArgumentTypeError(
-            f"{value!r} is not a Deployment CR name: a DNS subdomain is expected (lower-case "
-            "letters, digits, '-' and '.', starting and ending with a letter or digit, at "
-            "most 253 characters)"
+            f"{value!r} is not a Deployment CR name: {_DNS_SUBDOMAIN_RULE}"
         )
+    hyphened = DeploymentNames(value).hyphened
+    if len(hyphened) > LABEL_VALUE_MAX:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is too long: its objects' label {LABEL_INSTANCE} ({hyphened!r}) can "
+            f"have at most {LABEL_VALUE_MAX} characters, so no list would be accepted"
+        )
+    return value
+
+
+def lease_name(value: str) -> str:
+    """``--lease-name``: a name a Lease can have; else every renewal failed, every 2 s."""
+    if not _is_dns_subdomain(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a Lease name: {_DNS_SUBDOMAIN_RULE}")
     return value
 
 
@@ -191,6 +221,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--lease-name",
+        type=lease_name,
         default=None,
         help="Lease name (default: <first --deployment>-reporter, the name the program's "
         f"RBAC grants; without --deployment {DEFAULT_LEASE})",

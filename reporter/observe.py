@@ -93,7 +93,11 @@ NEW_GRANT_RETRY = 1.0
 # How long the labels of an object found by name (``Observer.lookup_labels``) are believed.
 LOOKUP_TTL = 60.0
 # How long a failed lookup (403, 500, a timeout) is remembered: the kind is Unknown meanwhile.
+# Doubled for each failure in a row of that lookup, up to LOOKUP_RETRY_CAP, and back to
+# LOOKUP_RETRY once it worked: a lookup that keeps failing does not cost a GET and a
+# recompute of its CR every 5 s for ever (review of issue 16).
 LOOKUP_RETRY = 5.0
+LOOKUP_RETRY_CAP = 60.0
 
 
 def resource_for(kind: str) -> Resource:
@@ -486,9 +490,10 @@ class Informer:
                 ):
                     # A namespace just added: its Role may be on its way. Unknown (this
                     # cache has not listed, so its CRs wait), asked again soon, not reported.
+                    # Not a failure: counted, the first retry after the grace would wait
+                    # 15-30 s instead of the backoff's first delay (review of issue 16).
                     log.info("%r: %s in a namespace just added; retrying", self, status)
                     self._stop.wait(NEW_GRANT_RETRY)
-                    failures += 1
                     continue
                 if self.unserved and status == TOO_MANY_REQUESTS:
                     # Seen on the local cluster while a deleted CRD was created again: one
@@ -592,6 +597,8 @@ class Observer:
         self._lookups: dict[
             tuple[str, str, str], tuple[float, dict[str, str] | model.LookupFailed | None]
         ] = {}
+        # (kind, namespace, name) -> failed lookups in a row (LOOKUP_RETRY doubling).
+        self._lookup_failures: dict[tuple[str, str, str], int] = {}
         # kind -> {namespace or ALL_NAMESPACES or "" (cluster-scoped) -> informers}
         self._index: dict[str, dict[str, list[Informer]]] = {}
         if self.shared_watches:
@@ -771,24 +778,31 @@ class Observer:
             )
         except Exception as exc:
             # Not "missing": the object may well exist (review of issue 16). Unknown, and
-            # asked again after LOOKUP_RETRY seconds, not believed for LOOKUP_TTL.
+            # asked again after LOOKUP_RETRY seconds (doubling while it keeps failing), not
+            # believed for LOOKUP_TTL.
             why = f"{kind}/{name} could not be looked up: {describe_error(exc)}"
-            log.info("%s", why)
             with self._lock:
-                self._lookups[key] = (now + LOOKUP_RETRY, model.LookupFailed(why))
-            raise model.LookupFailed(why, LOOKUP_RETRY) from None
+                failures = self._lookup_failures.get(key, 0)
+                self._lookup_failures[key] = failures + 1
+                retry = min(LOOKUP_RETRY_CAP, LOOKUP_RETRY * 2 ** min(failures, 8))
+                self._lookups[key] = (now + retry, model.LookupFailed(why))
+            log.info("%s; asked again in %.0f s", why, retry)
+            raise model.LookupFailed(why, retry) from None
         labels = None
         if found is not None:
             all_labels = (found.get("metadata") or {}).get("labels") or {}
             labels = {k: all_labels[k] for k in (LABEL_PART_OF, LABEL_INSTANCE) if k in all_labels}
         with self._lock:
             self._lookups[key] = (now + LOOKUP_TTL, labels)
+            self._lookup_failures.pop(key, None)
         return labels
 
     def _forget_lookup(self, inf: Informer, obj: Obj) -> None:
         ns, name = obj_key(obj)
+        key = (inf.res.kind, ns if inf.res.namespaced else "", name)
         with self._lock:
-            self._lookups.pop((inf.res.kind, ns if inf.res.namespaced else "", name), None)
+            self._lookups.pop(key, None)
+            self._lookup_failures.pop(key, None)
 
     def pods(self, namespace: str) -> list[Obj]:
         return [p for inf in self._informers_for(POD.kind, namespace) for p in inf.items(namespace)]

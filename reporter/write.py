@@ -43,7 +43,7 @@ longer cached). Watch events, resyncs and leadership changes in between do not s
 delay (a struggling API server is not hammered by a busy CR); other CRs are written meanwhile.
 An Event that meets a transient error is tried again with the same backoff per CR, at the
 CR's first reconcile after its delay (the main loop is asked to come back then), and given up
-after ``MAX_EVENT_ATTEMPTS``. A CR
+``EVENT_GIVE_UP_SECONDS`` after it was first held back. A CR
 that could not be written because this replica was not leading (at the start, or lost in
 the middle of retries) goes into ``awaiting_leader``; the main loop keeps it until
 ``is_leader()`` is True again, whether or not the elector saw a flip.
@@ -89,12 +89,17 @@ NODE_EVENT_REPEAT_SECONDS = 600.0
 # CONFLICT_EVENT_SECONDS.
 CONFLICT_QUIET_SECONDS = 60.0
 CONFLICT_EVENT_SECONDS = 600.0
-# Events of one CR kept for another attempt after a transient error (the rest are dropped).
-MAX_PENDING_EVENTS = 10
-# An Event is tried at most this many times (with ``retry_backoff`` between the attempts,
-# about a minute in all), then given up: under a 500 storm Events are not retried for ever,
-# nor in a hot loop (review of issue 16).
-MAX_EVENT_ATTEMPTS = 10
+# Node Events: the ones ``_node_events`` records, evicted first from a full queue.
+NODE_EVENT_REASONS = frozenset({"NodeDriverNotReady", "NodeDriversNotReady"})
+# Events of one CR kept for another attempt after a transient error: what one reconcile
+# records (its node Events, their summary, a phase Event, a StatusWriteConflict). A full
+# queue makes room by dropping its oldest node Event (logged), never a phase Event for one.
+MAX_PENDING_EVENTS = MAX_NODE_EVENTS + 3
+# An Event held back (it met a transient error, or waited behind one that did) is tried
+# with ``retry_backoff`` between the attempts and given up this long after it was first held
+# back: under a 500 storm Events are not retried for ever, nor in a hot loop, nor one after
+# the other for half an hour (review of issue 16).
+EVENT_GIVE_UP_SECONDS = 60.0
 _MISSING = object()
 
 
@@ -327,11 +332,15 @@ class StatusWriter:
     _yielding: dict[str, tuple[float, Obj]] = field(default_factory=dict, init=False)
     # CR name -> monotonic time of its last StatusWriteConflict Event.
     _conflict_event_at: dict[str, float] = field(default_factory=dict, init=False)
-    # CR name -> [Event, attempts so far] that met a transient error, tried again at the
-    # CR's first reconcile after ``_event_due``.
+    # CR name -> [Event, attempts so far, monotonic time it was first held back] that met a
+    # transient error (or waits behind one), tried again at the CR's first reconcile after
+    # the delay in ``_event_backoff``.
     _pending_events: dict[str, list[list[Any]]] = field(default_factory=dict, init=False)
     # CR name -> (failed Event attempts in a row, monotonic time of the next attempt).
     _event_backoff: dict[str, tuple[int, float]] = field(default_factory=dict, init=False)
+    # CR name -> the uid of the CR the per-CR records above are about: a CR deleted and
+    # created again under its name (pulumi replace) is another CR, not another writer's.
+    _uids: dict[str, str] = field(default_factory=dict, init=False)
     # CR name -> monotonic time the main loop must come back for it at the latest, whatever
     # the reconcile decided (a pending Event, a failed lookup that may be asked again).
     _wake: dict[str, float] = field(default_factory=dict, init=False)
@@ -376,6 +385,14 @@ class StatusWriter:
         if cr is None:
             self._forget(name)
             return False  # deleted (or not created yet): nothing to report on
+        uid = str((cr.get("metadata") or {}).get("uid") or "")
+        if self._uids.get(name, uid) != uid:
+            # Deleted and created again before a reconcile saw it gone: what was kept about
+            # the old one (its last write above all) says nothing about the new one.
+            log.info("%s: created again (uid %s); what was known of the old one forgotten",
+                     name, uid)
+            self._forget(name)
+        self._uids[name] = uid
         if not self.cache.cr_settled(cr):
             # Its caches mark the CR dirty again once they have listed.
             self.cache.ensure_for(cr)
@@ -510,9 +527,17 @@ class StatusWriter:
 
     def not_leading(self) -> None:
         """Leadership is lost (or was never held): what this replica wrote last says nothing
-        about the next writes, which are the new leader's, not another writer's."""
+        about the next writes, which are the new leader's, not another writer's. Events held
+        back are dropped with their backoff: the new leader Events what it writes, and an
+        Event created once this replica leads again, maybe hours later, would be stale
+        (review of issue 16)."""
         self._written.clear()
         self._yielding.clear()
+        dropped = sum(len(p) for p in self._pending_events.values())
+        if dropped:
+            log.info("%d held back event(s) dropped: not leading", dropped)
+        self._pending_events.clear()
+        self._event_backoff.clear()
 
     def _yields_to_another_writer(self, name: str, cr: Obj) -> bool:
         """True while another writer owns the CR's status (see ``CONFLICT_QUIET_SECONDS``).
@@ -638,6 +663,7 @@ class StatusWriter:
         self._written.pop(name, None)
         self._yielding.pop(name, None)
         self._conflict_event_at.pop(name, None)
+        self._uids.pop(name, None)
 
     def _event(self, cr: Obj, old: Obj, new: Obj) -> None:
         spec = status.phase_event(old, new)
@@ -650,19 +676,20 @@ class StatusWriter:
         event = build_event(cr, self.event_namespace, etype, reason, message, self.now())
         self._create_event(event)
 
-    def _create_event(self, event: Obj, attempts: int = 0) -> None:
+    def _create_event(self, event: Obj, attempts: int = 0, since: float | None = None) -> None:
         """One attempt, unless the CR's Events are backing off; after a transient error the
         Event waits (``_pending_events``, at most ``MAX_PENDING_EVENTS`` per CR) for the CR's
         first reconcile after a growing delay (``retry_backoff``, per CR), and is given up
-        after ``MAX_EVENT_ATTEMPTS``. No sleep holds up the main loop, and a 500 storm is
-        met with one attempt per delay, not one per reconcile."""
+        ``EVENT_GIVE_UP_SECONDS`` after it was first held back. No sleep holds up the main
+        loop, and a 500 storm is met with one attempt per delay, not one per reconcile."""
         name = str(event["involvedObject"]["name"])
         pending = self._pending_events.setdefault(name, [])
         failures, due = self._event_backoff.get(name, (0, 0.0))
-        if self.monotonic() < due:
-            if len(pending) < MAX_PENDING_EVENTS:
-                pending.append([event, attempts])
-            self._wake_at(name, due)
+        now = self.monotonic()
+        since = now if since is None else since
+        if now < due:
+            self._enqueue(name, pending, [event, attempts, since])
+            self._wake_at(name, min(due, since + EVENT_GIVE_UP_SECONDS))
             return
         try:
             if not self.is_leader():
@@ -672,13 +699,12 @@ class StatusWriter:
             self._event_backoff.pop(name, None)
         except Exception as exc:  # an Event is a courtesy; the status is already written
             attempts += 1
-            if is_transient(exc) and attempts < MAX_EVENT_ATTEMPTS:
+            if is_transient(exc) and self.monotonic() - since < EVENT_GIVE_UP_SECONDS:
                 delay = self.retry_backoff.wait_for(min(failures, 10), exc)
                 due = self.monotonic() + delay
                 self._event_backoff[name] = (failures + 1, due)
-                if len(pending) < MAX_PENDING_EVENTS:
-                    pending.insert(0, [event, attempts])  # the oldest first
-                    self._wake_at(name, due)
+                if self._enqueue(name, pending, [event, attempts, since], first=True):
+                    self._wake_at(name, min(due, since + EVENT_GIVE_UP_SECONDS))
                     log.info(
                         "event %s on %s not created yet (attempt %d): %s; trying again in "
                         "%.1f s",
@@ -688,7 +714,7 @@ class StatusWriter:
                         describe_error(exc),
                         delay,
                     )
-                    return
+                return  # queued, or its drop logged
             log.warning(
                 "event %s on %s not created: %s%s",
                 event["reason"],
@@ -702,12 +728,52 @@ class StatusWriter:
 
     def _flush_events(self, name: str) -> None:
         """Try the CR's pending Events again, oldest first, once their delay is over; the
-        first that fails again puts the rest back behind it."""
+        first that fails again puts the rest back behind it. Those held back for
+        ``EVENT_GIVE_UP_SECONDS`` are given up first, with one warning for all of them."""
         pending = self._pending_events.pop(name, [])
-        for i, (event, attempts) in enumerate(pending):
-            self._create_event(event, attempts)
+        now = self.monotonic()
+        expired = [e for e in pending if now - e[2] >= EVENT_GIVE_UP_SECONDS]
+        if expired:
+            log.warning(
+                "%d event(s) on %s given up, %.0f s after they were first refused: %s",
+                len(expired),
+                name,
+                EVENT_GIVE_UP_SECONDS,
+                ", ".join(sorted({str(e[0]["reason"]) for e in expired})),
+            )
+            pending = [e for e in pending if e not in expired]
+            if not pending:
+                self._event_backoff.pop(name, None)
+        for i, (event, attempts, since) in enumerate(pending):
+            self._create_event(event, attempts, since)
             if name in self._event_backoff and self._event_backoff[name][1] > self.monotonic():
-                rest = pending[i + 1 :]
                 queued = self._pending_events.setdefault(name, [])
-                queued.extend(rest[: max(0, MAX_PENDING_EVENTS - len(queued))])
+                for entry in pending[i + 1 :]:
+                    self._enqueue(name, queued, entry)
                 return
+
+    def _enqueue(self, name: str, pending: list[list[Any]], entry: list[Any], *,
+                 first: bool = False) -> bool:
+        """Queue ``entry`` (at the head when ``first``: the one just tried, oldest of all);
+        a full queue drops its oldest node Event, or else its oldest Event, to make room, so
+        that a phase or StatusWriteConflict Event never waits behind node Events it lost to.
+        Every drop is logged. False when ``entry`` itself was dropped."""
+        if first:
+            pending.insert(0, entry)
+        else:
+            pending.append(entry)
+        if len(pending) <= MAX_PENDING_EVENTS:
+            return True
+        victim = next(
+            (e for e in pending if e[0]["reason"] in NODE_EVENT_REASONS), pending[0]
+        )
+        pending.remove(victim)
+        log.warning(
+            "event %s on %s dropped: %d Events of this CR wait already (the API server "
+            "refuses Events): %s",
+            victim[0]["reason"],
+            name,
+            MAX_PENDING_EVENTS,
+            victim[0]["message"],
+        )
+        return victim is not entry

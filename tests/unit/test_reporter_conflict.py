@@ -162,3 +162,48 @@ def test_the_conflict_event_repeats_at_a_bounded_rate_while_the_other_writer_goe
     assert len(conflicts) == expected, len(conflicts)
     assert writer.metrics.status_conflicts._value.get() == expected
     assert all(e["type"] == "Warning" for e in conflicts)
+
+
+def test_each_new_conflict_is_logged_and_counted_its_event_at_most_every_ten_minutes(caplog):
+    """What docs/reporter.md says (review of issue 16: it said the log and the metric repeat
+    every 10 minutes, never more often): against a writer that answers each of our writes at
+    once, every write replaced is a new conflict, logged and counted (about once a minute),
+    while the Event is created once per ``CONFLICT_EVENT_SECONDS``."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    caplog.set_level(logging.WARNING, logger="reporter.write")
+    writer.reconcile(NAME)
+    other_reporter_writes(cache, "Progressing")
+    for _ in range(int(write.CONFLICT_EVENT_SECONDS)):
+        clock[0] += 1
+        n = len(api.patches)
+        writer.reconcile(NAME)
+        if len(api.patches) > n:  # we wrote: the other one writes back at once
+            other_reporter_writes(cache, "Progressing")
+    ours = len(api.patches)
+    logged = [r for r in caplog.records if "another writer" in r.message]
+    events = [e for _, e in api.events if e["reason"] == "StatusWriteConflict"]
+    assert ours > 2
+    assert len(logged) == ours == writer.metrics.status_conflicts._value.get()
+    assert len(events) == 1
+
+
+def test_a_cr_deleted_and_created_again_under_its_name_is_no_conflict(caplog):
+    """Review of issue 16: per-CR state was keyed by name, so a CR deleted and created again
+    (a new uid, no status) before a reconcile saw it gone was taken for another writer's:
+    a false StatusWriteConflict and 60 s without a status."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    caplog.set_level(logging.WARNING, logger="reporter.write")
+    assert writer.reconcile(NAME)
+    cache.crs[NAME] = {
+        "metadata": {"name": NAME, "resourceVersion": "50", "generation": 1, "uid": "u2"},
+        "spec": {},
+    }
+    clock[0] += 1
+    assert writer.reconcile(NAME)  # the new CR gets its status at once
+    assert writer.metrics.status_conflicts._value.get() == 0
+    assert "StatusWriteConflict" not in [e["reason"] for _, e in api.events]
+    assert not [r for r in caplog.records if "another writer" in r.message]

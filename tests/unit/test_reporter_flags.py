@@ -78,6 +78,22 @@ def test_a_deployment_name_that_no_cr_can_have_is_refused(capsys, value: str) ->
     assert "--deployment" in err and "DNS subdomain" in err
 
 
+@pytest.mark.parametrize("value", ["a" * 64, "x." * 40 + "y", "a" * 253])
+def test_a_deployment_name_whose_instance_label_is_too_long_is_refused(capsys, value) -> None:
+    """Review of issue 16: a 64-253 character DNS subdomain was accepted, but its instance
+    label value (dots to hyphens) exceeds 63 characters, so the API server refused every
+    list with 400, for ever."""
+    err = refused(capsys, "--deployment", value)
+    assert "--deployment" in err and "63" in err
+
+
+@pytest.mark.parametrize("value", ["Not_A_Name!", "-a", "a..b", "a" * 254])
+def test_a_lease_name_that_is_not_a_dns_subdomain_is_refused(capsys, value: str) -> None:
+    """A Lease no API server accepts was found only at the first renewal, every 2 s."""
+    err = refused(capsys, f"--lease-name={value}", "--identity", "x")
+    assert "--lease-name" in err and "DNS subdomain" in err
+
+
 def test_shared_watches_without_a_deployment_is_refused(capsys) -> None:
     """``--shared-watches`` alone was silently ignored (every CR watched cluster-wide)."""
     err = refused(capsys, "--shared-watches")

@@ -28,6 +28,9 @@ from collections.abc import Mapping
 from typing import Any, NotRequired, Optional, TypedDict
 
 import pulumi
+from pulumi.errors import InputPropertiesError
+from pulumi.provider import main as _provider_main
+from pulumi.provider.experimental.component import ComponentDefinition, ComponentProvider
 
 from pmem_components import components
 from pmem_components.config import ConfigError, DeploymentConfig, key_path, load_config
@@ -237,6 +240,12 @@ def _outputs_in(value: Any, path: str) -> list[str]:
     return []
 
 
+_NOT_PLAIN = (
+    "must be a plain value known when the program runs (not another resource's output, "
+    "not a secret)"
+)
+
+
 def deployment_config(resource_name: str, args: Mapping[str, Any]) -> DeploymentConfig:
     """The validated deployment of the args; :class:`ArgsError` lists every problem."""
     entry = to_config_entry({k: v for k, v in args.items() if k not in COMPONENT_FIELDS})
@@ -244,11 +253,7 @@ def deployment_config(resource_name: str, args: Mapping[str, Any]) -> Deployment
     if unknown:
         raise ArgsError(
             resource_name,
-            [
-                f"{p}: must be a plain value known when the program runs (not another "
-                "resource's output, not a secret)"
-                for p in unknown
-            ],
+            [f"{p}: {_NOT_PLAIN}" for p in unknown],
         )
     try:
         stack = load_config({"deployments": [entry]}, warn=pulumi.log.warn)
@@ -294,3 +299,39 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
 
 
 SERVED_COMPONENTS: list[type[pulumi.ComponentResource]] = [PmemCsiDeployment]
+
+
+class FaceProvider(ComponentProvider):
+    """The SDK's component provider, refusing outputs and secrets before it maps the inputs.
+
+    Why: the SDK's ``map_inputs`` turns an Output in a nested-object field (a secret
+    ``certificates.registryKey``, ``await`` or ``controllerResources`` depending on another
+    resource) into ``{}`` without a word, so provided certificates would be dropped and a new
+    CA generated, limits lost. The inputs are checked at every depth while they still are
+    Outputs, named by the caller's field path (``certificates.registryKey``).
+    """
+
+    def map_inputs(
+        self, inputs: Mapping[str, Any], component_def: ComponentDefinition
+    ) -> dict[str, Any]:
+        """The SDK's mapping, after refusing any Output, unknown or secret in ``inputs``."""
+        unknown = _outputs_in(inputs, "")
+        if unknown:
+            raise InputPropertiesError(
+                f"invalid args of {component_def.name}",
+                [{"property_path": p, "reason": f"{p}: {_NOT_PLAIN}"} for p in unknown],
+            )
+        return super().map_inputs(dict(inputs), component_def)
+
+
+def serve(version: str | None = None) -> None:
+    """Run the component provider (the plugin's entry point, ``provider/__main__.py``).
+
+    The SDK's ``component_provider_host`` with :class:`FaceProvider` in place of its own
+    provider class (it has no parameter for one).
+    """
+    import sys
+
+    _provider_main(
+        FaceProvider(SERVED_COMPONENTS, PACKAGE_NAME, None, version or "0.0.0"), sys.argv[1:]
+    )

@@ -154,3 +154,98 @@ def test_another_resources_output_or_a_secret_is_refused_by_field() -> None:
         "certificates.caCert: must be a plain value known when the program runs (not another "
         "resource's output, not a secret)"
     ]
+
+
+def _wire(inputs: dict[str, Any], deps: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """The inputs as the provider's Construct receives them: unmarshalled by the SDK's server."""
+    import asyncio
+
+    from google.protobuf import struct_pb2
+    from pulumi.provider.server import ProviderServicer
+    from pulumi.runtime.proto import provider_pb2
+
+    s = struct_pb2.Struct()
+    s.update(inputs)
+    idep = {
+        k: provider_pb2.ConstructRequest.PropertyDependencies(urns=urns)
+        for k, urns in (deps or {}).items()
+    }
+    return asyncio.run(ProviderServicer._construct_inputs(s, idep))
+
+
+from pulumi.runtime import rpc as _rpc  # noqa: E402
+
+_SIG = _rpc._special_sig_key
+_SECRET = _rpc._special_secret_sig
+_OUTPUT = _rpc._special_output_value_sig
+_PEM = "-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----"
+_KEY = "-----BEGIN PRIVATE KEY-----\nx\n-----END PRIVATE KEY-----"
+_CERTS = {
+    "caCert": _PEM,
+    "registryCert": _PEM,
+    "nodeControllerCert": _PEM,
+    "nodeControllerKey": _KEY,
+}
+
+
+@pytest.mark.parametrize(
+    ("inputs", "deps", "path"),
+    [
+        (
+            {"certificates": {**_CERTS, "registryKey": {_SIG: _SECRET, "value": _KEY}}},
+            None,
+            "certificates",  # the SDK's unmarshalling lifts a nested secret to its object
+        ),
+        (
+            {
+                "certificates": {
+                    _SIG: _OUTPUT,
+                    "secret": True,
+                    "value": {**_CERTS, "registryKey": _KEY},
+                }
+            },
+            None,
+            "certificates",
+        ),
+        ({"await": {"enabled": False}}, {"await": ["urn:pulumi:s::p::t::r"]}, "await"),
+        (
+            {"controllerResources": {"limits": {"cpu": "2"}}},
+            {"controllerResources": ["urn:pulumi:s::p::t::r"]},
+            "controllerResources",
+        ),
+    ],
+)
+def test_a_nested_secret_or_output_is_refused_before_the_sdk_maps_it_to_nothing(
+    inputs: dict[str, Any], deps: dict[str, list[str]] | None, path: str
+) -> None:
+    """The SDK's map_inputs replaces an Output in a nested-object field by ``{}``: provided
+    certificates would be dropped (a new CA generated), limits lost, await turned on."""
+    from pulumi.errors import InputPropertiesError
+
+    prov = provider_face.FaceProvider(
+        provider_face.SERVED_COMPONENTS, provider_face.PACKAGE_NAME, None, "0.0.0"
+    )
+    with pytest.raises(InputPropertiesError) as err:
+        prov.map_inputs(_wire(inputs, deps), prov._component_defs["PmemCsiDeployment"])
+    assert [e["property_path"] for e in err.value.errors or []] == [path]
+    assert "not another resource's output, not a secret" in (err.value.errors or [])[0]["reason"]
+
+
+def test_plain_nested_inputs_map_unchanged() -> None:
+    prov = provider_face.FaceProvider(
+        provider_face.SERVED_COMPONENTS, provider_face.PACKAGE_NAME, None, "0.0.0"
+    )
+    mapped = prov.map_inputs(
+        _wire({"controllerResources": {"limits": {"cpu": "2"}}, "await": {"enabled": False}}),
+        prov._component_defs["PmemCsiDeployment"],
+    )
+    cfg = provider_face.deployment_config("d", mapped)
+    assert cfg.controller_resources.limits == {"cpu": "2"}
+    assert cfg.await_.enabled is False
+
+
+def test_the_plugin_entry_point_serves_the_face_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[Any] = []
+    monkeypatch.setattr(provider_face, "_provider_main", lambda prov, args: served.append(prov))
+    provider_face.serve(version="1.2.3")
+    assert [type(p) for p in served] == [provider_face.FaceProvider]

@@ -246,6 +246,42 @@ _NOT_PLAIN = (
 )
 
 
+# Deployment fields that only the preflight of the Python stack program reads
+# (pmem_components.preflight): the component provider runs no preflight, so they would do nothing.
+_PREFLIGHT_FLAGS = {
+    "adopt_namespace": "adoptNamespace",
+    "allow_reinstall": "allowReinstall",
+    "renamed_from": "renamedFrom",
+    "allow_device_mode_change": "allowDeviceModeChange",
+}
+
+
+def _python_program_only(cfg: DeploymentConfig, args: Mapping[str, Any]) -> list[str]:
+    """Problems for fields set here that only the Python stack program honours.
+
+    Why refused rather than ignored: each would be accepted and do nothing. The preflight flags
+    are read by the preflight, which reads the cluster before the program registers anything;
+    a component is constructed after registration has begun, so the provider runs none. The
+    status reporter is one per stack, deployed by the program beside its deployments.
+    """
+    problems = [
+        f"{camel}: honoured by the Python stack program only (its preflight reads the "
+        "cluster before anything is registered; the component provider runs no preflight); "
+        "leave it unset here"
+        for field, camel in _PREFLIGHT_FLAGS.items()
+        if getattr(cfg, field)
+    ]
+    if cfg.reporter.enabled:
+        raw = args.get("reporter") or {}
+        field = "reporter.enabled" if raw.get("enabled") else "reporter.image"
+        problems.append(
+            f"{field}: the status reporter is deployed by the Python stack program only "
+            "(one per stack, beside its deployments); the component provider deploys none, "
+            "so leave reporter.enabled and reporter.image unset here"
+        )
+    return problems
+
+
 def deployment_config(resource_name: str, args: Mapping[str, Any]) -> DeploymentConfig:
     """The validated deployment of the args; :class:`ArgsError` lists every problem."""
     entry = to_config_entry({k: v for k, v in args.items() if k not in COMPONENT_FIELDS})
@@ -260,6 +296,9 @@ def deployment_config(resource_name: str, args: Mapping[str, Any]) -> Deployment
     except ConfigError as err:
         raise ArgsError(resource_name, [_relabel(p) for p in err.problems]) from None
     cfg = stack.deployments[0]
+    problems = _python_program_only(cfg, args)
+    if problems:
+        raise ArgsError(resource_name, problems)
     problems = components.check_patches(cfg, 0)
     if problems:
         raise ArgsError(resource_name, [_relabel(p) for p in problems])

@@ -249,3 +249,49 @@ def test_the_plugin_entry_point_serves_the_face_provider(monkeypatch: pytest.Mon
     monkeypatch.setattr(provider_face, "_provider_main", lambda prov, args: served.append(prov))
     provider_face.serve(version="1.2.3")
     assert [type(p) for p in served] == [provider_face.FaceProvider]
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"adopt_namespace": True}, "adoptNamespace"),
+        ({"allow_reinstall": True}, "allowReinstall"),
+        ({"renamed_from": "old.example.com"}, "renamedFrom"),
+        ({"allow_device_mode_change": True}, "allowDeviceModeChange"),
+    ],
+)
+def test_a_preflight_flag_is_refused_as_honoured_by_the_python_program_only(
+    args: dict[str, Any], field: str
+) -> None:
+    """The face runs no preflight, so these flags would be accepted and do nothing."""
+    [problem] = _problems(args)
+    assert problem.startswith(f"{field}: ")
+    assert "Python stack program only" in problem
+    assert "preflight" in problem
+
+
+@pytest.mark.parametrize(
+    ("reporter", "field"),
+    [
+        ({"image": "example.com/reporter:1"}, "reporter.image"),
+        ({"enabled": True, "image": "example.com/reporter:1"}, "reporter.enabled"),
+    ],
+)
+def test_a_reporter_is_refused_as_deployed_by_the_python_program_only(
+    reporter: dict[str, Any], field: str
+) -> None:
+    [problem] = _problems({"reporter": reporter})
+    assert problem.startswith(f"{field}: ")
+    assert "Python stack program only" in problem
+
+
+def test_flags_left_off_and_a_disabled_reporter_are_accepted() -> None:
+    provider_face.deployment_config(
+        "driver",
+        {
+            "adopt_namespace": False,
+            "allow_reinstall": False,
+            "allow_device_mode_change": False,
+            "reporter": {"enabled": False, "replicas": 3},
+        },
+    )

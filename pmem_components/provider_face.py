@@ -23,6 +23,7 @@ No ``from __future__ import annotations`` in this module: the schema inference r
 annotations as objects.
 """
 
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any, NotRequired, Optional, TypedDict
@@ -223,10 +224,21 @@ def _camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+# The SDK's unmarshalling of the Construct inputs drops every null inside an object, before
+# the provider sees them: a JSON patch's ``value: null`` arrives as no value.
+_NULL_DROPPED = re.compile(r"^patches\[\d+\]\.jsonPatch\[\d+\]\.value: is required for \w+$")
+
+
 def _relabel(problem: str) -> str:
     """``pmem-csi:deployments[0].patches[0].kind: ...`` -> ``patches[0].kind: ...``."""
     root = key_path(("deployments", 0))
-    return problem.replace(f"{root}.", "").replace(root, "(args)")
+    out = problem.replace(f"{root}.", "").replace(root, "(args)")
+    if _NULL_DROPPED.match(out):
+        out += (
+            " (a null value does not reach the component provider: the Pulumi SDK drops nulls "
+            "inside objects, so a null cannot be patched in from this language)"
+        )
+    return out
 
 
 def _outputs_in(value: Any, path: str) -> list[str]:

@@ -295,3 +295,31 @@ def test_flags_left_off_and_a_disabled_reporter_are_accepted() -> None:
             "reporter": {"enabled": False, "replicas": 3},
         },
     )
+
+
+def _mapped(inputs: dict[str, Any]) -> dict[str, Any]:
+    prov = provider_face.FaceProvider(
+        provider_face.SERVED_COMPONENTS, provider_face.PACKAGE_NAME, None, "0.0.0"
+    )
+    return prov.map_inputs(_wire(inputs), prov._component_defs["PmemCsiDeployment"])
+
+
+def test_a_null_in_a_merge_patch_never_reaches_the_provider() -> None:
+    """Pins the SDK's behaviour the docs state: the unmarshalling drops nulls in objects, so a
+    merge patch cannot delete a field from the provider (docs/yaml-and-other-languages.md)."""
+    patch = {"metadata": {"labels": {"app.kubernetes.io/part-of": None, "x": "y"}}}
+    cfg = provider_face.deployment_config(
+        "d", _mapped({"patches": [{"kind": "DaemonSet", "mergePatch": patch}]})
+    )
+    assert [p.merge_patch for p in cfg.patches] == [{"metadata": {"labels": {"x": "y"}}}]
+
+
+def test_a_json_patch_value_of_null_is_refused_saying_that_nulls_do_not_arrive() -> None:
+    op = {"op": "add", "path": "/metadata/annotations/x", "value": None}
+    with pytest.raises(provider_face.ArgsError) as caught:
+        provider_face.deployment_config(
+            "d", _mapped({"patches": [{"kind": "DaemonSet", "jsonPatch": [op]}]})
+        )
+    [problem] = caught.value.problems
+    assert problem.startswith("patches[0].jsonPatch[0].value: is required for add")
+    assert "null" in problem

@@ -229,10 +229,19 @@ def _camel(name: str) -> str:
 _NULL_DROPPED = re.compile(r"^patches\[\d+\]\.jsonPatch\[\d+\]\.value: is required for \w+$")
 
 
+# The stack config's advice on writing a value in Pulumi.<stack>.yaml or with pulumi config set
+# (config.string_fix, patchtypes.fix_hint), always the message's last "; " part: it does not
+# apply to a program passing args.
+_STRING_FIX = re.compile(r"; quote it\b.* in Pulumi\.<stack>\.yaml.*$")
+_NUMBER_FIX = re.compile(r"; write it without quotes in Pulumi\.<stack>\.yaml.*$")
+
+
 def _relabel(problem: str) -> str:
-    """``pmem-csi:deployments[0].patches[0].kind: ...`` -> ``patches[0].kind: ...``."""
+    """``pmem-csi:deployments[0].patches[0].kind: ...`` -> ``patches[0].kind: ...``, without
+    the stack config's advice on how to write the value there."""
     root = key_path(("deployments", 0))
     out = problem.replace(f"{root}.", "").replace(root, "(args)")
+    out = _NUMBER_FIX.sub("; write it without quotes", _STRING_FIX.sub("", out))
     if _NULL_DROPPED.match(out):
         out += (
             " (a null value does not reach the component provider: the Pulumi SDK drops nulls "

@@ -323,3 +323,22 @@ def test_a_json_patch_value_of_null_is_refused_saying_that_nulls_do_not_arrive()
     [problem] = caught.value.problems
     assert problem.startswith("patches[0].jsonPatch[0].value: is required for add")
     assert "null" in problem
+
+
+def test_a_wrong_type_message_has_no_stack_config_advice() -> None:
+    """config.string_fix says how to quote the value in Pulumi.<stack>.yaml or with pulumi
+    config set: advice for the stack config, not for a program passing args."""
+    assert _problems({"labels": {"tier": 1}, "image": 5}) == [
+        "image: must be a string (got 5)",
+        "labels.tier: must be a string (got 1)",
+    ]
+
+
+def test_a_patch_type_message_has_no_stack_config_advice() -> None:
+    assert _problems(
+        {"patches": [{"kind": "StatefulSet", "merge_patch": {"spec": {"replicas": "2"}}}]}
+    ) == [
+        'patches[0].mergePatch.spec.replicas: must be an integer, not the string "2" '
+        "(StatefulSet pmem-csi/pmem-csi-intel-com-controller, field spec.replicas); "
+        "write it without quotes"
+    ]

@@ -23,11 +23,15 @@ No ``from __future__ import annotations`` in this module: the schema inference r
 annotations as objects.
 """
 
+import re
 import typing
 from collections.abc import Mapping
 from typing import Any, NotRequired, Optional, TypedDict
 
 import pulumi
+from pulumi.errors import InputPropertiesError
+from pulumi.provider import main as _provider_main
+from pulumi.provider.experimental.component import ComponentDefinition, ComponentProvider
 
 from pmem_components import components
 from pmem_components.config import ConfigError, DeploymentConfig, key_path, load_config
@@ -220,10 +224,30 @@ def _camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+# The SDK's unmarshalling of the Construct inputs drops every null inside an object, before
+# the provider sees them: a JSON patch's ``value: null`` arrives as no value.
+_NULL_DROPPED = re.compile(r"^patches\[\d+\]\.jsonPatch\[\d+\]\.value: is required for \w+$")
+
+
+# The stack config's advice on writing a value in Pulumi.<stack>.yaml or with pulumi config set
+# (config.string_fix, patchtypes.fix_hint), always the message's last "; " part: it does not
+# apply to a program passing args.
+_STRING_FIX = re.compile(r"; quote it\b.* in Pulumi\.<stack>\.yaml.*$")
+_NUMBER_FIX = re.compile(r"; write it without quotes in Pulumi\.<stack>\.yaml.*$")
+
+
 def _relabel(problem: str) -> str:
-    """``pmem-csi:deployments[0].patches[0].kind: ...`` -> ``patches[0].kind: ...``."""
+    """``pmem-csi:deployments[0].patches[0].kind: ...`` -> ``patches[0].kind: ...``, without
+    the stack config's advice on how to write the value there."""
     root = key_path(("deployments", 0))
-    return problem.replace(f"{root}.", "").replace(root, "(args)")
+    out = problem.replace(f"{root}.", "").replace(root, "(args)")
+    out = _NUMBER_FIX.sub("; write it without quotes", _STRING_FIX.sub("", out))
+    if _NULL_DROPPED.match(out):
+        out += (
+            " (a null value does not reach the component provider: the Pulumi SDK drops nulls "
+            "inside objects, so a null cannot be patched in from this language)"
+        )
+    return out
 
 
 def _outputs_in(value: Any, path: str) -> list[str]:
@@ -237,6 +261,48 @@ def _outputs_in(value: Any, path: str) -> list[str]:
     return []
 
 
+_NOT_PLAIN = (
+    "must be a plain value known when the program runs (not another resource's output, "
+    "not a secret)"
+)
+
+
+# Deployment fields that only the preflight of the Python stack program reads
+# (pmem_components.preflight): the component provider runs no preflight, so they would do nothing.
+_PREFLIGHT_FLAGS = {
+    "adopt_namespace": "adoptNamespace",
+    "allow_reinstall": "allowReinstall",
+    "renamed_from": "renamedFrom",
+    "allow_device_mode_change": "allowDeviceModeChange",
+}
+
+
+def _python_program_only(cfg: DeploymentConfig, args: Mapping[str, Any]) -> list[str]:
+    """Problems for fields set here that only the Python stack program honours.
+
+    Why refused rather than ignored: each would be accepted and do nothing. The preflight flags
+    are read by the preflight, which reads the cluster before the program registers anything;
+    a component is constructed after registration has begun, so the provider runs none. The
+    status reporter is one per stack, deployed by the program beside its deployments.
+    """
+    problems = [
+        f"{camel}: honoured by the Python stack program only (its preflight reads the "
+        "cluster before anything is registered; the component provider runs no preflight); "
+        "leave it unset here"
+        for field, camel in _PREFLIGHT_FLAGS.items()
+        if getattr(cfg, field)
+    ]
+    if cfg.reporter.enabled:
+        raw = args.get("reporter") or {}
+        field = "reporter.enabled" if raw.get("enabled") else "reporter.image"
+        problems.append(
+            f"{field}: the status reporter is deployed by the Python stack program only "
+            "(one per stack, beside its deployments); the component provider deploys none, "
+            "so leave reporter.enabled and reporter.image unset here"
+        )
+    return problems
+
+
 def deployment_config(resource_name: str, args: Mapping[str, Any]) -> DeploymentConfig:
     """The validated deployment of the args; :class:`ArgsError` lists every problem."""
     entry = to_config_entry({k: v for k, v in args.items() if k not in COMPONENT_FIELDS})
@@ -244,17 +310,16 @@ def deployment_config(resource_name: str, args: Mapping[str, Any]) -> Deployment
     if unknown:
         raise ArgsError(
             resource_name,
-            [
-                f"{p}: must be a plain value known when the program runs (not another "
-                "resource's output, not a secret)"
-                for p in unknown
-            ],
+            [f"{p}: {_NOT_PLAIN}" for p in unknown],
         )
     try:
         stack = load_config({"deployments": [entry]}, warn=pulumi.log.warn)
     except ConfigError as err:
         raise ArgsError(resource_name, [_relabel(p) for p in err.problems]) from None
     cfg = stack.deployments[0]
+    problems = _python_program_only(cfg, args)
+    if problems:
+        raise ArgsError(resource_name, problems)
     problems = components.check_patches(cfg, 0)
     if problems:
         raise ArgsError(resource_name, [_relabel(p) for p in problems])
@@ -294,3 +359,39 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
 
 
 SERVED_COMPONENTS: list[type[pulumi.ComponentResource]] = [PmemCsiDeployment]
+
+
+class FaceProvider(ComponentProvider):
+    """The SDK's component provider, refusing outputs and secrets before it maps the inputs.
+
+    Why: the SDK's ``map_inputs`` turns an Output in a nested-object field (a secret
+    ``certificates.registryKey``, ``await`` or ``controllerResources`` depending on another
+    resource) into ``{}`` without a word, so provided certificates would be dropped and a new
+    CA generated, limits lost. The inputs are checked at every depth while they still are
+    Outputs, named by the caller's field path (``certificates.registryKey``).
+    """
+
+    def map_inputs(
+        self, inputs: Mapping[str, Any], component_def: ComponentDefinition
+    ) -> dict[str, Any]:
+        """The SDK's mapping, after refusing any Output, unknown or secret in ``inputs``."""
+        unknown = _outputs_in(inputs, "")
+        if unknown:
+            raise InputPropertiesError(
+                f"invalid args of {component_def.name}",
+                [{"property_path": p, "reason": f"{p}: {_NOT_PLAIN}"} for p in unknown],
+            )
+        return super().map_inputs(dict(inputs), component_def)
+
+
+def serve(version: str | None = None) -> None:
+    """Run the component provider (the plugin's entry point, ``provider/__main__.py``).
+
+    The SDK's ``component_provider_host`` with :class:`FaceProvider` in place of its own
+    provider class (it has no parameter for one).
+    """
+    import sys
+
+    _provider_main(
+        FaceProvider(SERVED_COMPONENTS, PACKAGE_NAME, None, version or "0.0.0"), sys.argv[1:]
+    )

@@ -3,16 +3,12 @@
 The CLI starts it through the Python language host's ``RunPlugin`` (``python <this
 directory> <engine address> ...``). It lives in a directory of its own because the checkout's
 own ``__main__.py`` is the stack program: a plugin directory is run by its ``__main__.py``.
-Everything it serves is in :mod:`pmem_components.provider_face`.
+Everything it serves is in :mod:`pmem_components.provider_face` (its ``serve``).
 """
 
 from importlib.metadata import version
 
-from pulumi.provider.experimental import component_provider_host
-
-from pmem_components.provider_face import PACKAGE_NAME, SERVED_COMPONENTS
+from pmem_components.provider_face import serve
 
 if __name__ == "__main__":
-    component_provider_host(
-        SERVED_COMPONENTS, name=PACKAGE_NAME, version=version("pmem-csi-pulumi")
-    )
+    serve(version=version("pmem-csi-pulumi"))

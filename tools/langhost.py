@@ -784,10 +784,10 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
                 context.abort(grpc.StatusCode.UNKNOWN, str(err))
 
             def on_start(proc: subprocess.Popen[bytes]) -> None:
-                with self._lock:
-                    self._running.add(proc)
                 # The CLI stops a plugin by cancelling this call (the official host's
-                # exec.CommandContext then kills it).
+                # exec.CommandContext then kills it). Not in self._running: the official host's
+                # Cancel (and so interrupt_all) is for programs only, and a set of every plugin
+                # ever run would grow for the host's lifetime.
                 context.add_callback(lambda: proc.poll() is None and proc.kill())
 
             response = language_pb2.RunPluginResponse
@@ -930,7 +930,9 @@ def serve(args: HostArgs) -> int:
     if os.environ.get(CALL_LOG_ENV):
         interceptors.append(_call_logger(os.environ[CALL_LOG_ENV]))
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=8),
+        # A RunPlugin call holds its thread while the plugin runs (a YAML program with
+        # several Python component packages, each with its provider): room for many.
+        futures.ThreadPoolExecutor(max_workers=64),
         options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)],
         interceptors=interceptors,
     )

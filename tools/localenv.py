@@ -74,6 +74,7 @@ def pulumi_env() -> dict[str, str]:
         "PULUMI_COPILOT": "false",
         "KUBECONFIG": str(kubeconfig_path()),
         "PATH": os.pathsep.join(path),
+        toolchain.LANGUAGE_HOST_DIR_ENV: str(language_host_dir()),
         # The dynamic-provider process unpickles classes from pmem_components by module name.
         "PYTHONPATH": os.pathsep.join(
             p for p in (str(PROJECT_DIR), os.environ.get("PYTHONPATH", "")) if p
@@ -104,11 +105,18 @@ def ensure_kubernetes_plugin() -> None:
     )
 
 
+def language_host_dir() -> Path:
+    """This checkout's copy of the stand-in host, which the launcher next to the CLI runs."""
+    return state_dir() / "language-host"
+
+
 def ensure_language_host() -> None:
-    """Put the stand-in `pulumi-language-python` next to the CLI (see tools/langhost.py)."""
+    """Put the stand-in `pulumi-language-python` next to the CLI (see tools/langhost.py), and
+    this checkout's host where the launcher runs it from (the CLI's directory is shared)."""
     group = toolchain.GROUPS["pulumi"]
     if group.is_built():
         toolchain.install_language_host(group.install_dir() / "bin")
+    toolchain.install_language_host(language_host_dir())
 
 
 def apply_pulumi_env() -> dict[str, str]:

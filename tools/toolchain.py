@@ -133,12 +133,19 @@ LANGUAGE_HOST_FILES = {
 }
 
 
+# Names the directory the launcher next to the CLI runs the host from (set by
+# localenv.pulumi_env to one in the checkout's state directory): the tools cache is shared by
+# checkouts, and the copy next to the CLI is whichever checkout installed last.
+LANGUAGE_HOST_DIR_ENV = "PMEM_CSI_LANGUAGE_HOST_DIR"
+
+
 def install_language_host(bin_dir: Path) -> None:
     """Copy the stand-in `pulumi-language-python` next to the CLI when missing or outdated.
 
     The cache is shared by checkouts, so each file is replaced atomically (write + rename):
     a CLI starting the plugin at that moment sees the old or the new file, never half of one.
     """
+    bin_dir.mkdir(parents=True, exist_ok=True)
     for name, source in LANGUAGE_HOST_FILES.items():
         target = bin_dir / name
         content = source.read_bytes()

@@ -193,3 +193,29 @@ def test_host_errors_reach_stderr_after_the_quiet_start(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     assert "missing executor" in result.stderr
+
+
+def test_the_shared_launcher_runs_the_checkouts_own_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tools cache (with the launcher next to the CLI) is shared by checkouts whose
+    langhost.py differ: the one found by the CLI runs the host installed for this checkout
+    (its state directory, named by pulumi_env), not whichever checkout installed last."""
+    from tools import localenv
+
+    shared, own = tmp_path / "shared", tmp_path / "state"
+    shared.mkdir()
+    toolchain.install_language_host(shared)
+    (shared / "pulumi-language-python-host").write_text("print('the other checkout')\n")
+    monkeypatch.setenv("PMEM_CSI_STATE_DIR", str(own))
+    env = localenv.pulumi_env()
+    toolchain.install_language_host(Path(env[toolchain.LANGUAGE_HOST_DIR_ENV]))
+    assert Path(env[toolchain.LANGUAGE_HOST_DIR_ENV]).is_relative_to(own)
+    host = Path(env[toolchain.LANGUAGE_HOST_DIR_ENV]) / "pulumi-language-python-host"
+    host.write_text("import sys; print('this checkout', sys.argv[1:])\n")
+    got = subprocess.run(
+        [str(shared / "pulumi-language-python"), "127.0.0.1:1"],
+        env={**_venv_first(), toolchain.LANGUAGE_HOST_DIR_ENV: str(host.parent)},
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert got.stdout == "this checkout ['127.0.0.1:1']\n"

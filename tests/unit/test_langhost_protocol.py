@@ -553,3 +553,40 @@ def test_install_dependencies_creates_a_missing_virtualenv_then_installs_require
     assert [cmd for _, cmd in langhost.install_dependencies_steps(opts, env)] == [
         [python, "-m", "pip", "install", "-r", "requirements.txt"],
     ]
+
+
+class _Context:
+    """The parts of a gRPC servicer context RunPlugin uses (the call in this process)."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Any] = []
+
+    def add_callback(self, callback: Any) -> bool:
+        self.callbacks.append(callback)
+        return True
+
+    def abort(self, code: Any, details: str) -> None:
+        raise AssertionError(f"aborted: {code} {details}")
+
+
+def test_plugins_are_neither_interrupted_by_cancel_nor_kept_after_they_end(
+    plugin_dir: Path, tmp_path: Path
+) -> None:
+    """The official host has no Cancel for plugins (the CLI stops one by cancelling its
+    RunPlugin call); an ended plugin's process is not kept for the host's lifetime."""
+    from tests.e2e.waiting import wait_for
+
+    servicer = langhost.make_servicer(langhost.HostArgs(), Path(langhost.__file__))
+    pid_file = tmp_path / "pid"
+    req = language_pb2.RunPluginRequest(
+        pwd=str(plugin_dir), info=_info(plugin_dir, {}), env=[f"PMEM_CSI_WAIT_FILE={pid_file}"]
+    )
+    context = _Context()
+    stream = servicer.RunPlugin(req, context)
+    assert any(msg.stdout.startswith(b"4242") for msg in stream)
+    wait_for(lambda: pid_file.exists() and pid_file.read_text(), 60, "plugin pid")
+    assert servicer._running == set()  # what Cancel and the host's signal handler interrupt
+    for callback in context.callbacks:  # the CLI cancels the call: the plugin is killed
+        callback()
+    assert [m.exitcode for m in stream if m.WhichOneof("output") == "exitcode"] == [-1]
+    assert servicer._running == set()

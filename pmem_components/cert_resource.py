@@ -130,8 +130,8 @@ def next_step(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> s
     if isinstance(running, list | tuple):
         rolled = all(fp == current for fp in running)
     else:
-        # The pods were not read (preflight off, no cluster, a failed read): only the
-        # administrator's word that every pod runs this very material moves the stage. A
+        # The pods were not read on purpose (preflight off, no cluster, library use; a failed
+        # read holds instead: certrollout.as_fingerprints): only the administrator's word that every pod runs this very material moves the stage. A
         # confirmation left in the config names an earlier stage's hash and moves nothing.
         rolled = news.get("confirmedFingerprint") == current
     if phase == TRUST:
@@ -291,19 +291,28 @@ def stage_message(
     config_key: str,
     namespace: str,
     holding_back: Sequence[str] = (),
+    read_failed: str = "",
 ) -> str:
     """What ``pulumi up`` tells the administrator while a CA change waits at a stage.
 
     ``observed``: the pods were read; ``holding_back``: the lines naming what keeps the stage
     (``certrollout.holding_back``). Without the pods, the way on is the administrator's
     confirmation of the stage's hash (``certificates.rolledOut``), which
-    :func:`next_step` accepts only for this very stage.
+    :func:`next_step` accepts only for this very stage. ``read_failed``: why the pods could
+    not be read; the stage then holds whatever ``rolledOut`` says.
     """
     from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION as hash_key
 
     stage = "1 of 3 (trust bundle)" if phase == TRUST else "2 of 3 (new leaves)"
     column = hash_key.replace(".", "\\.")
     head = f"{name}: certificate CA change at stage {stage}"
+    if read_failed:
+        return (
+            f"{head}: the driver pods could not be read ({read_failed}), so the stage waits "
+            "until a later `pulumi up` reads them (check the stack's access to pods, "
+            "StatefulSets and DaemonSets in namespace "
+            f"{namespace}); the next stage needs every driver pod on certificates {fingerprint}"
+        )
     if observed:
         if not holding_back:
             return (
@@ -315,8 +324,8 @@ def stage_message(
             f"{fingerprint}; held back by: " + "; ".join(holding_back)
         )
     return (
-        f"{head}: the running driver pods are not known (pmem-csi:preflight is off, the read "
-        "failed, or library use without PmemCsiDeploymentArgs.running_certificates), so the "
+        f"{head}: the running driver pods are not known (pmem-csi:preflight is off, or "
+        "library use without PmemCsiDeploymentArgs.running_certificates), so the "
         "change waits here, and if the current certificates expire meanwhile the driver's "
         "links fail. Check that every driver pod carries "
         f"{hash_key}={fingerprint} (kubectl get pods -n {namespace} -o "
@@ -340,10 +349,13 @@ def _report_stage(
     if phase not in (TRUST, SWITCH) or pulumi.runtime.is_dry_run():
         return
     fingerprint = certs.material_fingerprint(str(ca), str(registry), str(node))
+    failed = running.failed if isinstance(running, certrollout.Rollout) else ""
     unread = isinstance(running, certrollout.Rollout) and not running.read
     observed = unread or certrollout.as_fingerprints(running) is not None
     lines: list[str] = []
-    if isinstance(running, certrollout.Rollout) and running.read:
+    if failed:
+        pass
+    elif isinstance(running, certrollout.Rollout) and running.read:
         lines = certrollout.holding_back(running, fingerprint, namespace)
     elif observed and not unread:
         behind = [fp for fp in running if fp != fingerprint]
@@ -357,6 +369,7 @@ def _report_stage(
             config_key=config_key,
             namespace=namespace,
             holding_back=lines,
+            read_failed=failed,
         )
     )
 

@@ -72,10 +72,22 @@ class Rollout:
     # (:func:`needs_pods`); the pods are then unknown to the gate, which is what a stage
     # taken in this very run needs anyway.
     read: bool = True
+    # Why the read failed ("" when it did not): the pods are unknown, and unlike ``read``
+    # False this holds the stage; the administrator's ``rolledOut`` does not move it either,
+    # since the preflight was meant to see the pods (:func:`read_failed`).
+    failed: str = ""
 
 
 # A deployment whose pods the preflight did not need to read.
 UNREAD = Rollout((), read=False)
+# What ``runningFingerprints`` holds for a failed read: one pod of unknown material, which is
+# no stage's fingerprint, so the stage waits for the next ``pulumi up`` (cert_resource.next_step).
+READ_FAILED_FINGERPRINT = "read-failed"
+
+
+def read_failed(reason: str) -> Rollout:
+    """The rollout of a deployment whose pods the preflight tried and failed to read."""
+    return Rollout((), failed=reason or "unknown error")
 
 
 def _owned_by_driver(pod: Mapping[str, Any], cfg: DeploymentConfig) -> str | None:
@@ -135,11 +147,15 @@ def as_fingerprints(running: Rollout | Sequence[str] | None) -> list[str] | None
 
     A :class:`Rollout` (read from the cluster) gives its pods' fingerprints plus one unknown
     ("") per workload that wants pods but showed none, so an empty list means that no pod is
-    wanted. A plain list (library use) carries no desired counts: empty is unknown.
+    wanted; a failed read gives ``[READ_FAILED_FINGERPRINT]``, which holds the stage (None
+    would let ``certificates.rolledOut`` move it). A plain list (library use) carries no
+    desired counts: empty is unknown.
     """
     if running is None:
         return None
     if isinstance(running, Rollout):
+        if running.failed:
+            return [READ_FAILED_FINGERPRINT]
         if not running.read:
             return None
         return [p.fingerprint for p in running.pods] + [""] * len(running.missing)
@@ -263,7 +279,7 @@ def running_fingerprints(
     """Per deployment index whose CA change waits for the pods (:func:`needs_pods`): its
     driver pods and workloads. A deployment left out needs no reading.
 
-    Raises :class:`RolloutReadError` when a read fails (the caller then treats the rollout
-    as unknown, so no CA change advances).
+    Raises :class:`RolloutReadError` when a read fails (the caller then gives each of these
+    deployments :func:`read_failed`, which holds its stage).
     """
     return {i: read_rollout(api_client, stack.deployments[i]) for i in needs_pods(stack, phases)}

@@ -131,8 +131,9 @@ def next_step(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> s
         rolled = all(fp == current for fp in running)
     else:
         # The pods were not read on purpose (preflight off, no cluster, library use; a failed
-        # read holds instead: certrollout.as_fingerprints): only the administrator's word that every pod runs this very material moves the stage. A
-        # confirmation left in the config names an earlier stage's hash and moves nothing.
+        # read holds instead: certrollout.as_fingerprints): only the administrator's word
+        # that every pod runs this very material moves the stage. A confirmation left in the
+        # config names an earlier stage's hash and moves nothing.
         rolled = news.get("confirmedFingerprint") == current
     if phase == TRUST:
         old_cas = [c for c in bundle if issuer_cert is None or c != issuer_cert]

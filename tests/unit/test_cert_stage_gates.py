@@ -528,14 +528,21 @@ class _WorkloadApi(PagingApi):
         return super().call_api(method, path, query, headers, _request_timeout)
 
 
-_STS_OK = {"metadata": {"generation": 1}, "spec": {"replicas": 1}, "status": {"observedGeneration": 1}}
+_STS_OK = {
+    "metadata": {"generation": 1},
+    "spec": {"replicas": 1},
+    "status": {"observedGeneration": 1},
+}
 
 
 @pytest.mark.parametrize(
     "ds",
     [
         {"metadata": {"generation": 1}},  # just (re)created: no status yet
-        {"metadata": {"generation": 3}, "status": {"observedGeneration": 2, "desiredNumberScheduled": 0}},
+        {
+            "metadata": {"generation": 3},
+            "status": {"observedGeneration": 2, "desiredNumberScheduled": 0},
+        },
     ],
 )
 def test_a_workload_without_current_status_holds_the_stage(
@@ -545,7 +552,8 @@ def test_a_workload_without_current_status_holds_the_stage(
     fp = fingerprint_of(stage1)
     api = _WorkloadApi([_pod("ctl-0", fp, "StatefulSet")], ds, _STS_OK)
     rollout = certrollout.read_rollout(api, cfg)
-    news = {**SETTINGS, "rotation": "r2", "runningFingerprints": certrollout.as_fingerprints(rollout)}
+    fps = certrollout.as_fingerprints(rollout)
+    news = {**SETTINGS, "rotation": "r2", "runningFingerprints": fps}
     assert next_step(stage1, news, dt.datetime.now(dt.UTC)) is None
     lines = certrollout.holding_back(rollout, fp, cfg.namespace)
     assert any(f"DaemonSet {cfg.names.node_driver}" in line for line in lines)
@@ -572,7 +580,8 @@ def test_orphaned_driver_pods_count_and_the_reporters_do_not(
     api = _WorkloadApi([_pod("ctl-0", fp, "StatefulSet"), *orphans], None, _STS_OK)
     rollout = certrollout.read_rollout(api, cfg)
     assert {p.name for p in rollout.pods} == {"ctl-0", "node-0", "node-1", "node-2"}
-    news = {**SETTINGS, "rotation": "r2", "runningFingerprints": certrollout.as_fingerprints(rollout)}
+    fps = certrollout.as_fingerprints(rollout)
+    news = {**SETTINGS, "rotation": "r2", "runningFingerprints": fps}
     assert next_step(stage1, news, dt.datetime.now(dt.UTC)) is None
     # A reporter pod carries the selector labels too, but no certificates: not a driver pod.
     reporter = bare("reporter-0", "reporter", "")

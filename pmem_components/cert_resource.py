@@ -293,6 +293,7 @@ def stage_message(
     namespace: str,
     holding_back: Sequence[str] = (),
     read_failed: str = "",
+    selector: str = "",
 ) -> str:
     """What ``pulumi up`` tells the administrator while a CA change waits at a stage.
 
@@ -300,12 +301,15 @@ def stage_message(
     (``certrollout.holding_back``). Without the pods, the way on is the administrator's
     confirmation of the stage's hash (``certificates.rolledOut``), which
     :func:`next_step` accepts only for this very stage. ``read_failed``: why the pods could
-    not be read; the stage then holds whatever ``rolledOut`` says.
+    not be read; the stage then holds whatever ``rolledOut`` says. ``selector``: the
+    deployment's label selector (``Names.label_selector``), so that the ``kubectl`` shown
+    lists its driver pods only.
     """
     from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION as hash_key
 
     stage = "1 of 3 (trust bundle)" if phase == TRUST else "2 of 3 (new leaves)"
     column = hash_key.replace(".", "\\.")
+    pick = f" -l {selector}" if selector else ""
     head = f"{name}: certificate CA change at stage {stage}"
     if read_failed:
         return (
@@ -329,7 +333,7 @@ def stage_message(
         "library use without PmemCsiDeploymentArgs.running_certificates), so the "
         "change waits here, and if the current certificates expire meanwhile the driver's "
         "links fail. Check that every driver pod carries "
-        f"{hash_key}={fingerprint} (kubectl get pods -n {namespace} -o "
+        f"{hash_key}={fingerprint} (kubectl get pods -n {namespace}{pick} -o "
         f"'custom-columns=NAME:.metadata.name,HASH:.metadata.annotations.{column}'), then "
         f"`pulumi config set --path '{config_key}.rolledOut' {fingerprint}` and run "
         "`pulumi up`: that takes the next stage"
@@ -342,6 +346,7 @@ def _report_stage(
     running: Any,
     config_key: str,
     namespace: str,
+    selector: str = "",
 ) -> None:
     """Tell the administrator that a CA change is under way and what moves it on."""
     from pmem_components import certrollout
@@ -371,6 +376,7 @@ def _report_stage(
             namespace=namespace,
             holding_back=lines,
             read_failed=failed,
+            selector=selector,
         )
     )
 
@@ -465,12 +471,13 @@ class DriverCertificates(pulumi.ComponentResource):
         confirmed_fingerprint: str | None = None,
         config_key: str = "certificates",
         namespace: str = "",
+        selector: str = "",
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         """``running``: the driver pods now (a ``certrollout.Rollout`` read from the cluster,
         a list of their fingerprints, or None: unknown); ``confirmed_fingerprint``: the
-        administrator's ``certificates.rolledOut``; ``config_key`` and ``namespace`` go into
-        the stage warning."""
+        administrator's ``certificates.rolledOut``; ``config_key``, ``namespace`` and
+        ``selector`` (the deployment's label selector) go into the stage warning."""
         from pmem_components import certrollout
 
         super().__init__(COMPONENT_TYPE, name, None, opts)
@@ -488,7 +495,11 @@ class DriverCertificates(pulumi.ComponentResource):
             )
             pulumi.Output.all(
                 source.phase, source.ca_cert, source.registry_cert, source.node_controller_cert
-            ).apply(lambda values: _report_stage(name, values, running, config_key, namespace))
+            ).apply(
+                lambda values: _report_stage(
+                    name, values, running, config_key, namespace, selector
+                )
+            )
         else:
             source = provided
         self.ca_cert = pulumi.Output.from_input(source.ca_cert)

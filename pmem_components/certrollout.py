@@ -238,7 +238,7 @@ def _get(api_client: Any, path: str, what: str) -> dict[str, Any] | None:
 
 
 def _list_pods(api_client: Any, cfg: DeploymentConfig) -> list[dict[str, Any]]:
-    selector = ",".join(f"{k}={v}" for k, v in cfg.names.selector_labels().items())
+    selector = cfg.names.label_selector()
     path = f"/api/v1/namespaces/{quote(cfg.namespace)}/pods"
     items: list[dict[str, Any]] = []
     token = ""

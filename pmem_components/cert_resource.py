@@ -294,6 +294,7 @@ def stage_message(
     holding_back: Sequence[str] = (),
     read_failed: str = "",
     selector: str = "",
+    taken: bool = False,
 ) -> str:
     """What ``pulumi up`` tells the administrator while a CA change waits at a stage.
 
@@ -303,7 +304,8 @@ def stage_message(
     :func:`next_step` accepts only for this very stage. ``read_failed``: why the pods could
     not be read; the stage then holds whatever ``rolledOut`` says. ``selector``: the
     deployment's label selector (``Names.label_selector``), so that the ``kubectl`` shown
-    lists its driver pods only.
+    lists its driver pods only. ``taken``: this very run took the stage, so the pods read
+    before it cannot be on its material yet; they roll now.
     """
     from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION as hash_key
 
@@ -317,6 +319,12 @@ def stage_message(
             "until a later `pulumi up` reads them (check the stack's access to pods, "
             "StatefulSets and DaemonSets in namespace "
             f"{namespace}); the next stage needs every driver pod on certificates {fingerprint}"
+        )
+    if taken:
+        number = "1" if phase == TRUST else "2"
+        return (
+            f"{head}: stage {number} taken; the pods roll now. Run `pulumi up` again once "
+            f"every driver pod runs certificates {fingerprint}: that takes the next stage"
         )
     if observed:
         if not holding_back:
@@ -358,8 +366,13 @@ def _report_stage(
     failed = running.failed if isinstance(running, certrollout.Rollout) else ""
     unread = isinstance(running, certrollout.Rollout) and not running.read
     observed = unread or certrollout.as_fingerprints(running) is not None
+    # The pods were read before this run's update: at another stored stage (or, not read, at
+    # none, which means stable) this run took the stage, and the pods cannot be on it yet.
+    taken = isinstance(running, certrollout.Rollout) and not failed and (
+        not running.read or (running.phase is not None and running.phase != phase)
+    )
     lines: list[str] = []
-    if failed:
+    if failed or taken:
         pass
     elif isinstance(running, certrollout.Rollout) and running.read:
         lines = certrollout.holding_back(running, fingerprint, namespace)
@@ -377,6 +390,7 @@ def _report_stage(
             holding_back=lines,
             read_failed=failed,
             selector=selector,
+            taken=taken,
         )
     )
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
@@ -85,6 +85,9 @@ class Rollout:
     # False this holds the stage; the administrator's ``rolledOut`` does not move it either,
     # since the preflight was meant to see the pods (:func:`read_failed`).
     failed: str = ""
+    # The stored stage when the pods were read (None: not known), so that the run which takes
+    # the next stage can tell "the pods roll now" from "the pods hold the stage back".
+    phase: str | None = None
 
 
 # A deployment whose pods the preflight did not need to read.
@@ -337,4 +340,9 @@ def running_fingerprints(
     Raises :class:`RolloutReadError` when a read fails (the caller then gives each of these
     deployments :func:`read_failed`, which holds its stage).
     """
-    return {i: read_rollout(api_client, stack.deployments[i]) for i in needs_pods(stack, phases)}
+    out: dict[int, Rollout] = {}
+    for i in needs_pods(stack, phases):
+        cfg = stack.deployments[i]
+        stage = (phases or {}).get(f"{cfg.names.hyphened}{CERTIFICATES_RESOURCE_SUFFIX}")
+        out[i] = replace(read_rollout(api_client, cfg), phase=stage)
+    return out

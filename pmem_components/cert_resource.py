@@ -130,9 +130,10 @@ def next_step(olds: dict[str, Any], news: dict[str, Any], now: dt.datetime) -> s
     if isinstance(running, list | tuple):
         rolled = all(fp == current for fp in running)
     else:
-        # The pods were not read (preflight off, no cluster, a failed read): only the
-        # administrator's word that every pod runs this very material moves the stage. A
-        # confirmation left in the config names an earlier stage's hash and moves nothing.
+        # The pods were not read on purpose (preflight off, no cluster, library use; a failed
+        # read holds instead: certrollout.as_fingerprints): only the administrator's word
+        # that every pod runs this very material moves the stage. A confirmation left in the
+        # config names an earlier stage's hash and moves nothing.
         rolled = news.get("confirmedFingerprint") == current
     if phase == TRUST:
         old_cas = [c for c in bundle if issuer_cert is None or c != issuer_cert]
@@ -291,19 +292,40 @@ def stage_message(
     config_key: str,
     namespace: str,
     holding_back: Sequence[str] = (),
+    read_failed: str = "",
+    selector: str = "",
+    taken: bool = False,
 ) -> str:
     """What ``pulumi up`` tells the administrator while a CA change waits at a stage.
 
     ``observed``: the pods were read; ``holding_back``: the lines naming what keeps the stage
     (``certrollout.holding_back``). Without the pods, the way on is the administrator's
     confirmation of the stage's hash (``certificates.rolledOut``), which
-    :func:`next_step` accepts only for this very stage.
+    :func:`next_step` accepts only for this very stage. ``read_failed``: why the pods could
+    not be read; the stage then holds whatever ``rolledOut`` says. ``selector``: the
+    deployment's label selector (``Names.label_selector``), so that the ``kubectl`` shown
+    lists its driver pods only. ``taken``: this very run took the stage, so the pods read
+    before it cannot be on its material yet; they roll now.
     """
     from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION as hash_key
 
     stage = "1 of 3 (trust bundle)" if phase == TRUST else "2 of 3 (new leaves)"
     column = hash_key.replace(".", "\\.")
+    pick = f" -l {selector}" if selector else ""
     head = f"{name}: certificate CA change at stage {stage}"
+    if read_failed:
+        return (
+            f"{head}: the driver pods could not be read ({read_failed}), so the stage waits "
+            "until a later `pulumi up` reads them (check the stack's access to pods, "
+            "StatefulSets and DaemonSets in namespace "
+            f"{namespace}); the next stage needs every driver pod on certificates {fingerprint}"
+        )
+    if taken:
+        number = "1" if phase == TRUST else "2"
+        return (
+            f"{head}: stage {number} taken; the pods roll now. Run `pulumi up` again once "
+            f"every driver pod runs certificates {fingerprint}: that takes the next stage"
+        )
     if observed:
         if not holding_back:
             return (
@@ -315,11 +337,11 @@ def stage_message(
             f"{fingerprint}; held back by: " + "; ".join(holding_back)
         )
     return (
-        f"{head}: the running driver pods are not known (pmem-csi:preflight is off, the read "
-        "failed, or library use without PmemCsiDeploymentArgs.running_certificates), so the "
+        f"{head}: the running driver pods are not known (pmem-csi:preflight is off, or "
+        "library use without PmemCsiDeploymentArgs.running_certificates), so the "
         "change waits here, and if the current certificates expire meanwhile the driver's "
         "links fail. Check that every driver pod carries "
-        f"{hash_key}={fingerprint} (kubectl get pods -n {namespace} -o "
+        f"{hash_key}={fingerprint} (kubectl get pods -n {namespace}{pick} -o "
         f"'custom-columns=NAME:.metadata.name,HASH:.metadata.annotations.{column}'), then "
         f"`pulumi config set --path '{config_key}.rolledOut' {fingerprint}` and run "
         "`pulumi up`: that takes the next stage"
@@ -332,6 +354,7 @@ def _report_stage(
     running: Any,
     config_key: str,
     namespace: str,
+    selector: str = "",
 ) -> None:
     """Tell the administrator that a CA change is under way and what moves it on."""
     from pmem_components import certrollout
@@ -340,10 +363,18 @@ def _report_stage(
     if phase not in (TRUST, SWITCH) or pulumi.runtime.is_dry_run():
         return
     fingerprint = certs.material_fingerprint(str(ca), str(registry), str(node))
+    failed = running.failed if isinstance(running, certrollout.Rollout) else ""
     unread = isinstance(running, certrollout.Rollout) and not running.read
     observed = unread or certrollout.as_fingerprints(running) is not None
+    # The pods were read before this run's update: at another stored stage (or, not read, at
+    # none, which means stable) this run took the stage, and the pods cannot be on it yet.
+    taken = isinstance(running, certrollout.Rollout) and not failed and (
+        not running.read or (running.phase is not None and running.phase != phase)
+    )
     lines: list[str] = []
-    if isinstance(running, certrollout.Rollout) and running.read:
+    if failed or taken:
+        pass
+    elif isinstance(running, certrollout.Rollout) and running.read:
         lines = certrollout.holding_back(running, fingerprint, namespace)
     elif observed and not unread:
         behind = [fp for fp in running if fp != fingerprint]
@@ -357,6 +388,9 @@ def _report_stage(
             config_key=config_key,
             namespace=namespace,
             holding_back=lines,
+            read_failed=failed,
+            selector=selector,
+            taken=taken,
         )
     )
 
@@ -451,12 +485,13 @@ class DriverCertificates(pulumi.ComponentResource):
         confirmed_fingerprint: str | None = None,
         config_key: str = "certificates",
         namespace: str = "",
+        selector: str = "",
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         """``running``: the driver pods now (a ``certrollout.Rollout`` read from the cluster,
         a list of their fingerprints, or None: unknown); ``confirmed_fingerprint``: the
-        administrator's ``certificates.rolledOut``; ``config_key`` and ``namespace`` go into
-        the stage warning."""
+        administrator's ``certificates.rolledOut``; ``config_key``, ``namespace`` and
+        ``selector`` (the deployment's label selector) go into the stage warning."""
         from pmem_components import certrollout
 
         super().__init__(COMPONENT_TYPE, name, None, opts)
@@ -474,7 +509,11 @@ class DriverCertificates(pulumi.ComponentResource):
             )
             pulumi.Output.all(
                 source.phase, source.ca_cert, source.registry_cert, source.node_controller_cert
-            ).apply(lambda values: _report_stage(name, values, running, config_key, namespace))
+            ).apply(
+                lambda values: _report_stage(
+                    name, values, running, config_key, namespace, selector
+                )
+            )
         else:
             source = provided
         self.ca_cert = pulumi.Output.from_input(source.ca_cert)

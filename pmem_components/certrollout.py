@@ -18,6 +18,9 @@ change (the stage is in the stack's state, read by the preflight; a stable set's
 never depends on the pods), their pods as metadata only (``PartialObjectMetadataList``) in
 pages of ``PAGE_SIZE``, and the two workloads, whose desired pod counts tell an empty pod
 list that means "no pod is wanted" from one that means "the pods are not there (yet)".
+A workload whose status is missing or behind its spec (``observedGeneration``) holds the
+stage: its count is not known yet. Pods count by their driver labels as well as by owner, so
+orphaned ones (``kubectl delete ds --cascade=orphan``) are seen.
 
 Kept free of ``pulumi`` like the preflight: plain reads through :mod:`kubecall`.
 """
@@ -26,12 +29,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import quote
 
-from pmem_components import kubecall
+from pmem_components import kubecall, names
 from pmem_components.config import DeploymentConfig, StackConfig
+from pmem_components.manifests import labels as lbl
 from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION
 
 # Pods per list request: a page is a few hundred KiB of metadata at most.
@@ -63,19 +67,39 @@ class Rollout:
     """The driver pods of one deployment, and the workloads that want pods but have none.
 
     ``missing``: ``"<Kind> <name>"`` with its desired count, for a workload whose pods were
-    not listed at all: those pods will run some material, unknown here.
+    not listed at all: those pods will run some material, unknown here. ``unsettled``: a
+    line per workload whose status is missing or older than its spec
+    (``status.observedGeneration`` != ``metadata.generation``): its controller has not yet
+    acted on the current template, so its pod count, and which pods it will make, are
+    unknown.
     """
 
     pods: tuple[RunningPod, ...]
     missing: tuple[tuple[str, int], ...] = ()
+    unsettled: tuple[str, ...] = ()
     # False: not read this run, since no CA change was under way when it started
     # (:func:`needs_pods`); the pods are then unknown to the gate, which is what a stage
     # taken in this very run needs anyway.
     read: bool = True
+    # Why the read failed ("" when it did not): the pods are unknown, and unlike ``read``
+    # False this holds the stage; the administrator's ``rolledOut`` does not move it either,
+    # since the preflight was meant to see the pods (:func:`read_failed`).
+    failed: str = ""
+    # The stored stage when the pods were read (None: not known), so that the run which takes
+    # the next stage can tell "the pods roll now" from "the pods hold the stage back".
+    phase: str | None = None
 
 
 # A deployment whose pods the preflight did not need to read.
 UNREAD = Rollout((), read=False)
+# What ``runningFingerprints`` holds for a failed read: one pod of unknown material, which is
+# no stage's fingerprint, so the stage waits for the next ``pulumi up`` (cert_resource.next_step).
+READ_FAILED_FINGERPRINT = "read-failed"
+
+
+def read_failed(reason: str) -> Rollout:
+    """The rollout of a deployment whose pods the preflight tried and failed to read."""
+    return Rollout((), failed=reason or "unknown error")
 
 
 def _owned_by_driver(pod: Mapping[str, Any], cfg: DeploymentConfig) -> str | None:
@@ -91,6 +115,24 @@ def _owned_by_driver(pod: Mapping[str, Any], cfg: DeploymentConfig) -> str | Non
     return None
 
 
+# The app.kubernetes.io/component values of driver pods (the reporter's carry the same
+# selector labels but no certificates).
+DRIVER_COMPONENTS = (lbl.COMPONENT_CONTROLLER, lbl.COMPONENT_NODE)
+
+
+def _is_driver_pod(pod: Mapping[str, Any], cfg: DeploymentConfig) -> bool:
+    """Owned by a driver workload, or labelled as a driver pod of this deployment whoever owns
+    it: pods orphaned by ``kubectl delete ds --cascade=orphan`` still serve with the
+    material they started with."""
+    if _owned_by_driver(pod, cfg) is not None:
+        return True
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    selector = cfg.names.selector_labels()
+    return all(labels.get(k) == v for k, v in selector.items()) and (
+        labels.get(names.LABEL_COMPONENT) in DRIVER_COMPONENTS
+    )
+
+
 def pod_fingerprints(pods: list[Mapping[str, Any]], cfg: DeploymentConfig) -> list[str]:
     """The certificate fingerprint of every driver pod of ``cfg`` among ``pods`` ("" when a
     pod carries none), in the pods' order."""
@@ -101,17 +143,19 @@ def rollout_of(
     pods: Sequence[Mapping[str, Any]],
     cfg: DeploymentConfig,
     desired: Mapping[str, int] | None = None,
+    unsettled: Sequence[str] = (),
 ) -> Rollout:
-    """The driver pods of ``cfg`` among ``pods``; ``desired``: pods each workload kind wants
-    (``DaemonSet``/``StatefulSet``), so that a workload wanting pods but showing none counts
-    as running unknown material."""
+    """The driver pods of ``cfg`` among ``pods`` (:func:`_is_driver_pod`); ``desired``: pods
+    each workload kind wants (``DaemonSet``/``StatefulSet``), so that a workload wanting pods
+    but owning none counts as running unknown material; ``unsettled``: see :class:`Rollout`."""
     out: list[RunningPod] = []
     kinds: set[str] = set()
     for pod in pods:
-        kind = _owned_by_driver(pod, cfg)
-        if kind is None:
+        if not _is_driver_pod(pod, cfg):
             continue
-        kinds.add(kind)
+        kind = _owned_by_driver(pod, cfg)
+        if kind is not None:
+            kinds.add(kind)
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         out.append(
@@ -127,7 +171,7 @@ def rollout_of(
         for kind, name in workloads
         if (desired or {}).get(kind, 0) > 0 and kind not in kinds
     )
-    return Rollout(tuple(out), missing)
+    return Rollout(tuple(out), missing, tuple(unsettled))
 
 
 def as_fingerprints(running: Rollout | Sequence[str] | None) -> list[str] | None:
@@ -135,14 +179,19 @@ def as_fingerprints(running: Rollout | Sequence[str] | None) -> list[str] | None
 
     A :class:`Rollout` (read from the cluster) gives its pods' fingerprints plus one unknown
     ("") per workload that wants pods but showed none, so an empty list means that no pod is
-    wanted. A plain list (library use) carries no desired counts: empty is unknown.
+    wanted; a failed read gives ``[READ_FAILED_FINGERPRINT]``, which holds the stage (None
+    would let ``certificates.rolledOut`` move it). A plain list (library use) carries no
+    desired counts: empty is unknown.
     """
     if running is None:
         return None
     if isinstance(running, Rollout):
+        if running.failed:
+            return [READ_FAILED_FINGERPRINT]
         if not running.read:
             return None
-        return [p.fingerprint for p in running.pods] + [""] * len(running.missing)
+        unknown = len(running.missing) + len(running.unsettled)
+        return [p.fingerprint for p in running.pods] + [""] * unknown
     listed = [str(fp) for fp in running]
     return listed or None
 
@@ -151,7 +200,7 @@ def holding_back(rollout: Rollout, current: str, namespace: str) -> list[str]:
     """Lines naming what keeps a stage from its next step: pods not on ``current`` (at most
     ``HOLDING_BACK_LIMIT``, then a count) and workloads whose pods are not there, each with
     what to do."""
-    lines: list[str] = []
+    lines = list(rollout.unsettled)
     for workload, count in rollout.missing:
         lines.append(
             f"{workload} wants {count} pod(s) but none is listed: wait until they run "
@@ -192,7 +241,7 @@ def _get(api_client: Any, path: str, what: str) -> dict[str, Any] | None:
 
 
 def _list_pods(api_client: Any, cfg: DeploymentConfig) -> list[dict[str, Any]]:
-    selector = ",".join(f"{k}={v}" for k, v in cfg.names.selector_labels().items())
+    selector = cfg.names.label_selector()
     path = f"/api/v1/namespaces/{quote(cfg.namespace)}/pods"
     items: list[dict[str, Any]] = []
     token = ""
@@ -234,7 +283,32 @@ def read_rollout(api_client: Any, cfg: DeploymentConfig) -> Rollout:
         "StatefulSet": int(((sts or {}).get("spec") or {}).get("replicas", 1) or 0) if sts else 0,
         "DaemonSet": int(((ds or {}).get("status") or {}).get("desiredNumberScheduled") or 0),
     }
-    return rollout_of(_list_pods(api_client, cfg), cfg, desired)
+    unsettled = [
+        line
+        for kind, short, name, obj in (
+            ("StatefulSet", "sts", cfg.names.controller_driver, sts),
+            ("DaemonSet", "ds", cfg.names.node_driver, ds),
+        )
+        if (line := _unsettled(kind, short, name, obj, cfg.namespace))
+    ]
+    return rollout_of(_list_pods(api_client, cfg), cfg, desired, unsettled)
+
+
+def _unsettled(kind: str, short: str, name: str, obj: Any, namespace: str) -> str:
+    """A line when the workload's controller has not reported on its current spec ("" when it
+    has, or when the workload does not exist: then only its orphaned pods count)."""
+    if obj is None:
+        return ""
+    generation = (obj.get("metadata") or {}).get("generation")
+    status = obj.get("status") or {}
+    if status and status.get("observedGeneration") == generation:
+        return ""
+    seen = status.get("observedGeneration") if status else None
+    what = "has no status yet" if not status else f"reports on generation {seen}"
+    return (
+        f"{kind} {name} {what} (its spec is generation {generation}): its pods are unknown "
+        f"until its controller catches up; wait (kubectl get {short} -n {namespace} {name})"
+    )
 
 
 def needs_pods(stack: StackConfig, phases: Mapping[str, str] | None) -> list[int]:
@@ -263,7 +337,12 @@ def running_fingerprints(
     """Per deployment index whose CA change waits for the pods (:func:`needs_pods`): its
     driver pods and workloads. A deployment left out needs no reading.
 
-    Raises :class:`RolloutReadError` when a read fails (the caller then treats the rollout
-    as unknown, so no CA change advances).
+    Raises :class:`RolloutReadError` when a read fails (the caller then gives each of these
+    deployments :func:`read_failed`, which holds its stage).
     """
-    return {i: read_rollout(api_client, stack.deployments[i]) for i in needs_pods(stack, phases)}
+    out: dict[int, Rollout] = {}
+    for i in needs_pods(stack, phases):
+        cfg = stack.deployments[i]
+        stage = (phases or {}).get(f"{cfg.names.hyphened}{CERTIFICATES_RESOURCE_SUFFIX}")
+        out[i] = replace(read_rollout(api_client, cfg), phase=stage)
+    return out

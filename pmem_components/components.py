@@ -155,6 +155,7 @@ def _certificates(
         confirmed_fingerprint=c.rolled_out,
         config_key=key_path(("deployments", index, "certificates")),
         namespace=cfg.namespace,
+        selector=cfg.names.label_selector(),
         opts=opts,
     )
     fingerprint = pulumi.Output.all(certs.ca_cert, certs.registry_cert, certs.node_controller_cert)

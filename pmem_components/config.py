@@ -611,38 +611,24 @@ def _name_length_problems(name: str, path: tuple[str | int, ...]) -> list[str]:
     return problems
 
 
-def _whole_number(value: Any) -> int | None:
-    """``value`` as pydantic's lax mode reads it into an ``int`` field (42, 42.0, "42"), or
-    None when it would not (it then has its own error)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        return int(value)
-    return None
-
-
 def _check_renewal(certs: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
     """A lead time as long as the validity would renew the set on every ``pulumi up``."""
     certs = _dict_or_empty(certs)
-    validity = _whole_number(certs.get("validityDays", DEFAULT_VALIDITY_DAYS))
-    renew = _whole_number(certs.get("renewBeforeDays", DEFAULT_RENEW_BEFORE_DAYS))
-    # Compared as the model will hold them (a quoted "30" is 30 there), and only when both
-    # are valid on their own: a wrong type or a value out of range already has its own
-    # error, and a second one about the pair would mislead.
-    in_range = (
-        validity is not None
-        and renew is not None
-        and 1 <= validity <= 3650
-        and 0 <= renew <= 3650
-    )
-    if in_range and renew >= validity:
+    pair = {k: certs[k] for k in ("validityDays", "renewBeforeDays") if k in certs}
+    try:
+        # Compared as the model holds them, parsed by the model itself ("10.0", "1_0" and
+        # " 30 " are ints there), so the rule and the model never disagree; the other keys
+        # are left out so that their errors do not hide this one. Only when both are valid on
+        # their own: a wrong type or a value out of range already has its own error (from
+        # the model), and a second one about the pair would mislead.
+        parsed: Certificates | None = Certificates.model_validate(pair)
+    except ValidationError:
+        parsed = None
+    if parsed is not None and parsed.renew_before_days >= parsed.validity_days:
         problems.append(
             f"{key_path((*path, 'renewBeforeDays'))}: must be less than validityDays "
-            f"({validity}), or every pulumi up would renew the certificates (got {renew})"
+            f"({parsed.validity_days}), or every pulumi up would renew the certificates "
+            f"(got {parsed.renew_before_days})"
         )
     rotation = certs.get("rotation")
     if isinstance(rotation, bool):

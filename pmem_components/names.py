@@ -110,6 +110,10 @@ class DeploymentNames:
         """Labels that select every object of this deployment (and nothing else)."""
         return {LABEL_PART_OF: PART_OF, LABEL_INSTANCE: self.hyphened}
 
+    def label_selector(self) -> str:
+        """:meth:`selector_labels` as a label selector (``kubectl -l``, ``labelSelector``)."""
+        return ",".join(f"{k}={v}" for k, v in self.selector_labels().items())
+
 
 # Annotation on the objects a stack owns at stack level (Namespaces) and on the Deployment CR:
 # which Pulumi stack (``<organization>/<project>/<stack>``; ``<project>/<stack>`` before the

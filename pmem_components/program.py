@@ -448,8 +448,10 @@ def certificate_rollout(
 ) -> dict[int, Any] | None:
     """The running driver pods per deployment whose CA change is under way (``phases``: the
     stored stages, from the stack's state; :mod:`pmem_components.certrollout`), read with
-    the preflight's client; None when the read fails: then no CA change advances, which is
-    always safe."""
+    the preflight's client; None when no deployment generates its certificates. When the
+    read fails, each of those deployments gets ``certrollout.read_failed``: its stage holds
+    until a later ``pulumi up`` reads the pods (None instead would mean "not read on
+    purpose", where ``certificates.rolledOut`` moves the stage)."""
     from pmem_components import certrollout
 
     if all(d.certificates.provided for d in stack.deployments):
@@ -457,11 +459,13 @@ def certificate_rollout(
     try:
         return certrollout.running_fingerprints(client, stack, phases)
     except Exception as err:  # a failed read only holds a CA change back; say why
+        reason = f"{type(err).__name__}: {str(err)[:200]}"
         pulumi.log.warn(
-            f"pmem-csi: cannot read the driver pods ({type(err).__name__}: {str(err)[:200]}); "
+            f"pmem-csi: cannot read the driver pods ({reason}); "
             "a certificate CA change in progress waits for the next pulumi up"
         )
-        return None
+        failed = certrollout.read_failed(reason)
+        return dict.fromkeys(certrollout.needs_pods(stack, phases), failed)
 
 
 def main() -> None:

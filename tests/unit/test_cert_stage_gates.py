@@ -443,3 +443,199 @@ def test_the_stage_warning_is_given_for_every_kind_of_pod_knowledge(
     assert "1 pod(s) on other certificates" in said[2]
     assert "pulumi up` again" in said[3]
     assert "k.rolledOut" in said[4] and "not known" in said[4]
+
+
+# --- review 15: a failed pod read holds the stage, whatever rolledOut says -------------------
+
+
+class _DenyingApi(PagingApi):
+    """Answers the workloads, refuses the pod list (403), as an RBAC gap or an expired page."""
+
+    def call_api(self, method, path, query, headers, _request_timeout=None):
+        if path.endswith("/pods"):
+            self.calls.append((path, query, headers))
+            resp = _Resp(403, {})
+            resp.reason = "Forbidden"
+            return resp
+        return super().call_api(method, path, query, headers, _request_timeout)
+
+
+def test_a_failed_pod_read_holds_the_stage_even_with_rolled_out_set(
+    stage1: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pulumi
+
+    from pmem_components import program
+
+    said: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: said.append(msg))
+    monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: False)
+    fp = fingerprint_of(stage1)
+    stack = load_config({"deployments": [{"certificates": {"rolledOut": fp}}]})
+    cfg = stack.deployments[0]
+    phases = {f"{cfg.names.hyphened}-certificates-generated": "trust"}
+    got = program.certificate_rollout(stack, _DenyingApi([], desired=3), phases)
+    assert got is not None  # not "the pods were deliberately not read"
+    running = got[0]
+    news = {
+        **SETTINGS,
+        "rotation": "r2",
+        "runningFingerprints": certrollout.as_fingerprints(running),
+        "confirmedFingerprint": cfg.certificates.rolled_out,
+    }
+    # The administrator's confirmation counts only when the pods were not read on purpose.
+    assert next_step(stage1, news, dt.datetime.now(dt.UTC)) is None
+    said.clear()
+    values = [stage1[k] for k in ("phase", "ca_cert", "registry_cert", "node_controller_cert")]
+    cert_resource._report_stage("d", values, running, "k", cfg.namespace)
+    (text,) = said
+    assert "403" in text and "could not be read" in text and "waits" in text
+    assert "rolledOut" not in text  # setting it would not help
+
+
+# --- review 15: the pair rule reads the values as the model holds them ----------------------
+
+
+@pytest.mark.parametrize(
+    "certificates",
+    [
+        {"validityDays": "10.0", "renewBeforeDays": 20},  # pydantic reads "10.0" as 10
+        {"validityDays": 10, "renewBeforeDays": "1_0"},  # and "1_0" as 10
+    ],
+)
+def test_the_renewal_pair_rule_sees_what_pydantic_parses(certificates: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config({"deployments": [{"certificates": certificates}]})
+    (problem,) = err.value.problems
+    assert problem.startswith("pmem-csi:deployments[0].certificates.renewBeforeDays: ")
+    assert "validityDays" in problem
+
+
+# --- review 15: a workload without current status, and orphaned pods, hold the gate ---------
+
+
+class _WorkloadApi(PagingApi):
+    """Pods as given; the DaemonSet and StatefulSet objects as given (None: 404)."""
+
+    def __init__(self, pods: list[dict[str, Any]], ds: Any, sts: Any) -> None:
+        super().__init__(pods, desired=0)
+        self.ds, self.sts = ds, sts
+
+    def call_api(self, method, path, query, headers, _request_timeout=None):
+        for kind, obj in (("/daemonsets/", self.ds), ("/statefulsets/", self.sts)):
+            if kind in path:
+                return _Resp(404, {}) if obj is None else _Resp(200, obj)
+        return super().call_api(method, path, query, headers, _request_timeout)
+
+
+_STS_OK = {
+    "metadata": {"generation": 1},
+    "spec": {"replicas": 1},
+    "status": {"observedGeneration": 1},
+}
+
+
+@pytest.mark.parametrize(
+    "ds",
+    [
+        {"metadata": {"generation": 1}},  # just (re)created: no status yet
+        {
+            "metadata": {"generation": 3},
+            "status": {"observedGeneration": 2, "desiredNumberScheduled": 0},
+        },
+    ],
+)
+def test_a_workload_without_current_status_holds_the_stage(
+    stage1: dict[str, Any], ds: dict[str, Any]
+) -> None:
+    cfg = load_config({"deployments": [{}]}).deployments[0]
+    fp = fingerprint_of(stage1)
+    api = _WorkloadApi([_pod("ctl-0", fp, "StatefulSet")], ds, _STS_OK)
+    rollout = certrollout.read_rollout(api, cfg)
+    fps = certrollout.as_fingerprints(rollout)
+    news = {**SETTINGS, "rotation": "r2", "runningFingerprints": fps}
+    assert next_step(stage1, news, dt.datetime.now(dt.UTC)) is None
+    lines = certrollout.holding_back(rollout, fp, cfg.namespace)
+    assert any(f"DaemonSet {cfg.names.node_driver}" in line for line in lines)
+
+
+def test_orphaned_driver_pods_count_and_the_reporters_do_not(
+    gen0: dict[str, Any], stage1: dict[str, Any]
+) -> None:
+    from pmem_components.manifests import labels as lbl
+
+    cfg = load_config({"deployments": [{}]}).deployments[0]
+    fp = fingerprint_of(stage1)
+
+    def bare(name: str, component: str, fingerprint: str) -> dict[str, Any]:
+        meta = {
+            "name": name,
+            "labels": {**cfg.names.selector_labels(), "app.kubernetes.io/component": component},
+            "annotations": {CERTIFICATES_HASH_ANNOTATION: fingerprint},
+        }
+        return {"metadata": meta}
+
+    # `kubectl delete ds --cascade=orphan`: the DaemonSet is gone, its stage-0 pods run on.
+    orphans = [bare(f"node-{i}", lbl.COMPONENT_NODE, fingerprint_of(gen0)) for i in range(3)]
+    api = _WorkloadApi([_pod("ctl-0", fp, "StatefulSet"), *orphans], None, _STS_OK)
+    rollout = certrollout.read_rollout(api, cfg)
+    assert {p.name for p in rollout.pods} == {"ctl-0", "node-0", "node-1", "node-2"}
+    fps = certrollout.as_fingerprints(rollout)
+    news = {**SETTINGS, "rotation": "r2", "runningFingerprints": fps}
+    assert next_step(stage1, news, dt.datetime.now(dt.UTC)) is None
+    # A reporter pod carries the selector labels too, but no certificates: not a driver pod.
+    reporter = bare("reporter-0", "reporter", "")
+    only = certrollout.rollout_of([_pod("ctl-0", fp, "StatefulSet"), reporter], cfg)
+    assert [p.name for p in only.pods] == ["ctl-0"]
+
+
+# --- review 15: the preflight-off warning's kubectl selects this deployment's pods ----------
+
+
+def test_the_unread_stage_warning_lists_only_this_deployments_pods() -> None:
+    cfg = load_config({"deployments": [{"name": "b.example"}]}).deployments[0]
+    text = cert_resource.stage_message(
+        "d",
+        cert_resource.TRUST,
+        fingerprint="0123456789abcdef0123456789abcdef",
+        observed=False,
+        config_key="k",
+        namespace=cfg.namespace,
+        selector=cfg.names.label_selector(),
+    )
+    assert (
+        f"kubectl get pods -n {cfg.namespace} -l app.kubernetes.io/part-of=pmem-csi,"
+        f"app.kubernetes.io/instance={cfg.names.hyphened} "
+    ) in text
+
+
+# --- review 15: the run that takes a stage says so, instead of listing every pod ------------
+
+
+def test_the_run_that_takes_a_stage_says_the_pods_roll_now(
+    stage1: dict[str, Any], gen0: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dataclasses
+
+    import pulumi
+
+    cfg = load_config({"deployments": [{}]}).deployments[0]
+    said: list[str] = []
+    monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: False)
+    monkeypatch.setattr(pulumi.log, "warn", lambda msg, *a, **k: said.append(msg))
+    stage2 = apply_step("switch", stage1, {**SETTINGS, "rotation": "r2"})
+    values = [stage2[k] for k in ("phase", "ca_cert", "registry_cert", "node_controller_cert")]
+    # Read before the update, when the stored stage was 1 and every pod ran it.
+    pods = [_pod(f"node-{i}", fingerprint_of(stage1)) for i in range(3)]
+    read = dataclasses.replace(
+        certrollout.rollout_of(pods, cfg, {"DaemonSet": 3}), phase=cert_resource.TRUST
+    )
+    cert_resource._report_stage("d", values, read, "k", cfg.namespace)
+    (text,) = said
+    assert "stage 2 taken; the pods roll now" in text
+    assert "node-0" not in text and "held back" not in text
+    # A later run that still finds them there, at the stage read, names them.
+    said.clear()
+    later = dataclasses.replace(read, phase=cert_resource.SWITCH)
+    cert_resource._report_stage("d", values, later, "k", cfg.namespace)
+    assert "node-0" in said[0] and "taken" not in said[0]

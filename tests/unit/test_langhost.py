@@ -106,9 +106,14 @@ def test_install_next_to_the_cli_is_idempotent_and_outside_the_cache_key(tmp_pat
 
 
 def _venv_first() -> dict[str, str]:
-    """PATH as the offline environment has it: the project's python3 first."""
+    """PATH as the offline environment has it: the project's python3 first.
+
+    Without the checkout's host directory (which an end-to-end fixture of the same worker may
+    have put into the environment): these tests run the copy installed next to the launcher.
+    """
     venv_bin = os.path.dirname(sys.executable)
-    return {**os.environ, "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")])}
+    env = {k: v for k, v in os.environ.items() if k != toolchain.LANGUAGE_HOST_DIR_ENV}
+    return {**env, "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")])}
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

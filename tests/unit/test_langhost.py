@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,6 +117,25 @@ def _venv_first() -> dict[str, str]:
     return {**env, "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")])}
 
 
+@pytest.fixture
+def sigint_default() -> Iterator[None]:
+    """SIGINT handled in this process while the test runs, so the host started here begins
+    with it at its default, as under a CLI run in a terminal.
+
+    A test session started in the background by a non-interactive shell (``make test &``,
+    ``nohup``) inherits SIGINT ignored, and an ignored signal stays ignored across ``exec``:
+    the host would then not see a SIGINT sent before it has installed its own handlers, and
+    keep serving. A handler does not survive ``exec``, so a child of this process starts with
+    the default.
+    """
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.usefixtures("sigint_default")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_host_serves_prints_its_port_and_stops_quietly(tmp_path: Path, signum: int) -> None:
     import grpc
@@ -163,6 +183,7 @@ def test_host_loads_only_the_protocol_modules_not_the_sdk() -> None:
     assert out.split() == ["LanguageRuntimeServicer", "False"]
 
 
+@pytest.mark.usefixtures("sigint_default")
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.3])
 def test_host_stopped_at_any_moment_of_its_start_is_quiet(tmp_path: Path, delay: float) -> None:
     # The CLI stops plugins whenever it is done, possibly while one is still starting.

@@ -1565,15 +1565,34 @@ def main(argv: list[str] | None = None) -> int:
         running = is_running()
         record = Record.load()
         if running:
-            print("running")
+            state = "running"
         elif record and _kubelet_down_only(record):
-            print("kubelet is not running (a restart did not finish): `restart-kubelet` or "
-                  "`start` brings it back, `stop` removes the node")  # fmt: skip
+            state = ("kubelet is not running (a restart did not finish): `restart-kubelet` or "
+                     "`start` brings it back, `stop` removes the node")  # fmt: skip
         else:
             # A node being started (or one whose record lacks start times) holds the lock.
-            print("in use (lock held)" if lock_held() else "not running")
+            state = "in use (lock held)" if lock_held() else "not running"
+        # What it says may be about to change: a start, stop or restart holds the change lock.
+        print(state + ("; a start, stop or kubelet restart is under way" if changing() else ""))
         return 0 if running else 1
     return 0
+
+
+def changing() -> bool:
+    """Whether a start, stop or kubelet restart holds the node's change lock now."""
+    if getattr(_change_held, "depth", 0):
+        return True
+    try:
+        fd = os.open(CHANGE_LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def lock_held() -> bool:

@@ -425,6 +425,23 @@ def test_status_says_in_use_while_the_lock_is_held(
         os.close(holder)
 
 
+def test_status_says_when_a_change_is_under_way(
+    machine: FakeMachine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review (stop 15): `status` ignored the change lock, so a node being stopped or
+    restarted read as plainly running (or not running) to an administrator who checked."""
+    holder = os.open(realnode.CHANGE_LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert realnode.main(["status"]) == 1
+        assert capsys.readouterr().out == (
+            "not running; a start, stop or kubelet restart is under way\n"
+        )
+    finally:
+        os.close(holder)
+    assert realnode.main(["status"]) == 1 and capsys.readouterr().out == "not running\n"
+
+
 # --------------------------------------------------------------------------- kubelet restart
 
 

@@ -8,12 +8,18 @@ PY := $(VENV)/bin/python
 .PHONY: demo test unit lint mutate tools image cluster-start cluster-stop postgres-start \
 	postgres-stop clean-state
 
+# uv installs the pinned packages (README, "Dependencies"): the same wheels as pip, in about
+# half pip's CPU time here; bytecode compiled at install, as pip does.
+UV_VERSION := 0.13.9
+UV_INSTALL := $(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode
+
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --disable-pip-version-check -q -r requirements-dev.txt
+	$(VENV)/bin/pip install --disable-pip-version-check -q uv==$(UV_VERSION)
+	$(UV_INSTALL) -r requirements-dev.txt
 	# The project itself, editable and without dependencies (pinned above): this installs the
 	# `pmem-csi-reporter` console script.
-	$(VENV)/bin/pip install --disable-pip-version-check -q --no-deps -e .
+	$(UV_INSTALL) --no-deps -e .
 	touch $@
 
 tools: $(VENV)/.installed

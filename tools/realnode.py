@@ -306,8 +306,12 @@ def _signal_recorded(pid: int | None, start: float | None, sig: int) -> bool:
         return False
     try:
         fd = os.pidfd_open(pid)
-    except OSError:  # gone (ESRCH)
+    except ProcessLookupError:  # ESRCH: gone
         return False
+    except OSError as err:  # out of descriptors, not permitted, ...: not known to be gone
+        raise RealNodeError(
+            f"cannot open a pidfd for PID {pid} to signal it: {err.strerror or err}"
+        ) from err
     try:
         if not _same_process(pid, start):
             return False
@@ -1088,8 +1092,9 @@ def restart_kubelet(timeout: float = 120, wait: float = CHANGE_WAIT) -> Record:
     that to rotate a token now rather than at 80 % of its lifetime). Returns once the Node is
     Ready with a heartbeat the new kubelet wrote.
 
-    Only this checkout's node, with its guard complete before and after, under the node's
-    change lock (one start, stop or restart at a time, ``wait`` seconds for one under way).
+    Only this checkout's node, with its guard complete before, just before the new kubelet
+    starts, and after, under the node's change lock (one start, stop or restart at a time,
+    ``wait`` seconds for one under way).
     A node whose last restart did not finish (its kubelet dead, or one it started but never
     recorded) is restarted all the same. The node's lock stays with the forwarder for the
     node's life: the new kubelet is started only while that process (verified by PID and
@@ -1126,6 +1131,12 @@ def _restart_locked(record: Record, timeout: float) -> Record:
         raise RealNodeError(f"the node's kubelet ({', '.join(map(str, left))}) did not exit")
     if not lock_holder_lives() or not lock_held():
         raise RealNodeError("the node's forwarder (the lock's holder) is gone: being torn down")
+    # Again now: stopping the old kubelet can take 30 s, and no kubelet starts pods unguarded.
+    problems = _isolation_problems(api_port)
+    if problems:
+        stop(quiet=True)
+        raise RealNodeError("the node's isolation broke while its kubelet stopped: "
+                            + "; ".join(problems) + "; node torn down")  # fmt: skip
     kubelet, since = _spawn_kubelet(record, _component_env())
     if not lock_holder_lives():  # a teardown began meanwhile: it kills the cgroup, and so do we
         _kill({kubelet.pid}, signal.SIGKILL)
@@ -1554,15 +1565,34 @@ def main(argv: list[str] | None = None) -> int:
         running = is_running()
         record = Record.load()
         if running:
-            print("running")
+            state = "running"
         elif record and _kubelet_down_only(record):
-            print("kubelet is not running (a restart did not finish): `restart-kubelet` or "
-                  "`start` brings it back, `stop` removes the node")  # fmt: skip
+            state = ("kubelet is not running (a restart did not finish): `restart-kubelet` or "
+                     "`start` brings it back, `stop` removes the node")  # fmt: skip
         else:
             # A node being started (or one whose record lacks start times) holds the lock.
-            print("in use (lock held)" if lock_held() else "not running")
+            state = "in use (lock held)" if lock_held() else "not running"
+        # What it says may be about to change: a start, stop or restart holds the change lock.
+        print(state + ("; a start, stop or kubelet restart is under way" if changing() else ""))
         return 0 if running else 1
     return 0
+
+
+def changing() -> bool:
+    """Whether a start, stop or kubelet restart holds the node's change lock now."""
+    if getattr(_change_held, "depth", 0):
+        return True
+    try:
+        fd = os.open(CHANGE_LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def lock_held() -> bool:

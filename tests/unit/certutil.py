@@ -20,6 +20,14 @@ from pmem_components.certs import NODE_CONTROLLER_NAME, REGISTRY_NAME, IssuedCer
 
 NOW = dt.datetime.now(dt.UTC)
 DAY = dt.timedelta(days=1)
+# The certificate resource's settings of the rollover tests' first set (``gen0`` in
+# conftest.py): 10-day leaves under a 30-day CA.
+FIRST_SETTINGS = {"rotation": "", "renewWithinDays": 5, "validityDays": 10}
+
+
+def pem_certs(pem: str) -> list[x509.Certificate]:
+    """Every certificate of a PEM bundle, in order."""
+    return x509.load_pem_x509_certificates(pem.encode())
 
 
 @functools.cache

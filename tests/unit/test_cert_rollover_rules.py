@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import tlspeers
 import yaml
-from cryptography import x509
+from certutil import FIRST_SETTINGS, pem_certs
 from tlspeers import Generation
 
 from pmem_components import cert_resource, certrollout, certs
@@ -28,12 +28,8 @@ from pmem_components.config import load_config
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 # Created with 10-day leaves (a 30-day CA); then a 20-day window makes the leaves due, not
 # the CA: what an administrator gets by raising renewBeforeDays with validityDays.
-SETTINGS = {"rotation": "", "renewWithinDays": 5, "validityDays": 10}
+SETTINGS = FIRST_SETTINGS
 RENEW = {"rotation": "", "renewWithinDays": 20, "validityDays": 40}
-
-
-def _certs(pem: str) -> list[x509.Certificate]:
-    return x509.load_pem_x509_certificates(pem.encode())
 
 
 def links(first: dict[str, Any], second: dict[str, Any], tmp: Path) -> list[str]:
@@ -54,14 +50,6 @@ def step(olds: dict[str, Any], news: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def gen0() -> dict[str, Any]:
-    """A set whose leaves (10 days) are due within the 20-day window, its CA (30 days) not."""
-    created = CertificateProvider().create(dict(SETTINGS))
-    assert created.outs is not None
-    return dict(created.outs)
-
-
-@pytest.fixture(scope="module")
 def generations(gen0: dict[str, Any]) -> list[dict[str, Any]]:
     """gen0, a CA change's three stages (each after every pod runs the previous one)."""
     news = {**SETTINGS, "rotation": "r2"}
@@ -78,8 +66,8 @@ def test_a_created_set_keeps_its_ca_key_as_a_secret_output(gen0: dict[str, Any])
     assert gen0["phase"] == cert_resource.STABLE
     assert gen0["issuer_cert"] == gen0["ca_cert"]
     assert gen0[cert_resource.ISSUER_KEY].startswith("-----BEGIN RSA PRIVATE KEY")
-    ca = _certs(gen0["ca_cert"])[0]
-    leaf = _certs(gen0["registry_cert"])[0]
+    ca = pem_certs(gen0["ca_cert"])[0]
+    leaf = pem_certs(gen0["registry_cert"])[0]
     # The CA outlives the leaves, so they can be renewed under it.
     assert ca.not_valid_after_utc - leaf.not_valid_after_utc > dt.timedelta(days=19)
     problems = certs.validate_driver_certificates(
@@ -102,9 +90,9 @@ def test_leaf_renewal_is_an_update_under_the_same_ca(gen0: dict[str, Any], tmp_p
     assert renewed["phase"] == cert_resource.STABLE
     for key in ("registry_cert", "registry_key", "node_controller_cert", "node_controller_key"):
         assert renewed[key] != gen0[key]
-    ca = _certs(gen0["ca_cert"])[0]
+    ca = pem_certs(gen0["ca_cert"])[0]
     for key in ("registry_cert", "node_controller_cert"):
-        leaf = _certs(renewed[key])[0]
+        leaf = pem_certs(renewed[key])[0]
         leaf.verify_directly_issued_by(ca)
         assert leaf.not_valid_after_utc == ca.not_valid_after_utc  # capped by the CA
     # Old and new pods trust each other: same CA.
@@ -117,11 +105,11 @@ def test_a_ca_change_is_staged_and_never_a_replacement(
     generations: list[dict[str, Any]],
 ) -> None:
     g0, g1, g2, g3 = generations
-    ca0 = _certs(g0["ca_cert"])
+    ca0 = pem_certs(g0["ca_cert"])
     assert len(ca0) == 1
     # Stage 1: trust bundle old+new, leaves unchanged.
     assert g1["phase"] == cert_resource.TRUST
-    bundle = _certs(g1["ca_cert"])
+    bundle = pem_certs(g1["ca_cert"])
     assert bundle[0] == ca0[0] and len(bundle) == 2
     new_ca = bundle[1]
     assert new_ca.subject != ca0[0].subject  # no two same-named issuers in one pool
@@ -129,14 +117,14 @@ def test_a_ca_change_is_staged_and_never_a_replacement(
         g0["registry_cert"],
         g0["node_controller_cert"],
     )
-    assert _certs(g1["issuer_cert"]) == [new_ca]
+    assert pem_certs(g1["issuer_cert"]) == [new_ca]
     assert g1["rotation"] == "r2"
     # Stage 2: new leaves from the new CA, the bundle unchanged.
     assert g2["phase"] == cert_resource.SWITCH and g2["ca_cert"] == g1["ca_cert"]
     for key in ("registry_cert", "node_controller_cert"):
-        _certs(g2[key])[0].verify_directly_issued_by(new_ca)
+        pem_certs(g2[key])[0].verify_directly_issued_by(new_ca)
     # Stage 3: the old CA leaves the bundle.
-    assert g3["phase"] == cert_resource.STABLE and _certs(g3["ca_cert"]) == [new_ca]
+    assert g3["phase"] == cert_resource.STABLE and pem_certs(g3["ca_cert"]) == [new_ca]
     assert g3["registry_cert"] == g2["registry_cert"]
     # Every stage's material passes the program's (and the reporter's) check.
     for g in generations:
@@ -174,7 +162,7 @@ def test_the_rotation_input_and_a_ca_near_expiry_start_a_change(gen0: dict[str, 
     assert next_step(gen0, {**SETTINGS, "rotation": "x"}, now) == "begin"
     assert next_step(gen0, dict(RENEW), now) == "renew"
     renewed = step(gen0, dict(RENEW))
-    ca_end = _certs(gen0["ca_cert"])[0].not_valid_after_utc
+    ca_end = pem_certs(gen0["ca_cert"])[0].not_valid_after_utc
     # The CA within the window: a CA change, not a leaf renewal.
     assert next_step(renewed, dict(RENEW), ca_end - dt.timedelta(days=15)) == "begin"
     # Everything expired: nothing left to keep working, a whole new set at once.

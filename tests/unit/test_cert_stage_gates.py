@@ -16,28 +16,17 @@ from typing import Any
 
 import pytest
 import tlspeers
-from cryptography import x509
+from certutil import FIRST_SETTINGS, pem_certs
 from tlspeers import Generation
 
 from pmem_components import cert_resource, certrollout
-from pmem_components.cert_resource import CertificateProvider, apply_step, fingerprint_of, next_step
+from pmem_components.cert_resource import apply_step, fingerprint_of, next_step
 from pmem_components.config import ConfigError, load_config
 from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION
 
-SETTINGS = {"rotation": "", "renewWithinDays": 5, "validityDays": 10}
+SETTINGS = FIRST_SETTINGS
 # Leaves (10 days) due within 20 days, the CA (30 days) not.
 DUE = {"rotation": "", "renewWithinDays": 20, "validityDays": 10}
-
-
-def _certs(pem: str) -> list[x509.Certificate]:
-    return x509.load_pem_x509_certificates(pem.encode())
-
-
-@pytest.fixture(scope="module")
-def gen0() -> dict[str, Any]:
-    created = CertificateProvider().create(dict(SETTINGS))
-    assert created.outs is not None
-    return dict(created.outs)
 
 
 @pytest.fixture(scope="module")
@@ -106,13 +95,13 @@ def test_a_rotation_begun_while_the_leaves_are_due_renews_them_under_the_old_ca(
     assert next_step(gen0, news, now) == "begin"
     begun = apply_step("begin", gen0, news)
     assert begun["phase"] == cert_resource.TRUST
-    old_ca = _certs(gen0["ca_cert"])[0]
-    assert _certs(begun["ca_cert"])[0] == old_ca and len(_certs(begun["ca_cert"])) == 2
+    old_ca = pem_certs(gen0["ca_cert"])[0]
+    assert pem_certs(begun["ca_cert"])[0] == old_ca and len(pem_certs(begun["ca_cert"])) == 2
     for key in ("registry_cert", "node_controller_cert"):
         assert begun[key] != gen0[key]
-        leaf = _certs(begun[key])[0]
+        leaf = pem_certs(begun[key])[0]
         leaf.verify_directly_issued_by(old_ca)  # every pod of either stage trusts it
-        assert leaf.not_valid_after_utc > _certs(gen0[key])[0].not_valid_after_utc
+        assert leaf.not_valid_after_utc > pem_certs(gen0[key])[0].not_valid_after_utc
     # Pods of stage 0 and stage 1 accept each other.
     assert tlspeers.links(Generation.of(gen0), Generation.of(begun), tmp_path) == []
     # Leaves not due: stage 1 keeps them, as before.

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,20 +117,45 @@ def _venv_first() -> dict[str, str]:
     return {**env, "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")])}
 
 
+def _start_host(bin_dir: Path) -> subprocess.Popen[str]:
+    """The launcher installed in ``bin_dir`` and started as the CLI starts it (engine address
+    last), its own copy of the host (see :func:`_venv_first`)."""
+    toolchain.install_language_host(bin_dir)
+    return subprocess.Popen(
+        [str(bin_dir / "pulumi-language-python"), "127.0.0.1:1"],
+        env=_venv_first(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+@pytest.fixture
+def sigint_default() -> Iterator[None]:
+    """SIGINT handled in this process while the test runs, so the host started here begins
+    with it at its default, as under a CLI run in a terminal.
+
+    A test session started in the background by a non-interactive shell (``make test &``,
+    ``nohup``) inherits SIGINT ignored, and an ignored signal stays ignored across ``exec``:
+    the host would then not see a SIGINT sent before it has installed its own handlers, and
+    keep serving. A handler does not survive ``exec``, so a child of this process starts with
+    the default.
+    """
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.usefixtures("sigint_default")
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_host_serves_prints_its_port_and_stops_quietly(tmp_path: Path, signum: int) -> None:
     import grpc
     from google.protobuf import empty_pb2
     from pulumi.runtime.proto import language_pb2_grpc
 
-    toolchain.install_language_host(tmp_path)
-    proc = subprocess.Popen(
-        [str(tmp_path / "pulumi-language-python"), "127.0.0.1:1"],
-        env=_venv_first(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start_host(tmp_path)
     try:
         port = int(proc.stdout.readline())  # type: ignore[union-attr]
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -163,19 +189,13 @@ def test_host_loads_only_the_protocol_modules_not_the_sdk() -> None:
     assert out.split() == ["LanguageRuntimeServicer", "False"]
 
 
+@pytest.mark.usefixtures("sigint_default")
 @pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.3])
 def test_host_stopped_at_any_moment_of_its_start_is_quiet(tmp_path: Path, delay: float) -> None:
     # The CLI stops plugins whenever it is done, possibly while one is still starting.
     import time
 
-    toolchain.install_language_host(tmp_path)
-    proc = subprocess.Popen(
-        [str(tmp_path / "pulumi-language-python"), "127.0.0.1:1"],
-        env=_venv_first(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start_host(tmp_path)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=20)

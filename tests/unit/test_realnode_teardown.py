@@ -8,6 +8,7 @@ e2e test tests/e2e/test_real_node.py runs the same code against a real node.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -424,6 +425,23 @@ def test_status_says_in_use_while_the_lock_is_held(
         os.close(holder)
 
 
+def test_status_says_when_a_change_is_under_way(
+    machine: FakeMachine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Review (stop 15): `status` ignored the change lock, so a node being stopped or
+    restarted read as plainly running (or not running) to an administrator who checked."""
+    holder = os.open(realnode.CHANGE_LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert realnode.main(["status"]) == 1
+        assert capsys.readouterr().out == (
+            "not running; a start, stop or kubelet restart is under way\n"
+        )
+    finally:
+        os.close(holder)
+    assert realnode.main(["status"]) == 1 and capsys.readouterr().out == "not running\n"
+
+
 # --------------------------------------------------------------------------- kubelet restart
 
 
@@ -551,7 +569,8 @@ def test_a_kubelet_restart_replaces_only_the_kubelet_and_records_the_new_one(
         assert saved.pid_starts["kubelet"] == realnode.process_start_boottime(new.pid)
         assert saved.pids["containerd"] == containerd.pid and containerd.poll() is None
         assert realnode.is_running()
-        assert restart_env["guard"] == [1, 1]  # checked before the stop and after the start
+        # checked before the stop, again just before the start, and after it
+        assert restart_env["guard"] == [1, 1, 1]
     finally:
         for proc in (kubelet, containerd):
             proc.kill()
@@ -569,6 +588,33 @@ def test_no_kubelet_restart_while_the_guard_is_incomplete_and_the_node_goes(
     try:
         _running_node(lock_holder.pid, kubelet=kubelet)
         with pytest.raises(realnode.RealNodeError, match="no blackhole route default"):
+            realnode.restart_kubelet(timeout=5)
+        assert restart_env["spawned"] == [] and stops == [True]
+    finally:
+        kubelet.kill()
+        kubelet.wait()
+
+
+def test_a_guard_that_breaks_while_the_old_kubelet_stops_is_seen_before_the_new_one_starts(
+    restart_env: dict, lock_holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review (stop 15): the guard was checked before the old kubelet was stopped (up to 30 s)
+    and again only after the new one was Ready, so a new kubelet could start pods on a node
+    whose guard went away in between. Checked again just before the spawn."""
+    stops: list[bool] = []
+    monkeypatch.setattr(realnode, "stop", lambda quiet=False: stops.append(quiet))
+    stop_kubelets = realnode._stop_kubelets
+
+    def guard_gone_meanwhile(record: realnode.Record) -> list[int]:
+        left = stop_kubelets(record)
+        restart_env["problems"] = ["nftables table inet pmem-csi-node missing"]
+        return left
+
+    monkeypatch.setattr(realnode, "_stop_kubelets", guard_gone_meanwhile)
+    kubelet = _sleeper()
+    try:
+        _running_node(lock_holder.pid, kubelet=kubelet)
+        with pytest.raises(realnode.RealNodeError, match="nftables table inet pmem-csi-node"):
             realnode.restart_kubelet(timeout=5)
         assert restart_env["spawned"] == [] and stops == [True]
     finally:
@@ -946,3 +992,19 @@ def test_a_start_killed_before_its_kubelet_is_not_taken_for_an_unfinished_restar
     finally:
         containerd.kill()
         containerd.wait()
+
+
+def test_a_pidfd_that_cannot_be_opened_for_another_reason_than_gone_is_an_error(
+    process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review (stop 15): any ``pidfd_open`` failure was taken for "the process is gone", so a
+    teardown out of file descriptors (EMFILE) left the process running and forgot it."""
+    start = realnode.process_start_boottime(process.pid)
+
+    def out_of_descriptors(pid: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "pidfd_open", out_of_descriptors)
+    with pytest.raises(realnode.RealNodeError, match=rf"PID {process.pid}.*Too many open files"):
+        realnode._signal_recorded(process.pid, start, signal.SIGKILL)
+    assert process.poll() is None

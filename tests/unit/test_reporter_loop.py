@@ -10,6 +10,7 @@ import itertools
 import random
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -289,18 +290,24 @@ def test_events_do_not_pull_a_failed_writes_backoff_forward():
     assert all(gap >= 0.25 * max(gaps[:i]) for i, gap in enumerate(gaps) if i), gaps
 
 
-def test_a_reconcile_that_keeps_raising_backs_off_instead_of_a_traceback_every_second():
-    """Found re-reading issue 16 (like an Event's retries): a reconcile that raised (a bug, a
-    cache in a state nothing expected) came back every second for ever, each time with a
-    full traceback in the log. Now it backs off per CR, up to a minute."""
+def build_with_a_raising_reconcile() -> tuple[Any, Any, Any, list[float]]:
+    """(clock, observer, loop, the times reconcile was called): every reconcile raises."""
     clock, observer, _api, writer, loop, _ = build()
     calls: list[float] = []
 
-    def broken(name, changed_at=None):
+    def broken(name: str, changed_at: float | None = None) -> None:
         calls.append(clock())
         raise RuntimeError("a bug")
 
     writer.reconcile = broken  # type: ignore[method-assign]
+    return clock, observer, loop, calls
+
+
+def test_a_reconcile_that_keeps_raising_backs_off_instead_of_a_traceback_every_second():
+    """Found re-reading issue 16 (like an Event's retries): a reconcile that raised (a bug, a
+    cache in a state nothing expected) came back every second for ever, each time with a
+    full traceback in the log. Now it backs off per CR, up to a minute."""
+    clock, observer, loop, calls = build_with_a_raising_reconcile()
     observer.mark_dirty(NAME, clock())
     run_until(loop, clock, lambda: False, 600)
     assert 3 <= len(calls) <= 20, len(calls)  # every second: 600
@@ -309,14 +316,7 @@ def test_a_reconcile_that_keeps_raising_backs_off_instead_of_a_traceback_every_s
 
 
 def test_watch_events_do_not_pull_a_raising_reconciles_backoff_forward():
-    clock, observer, _api, writer, loop, _ = build()
-    calls: list[float] = []
-
-    def broken(name, changed_at=None):
-        calls.append(clock())
-        raise RuntimeError("a bug")
-
-    writer.reconcile = broken  # type: ignore[method-assign]
+    clock, observer, loop, calls = build_with_a_raising_reconcile()
     end = clock() + 600
     while clock() < end:
         observer.mark_dirty(NAME, clock())  # a rollout: an event every step

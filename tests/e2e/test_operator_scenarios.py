@@ -139,9 +139,6 @@ class Ops:
             f"ops-{key}-{n}",
             self.tmp / f"reporter-{key}-{n}.log",
             resync_seconds=2.0,
-            # Running <-> Progressing after an edit or a refresh written within 1 s, not held
-            # back up to the default 10 s (no scenario here is about that rate limit).
-            extra_args=("--message-interval", "1"),
         )
         self.reporters[key] = proc
         return proc

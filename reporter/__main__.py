@@ -31,7 +31,7 @@ from reporter.leader import LeaderElector
 from reporter.metrics import Metrics
 from reporter.observe import Observer
 from reporter.schedule import ReconcileLoop
-from reporter.write import KubeStatusApi, StatusWriter
+from reporter.write import CONFLICT_QUIET_SECONDS, KubeStatusApi, StatusWriter
 
 log = logging.getLogger("reporter")
 
@@ -249,6 +249,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="how long a deployment may be Progressing without progress before it is Failed",
     )
     p.add_argument(
+        "--conflict-quiet-seconds",
+        type=seconds,
+        default=CONFLICT_QUIET_SECONDS,
+        help="after another writer replaced a served CR's status (a second stack's reporter, "
+        "an old per-deployment one), write that CR again only once the other has left its "
+        f"status alone this long (default {CONFLICT_QUIET_SECONDS:g})",
+    )
+    p.add_argument(
         "--lease-duration",
         type=lease_duration,
         default=10,
@@ -310,6 +318,7 @@ class Reporter:
             event_namespace=CLUSTER_EVENT_NAMESPACE,
             message_interval=args.message_interval,
             progress_deadline=timedelta(seconds=args.progress_deadline_seconds),
+            conflict_quiet=args.conflict_quiet_seconds,
         )
         self.http = HealthServer(
             args.metrics_port,

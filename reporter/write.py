@@ -297,6 +297,9 @@ class StatusWriter:
     message_interval: float = 10.0
     burst: int = 3
     progress_deadline: timedelta = status.DEFAULT_PROGRESS_DEADLINE
+    # How long another writer of a served CR's status must have been quiet before this
+    # reporter writes that CR again (``--conflict-quiet-seconds``).
+    conflict_quiet: float = CONFLICT_QUIET_SECONDS
     # CR name -> monotonic time when its deferred write (rate limit, or retry after a failed
     # write) is due.
     deferred: dict[str, float] = field(default_factory=dict)
@@ -540,7 +543,8 @@ class StatusWriter:
         self._event_backoff.clear()
 
     def _yields_to_another_writer(self, name: str, cr: Obj) -> bool:
-        """True while another writer owns the CR's status (see ``CONFLICT_QUIET_SECONDS``).
+        """True while another writer owns the CR's status (see ``CONFLICT_QUIET_SECONDS``;
+        ``conflict_quiet`` here).
 
         Who owns a CR: the reporter of the stack whose ``--deployment`` names it. Two
         reporters naming one CR (two stacks, or an old-layout reporter left running) is a
@@ -559,7 +563,7 @@ class StatusWriter:
             # Still at it: the status changed since the last look. Plain equality, so that a
             # status the rules would call garbage (no timestamps) is not "changing" forever.
             if seen != current:
-                until = now + CONFLICT_QUIET_SECONDS
+                until = now + self.conflict_quiet
                 # Still a write war: said again at a bounded rate, or an hour later (the
                 # Events' TTL) nothing would show it (review of issue 16).
                 self._conflict(name, cr, current, "is still being replaced", again=True)
@@ -574,8 +578,8 @@ class StatusWriter:
         if mine is None or mine[0] == rv or status.status_equal_ignoring_time(mine[1], current):
             return False
         self._written.pop(name, None)
-        self._yielding[name] = (now + CONFLICT_QUIET_SECONDS, current)
-        self.deferred[name] = now + CONFLICT_QUIET_SECONDS
+        self._yielding[name] = (now + self.conflict_quiet, current)
+        self.deferred[name] = now + self.conflict_quiet
         self._conflict(name, cr, current, "was replaced", again=False)
         return True
 
@@ -595,7 +599,7 @@ class StatusWriter:
             f"the status of {name} {what} by another writer (phase "
             f"{current.get('phase')!r} at resourceVersion {rv}): another stack's reporter, or "
             "a per-deployment reporter of the layout before, serves this CR too; this reporter "
-            f"writes it again only after {CONFLICT_QUIET_SECONDS:.0f} s without such changes"
+            f"writes it again only after {self.conflict_quiet:g} s without such changes"
         )
         log.warning("%s: %s", name, message)
         if event_due:

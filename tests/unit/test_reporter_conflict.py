@@ -207,3 +207,24 @@ def test_a_cr_deleted_and_created_again_under_its_name_is_no_conflict(caplog):
     assert writer.metrics.status_conflicts._value.get() == 0
     assert "StatusWriteConflict" not in [e["reason"] for _, e in api.events]
     assert not [r for r in caplog.records if "another writer" in r.message]
+
+
+def test_the_quiet_period_is_the_one_configured():
+    """``--conflict-quiet-seconds`` (``StatusWriter.conflict_quiet``): no write before it has
+    passed since the other writer's last change, one write once it has."""
+    cache, api, writer, _ = setup()
+    writer.conflict_quiet = 5.0
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    written = len(api.patches)
+    other_reporter_writes(cache, "Progressing")
+    writer.reconcile(NAME)  # sees the conflict, yields
+    clock[0] += 4.0
+    writer.reconcile(NAME)
+    assert len(api.patches) == written, "written inside the quiet period"
+    clock[0] += 1.5
+    assert writer.reconcile(NAME)
+    assert len(api.patches) == written + 1
+    conflicts = [e for _, e in api.events if e["reason"] == "StatusWriteConflict"]
+    assert "only after 5 s without such changes" in conflicts[0]["message"], conflicts

@@ -6,6 +6,7 @@ import pytest
 
 from reporter.__main__ import parse_args
 from reporter.leader import LeaderElector
+from reporter.write import CONFLICT_QUIET_SECONDS
 
 
 def refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -42,7 +43,13 @@ def test_the_elector_refuses_a_fractional_lease_too() -> None:
 
 
 @pytest.mark.parametrize(
-    "flag", ["--resync-seconds", "--message-interval", "--progress-deadline-seconds"]
+    "flag",
+    [
+        "--resync-seconds",
+        "--message-interval",
+        "--progress-deadline-seconds",
+        "--conflict-quiet-seconds",
+    ],
 )
 @pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
 def test_a_period_that_is_not_a_positive_number_of_seconds_is_refused(
@@ -67,6 +74,13 @@ def test_valid_periods_and_ports_are_accepted() -> None:
         ["--resync-seconds", "2.5", "--message-interval", "1", "--metrics-port", "65535"]
     )
     assert (args.resync_seconds, args.message_interval, args.metrics_port) == (2.5, 1.0, 65535)
+
+
+def test_the_conflict_quiet_period_defaults_to_a_minute_and_can_be_set() -> None:
+    """``--conflict-quiet-seconds``: the writer's default (docs/reporter.md), or the value given,
+    reaches the StatusWriter."""
+    assert parse_args([]).conflict_quiet_seconds == CONFLICT_QUIET_SECONDS == 60.0
+    assert parse_args(["--conflict-quiet-seconds", "5"]).conflict_quiet_seconds == 5.0
 
 
 @pytest.mark.parametrize("value", ["", "Bad_Name", "a,b", "a b", "-a", "a" * 254])

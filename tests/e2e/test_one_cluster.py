@@ -8,7 +8,9 @@ for what the update changes (issue 14).
   can choose a cluster; ``pulumi preview``, ``up``, ``up --refresh`` and ``up --target`` with the
   real CLI, and after each one every object of the cluster *not* chosen keeps its
   resourceVersion -- although that cluster holds the same driver, deployed by another stack,
-  with a field someone else changed (what a misdirected take-over would write).
+  with a field someone else changed (what a misdirected take-over would write). The ways
+  share one stack: the first runs the whole sequence, the others one take-over ``up`` (the
+  test's docstring says why that suffices).
 * On one cluster: ``up --target`` and ``preview`` write nothing for the resources they leave
   out; a label someone added (not declared) is not written by a ``pulumi up`` that changes
   nothing; ``kubectl rollout restart`` survives ``pulumi up`` (generation kept) and the
@@ -407,63 +409,123 @@ def _urn(stack: str, types: list[str], name: str) -> str:
     return f"urn:pulumi:{stack}::pmem-csi-pulumi::{'$'.join(types)}::{name}"
 
 
-@pytest.mark.parametrize("way", WAYS, ids=[w.id for w in WAYS])
-def test_the_cluster_not_chosen_stays_untouched(
-    way: Way,
-    two_clusters: TwoClusters,
-    other: Other,
-    project: Path,
-    tmp_path: Path,
-    crd_in_a: None,
-) -> None:
-    kubeconfig, settings = way.build(two_clusters, tmp_path)
-    env = {**other.env, "KUBECONFIG": kubeconfig}
-    shell = Shell(project, env)
+@dataclass
+class Chosen:
+    """The stack the ways share: it must deploy to "a" whichever way it is told, with the
+    names of the driver in "b" (so a misdirected preflight meets the other stack's CR there
+    and a misdirected take-over finds a field someone else owns to write)."""
+
+    name: str
+    b_before: dict[str, str]
+    env: dict[str, str]
+    deployed: bool = False
+
+
+@pytest.fixture(scope="class")
+def chosen(
+    two_clusters: TwoClusters, other: Other, project: Path, crd_in_a: None
+) -> Iterator[Chosen]:
+    """One stack for every way, each way configuring it in turn: no stack per way, and no
+    namespace deletion waited for between ways. Destroyed when the ways are done, cluster "b"
+    checked once more after the destroy, and its namespace waited for only then (the
+    explicit-provider test after the ways deploys the same names to "a")."""
     stack = f"w{uuid.uuid4().hex[:6]}"
-    cfg = parsed(other.raw)
-    a = two_clusters.clients["a"]
-    b_before = settled(two_clusters.clients["b"], "cluster b")
-
-    def untouched(step: str) -> None:
-        assert not changed(b_before, versions(two_clusters.clients["b"])), step
-
+    shell = Shell(project, other.env)
     shell.run(f"pulumi stack init {stack}")
-    ps.write_stack_config(project, stack, {**stack_config(other.raw), **NOT_RETAINED, **settings})
+    state = Chosen(stack, settled(two_clusters.clients["b"], "cluster b"), other.env)
     try:
-        shell.run(f"pulumi preview --stack {stack}")
-        untouched("pulumi preview")
-        shell.run(f"pulumi up --yes --stack {stack}")
-        untouched("pulumi up")
-        objs = bundle.build_deployment_objects(cfg)
-        assert Cluster(a).get(objs.deployment_cr) is not None, "the deployment is in cluster a"
-        sts = next(o for o in objs.controller if o["kind"] == "StatefulSet")
-        ds = next(o for o in objs.node if o["kind"] == "DaemonSet")
-        edit_label(a, sts, LABEL, "changed-in-a")
-        edit_label(a, ds, LABEL, "changed-in-a")
-        shell.run(f"pulumi up --yes --refresh --skip-preview --stack {stack}")
-        untouched("pulumi up --refresh")
-        assert live(a, sts)["metadata"]["labels"][LABEL] == "declared"
-        edit_label(a, sts, LABEL, "changed-in-a")
-        edit_label(a, ds, LABEL, "changed-in-a")
-        sts_version = live(a, sts)["metadata"]["resourceVersion"]
-        urn = _urn(
-            stack,
-            [COMPONENT_TYPE, NODE_TYPE, "kubernetes:apps/v1:DaemonSet"],
-            f"{cfg.namespace}/{cfg.names.node_driver}",
-        )
-        shell.run(f"pulumi up --yes --skip-preview --stack {stack} --target '{urn}'")
-        untouched("pulumi up --target")
-        assert live(a, ds)["metadata"]["labels"][LABEL] == "declared"
-        left = live(a, sts)
-        assert left["metadata"]["resourceVersion"] == sts_version, "not targeted: not written"
-        assert left["metadata"]["labels"][LABEL] == "changed-in-a"
+        yield state
     finally:
+        shell = Shell(project, state.env)
         shell.run(f"pulumi destroy --yes --skip-preview --stack {stack}", check=False)
         shell.run(f"pulumi stack rm --yes {stack}", check=False)
-        gone(a, cfg.namespace)
-    untouched("pulumi destroy")
-    for _, result in shell.log:
-        assert "Traceback" not in result.stderr + result.stdout
+        gone(two_clusters.clients["a"], parsed(other.raw).namespace)
+        after = versions(two_clusters.clients["b"])
+        assert not changed(state.b_before, after), "pulumi destroy"
+
+
+class TestTheWaysOfChoosingACluster:
+    """The ways share one stack (the ``chosen`` fixture), in the order of ``WAYS``."""
+
+    @pytest.mark.parametrize("way", WAYS, ids=[w.id for w in WAYS])
+    def test_the_cluster_not_chosen_stays_untouched(
+        self,
+        way: Way,
+        two_clusters: TwoClusters,
+        other: Other,
+        chosen: Chosen,
+        project: Path,
+        tmp_path: Path,
+    ) -> None:
+        """The first way runs the whole sequence: ``preview``, ``up`` (creating everything),
+        ``up --refresh``, ``up --target``, each followed by the check of "b". The others
+        run the cheapest operation that still takes both paths of the program's own
+        requests through their way of choosing a cluster: one ``pulumi up`` of the deployed
+        stack after a label of the DaemonSet was changed in "a" (by then the first way has
+        deployed it; run alone, a way first creates it with an ``up`` of its own, checked
+        too). That ``up`` runs the preflight read, which in "b" would meet the other
+        stack's CR and refuse, and the take-over write, which in "b" would rewrite the
+        DaemonSet whose label someone changed there; the label back to ``declared`` in "a"
+        shows the write went there. Which operation runs does not change where the program's
+        requests go (one ``kubetarget.resolve`` of the stack's settings, whatever the
+        operation); what each operation may write is the first way's and the single-cluster
+        tests' part. The ways change ``kubernetes:kubeconfig/context/cluster`` on one stack
+        without replacing its provider: every way chooses the same cluster "a", and the
+        provider replaces only when the active cluster differs."""
+        kubeconfig, settings = way.build(two_clusters, tmp_path)
+        env = {**other.env, "KUBECONFIG": kubeconfig}
+        chosen.env = env
+        shell = Shell(project, env)
+        stack = chosen.name
+        cfg = parsed(other.raw)
+        a = two_clusters.clients["a"]
+
+        def untouched(step: str) -> None:
+            assert not changed(chosen.b_before, versions(two_clusters.clients["b"])), step
+
+        config = {**stack_config(other.raw), **NOT_RETAINED, **settings}
+        ps.write_stack_config(project, stack, config)
+        objs = bundle.build_deployment_objects(cfg)
+        sts = next(o for o in objs.controller if o["kind"] == "StatefulSet")
+        ds = next(o for o in objs.node if o["kind"] == "DaemonSet")
+        if way is WAYS[0]:
+            shell.run(f"pulumi preview --stack {stack}")
+            untouched("pulumi preview")
+            shell.run(f"pulumi up --yes --skip-preview --stack {stack}")  # previewed above
+            chosen.deployed = True
+            untouched("pulumi up")
+            assert Cluster(a).get(objs.deployment_cr) is not None, "the deployment is in a"
+            edit_label(a, sts, LABEL, "changed-in-a")
+            edit_label(a, ds, LABEL, "changed-in-a")
+            shell.run(f"pulumi up --yes --refresh --skip-preview --stack {stack}")
+            untouched("pulumi up --refresh")
+            assert live(a, sts)["metadata"]["labels"][LABEL] == "declared"
+            edit_label(a, sts, LABEL, "changed-in-a")
+            edit_label(a, ds, LABEL, "changed-in-a")
+            sts_version = live(a, sts)["metadata"]["resourceVersion"]
+            urn = _urn(
+                stack,
+                [COMPONENT_TYPE, NODE_TYPE, "kubernetes:apps/v1:DaemonSet"],
+                f"{cfg.namespace}/{cfg.names.node_driver}",
+            )
+            shell.run(f"pulumi up --yes --skip-preview --stack {stack} --target '{urn}'")
+            untouched("pulumi up --target")
+            assert live(a, ds)["metadata"]["labels"][LABEL] == "declared"
+            left = live(a, sts)
+            assert left["metadata"]["resourceVersion"] == sts_version, "not targeted: not written"
+            assert left["metadata"]["labels"][LABEL] == "changed-in-a"
+        else:
+            if not chosen.deployed:
+                shell.run(f"pulumi up --yes --skip-preview --stack {stack}")
+                chosen.deployed = True
+                untouched("pulumi up (creating)")
+                assert Cluster(a).get(objs.deployment_cr) is not None, "the deployment is in a"
+            edit_label(a, ds, LABEL, "changed-in-a")
+            shell.run(f"pulumi up --yes --skip-preview --stack {stack}")
+            untouched("pulumi up")
+            assert live(a, ds)["metadata"]["labels"][LABEL] == "declared", "taken over in a"
+        for _, result in shell.log:
+            assert "Traceback" not in result.stderr + result.stdout
 
 
 @pytest.fixture(scope="module")
@@ -532,15 +594,17 @@ def test_up_target_writes_nothing_for_what_it_leaves_out(single: Single, api_cli
     assert left["metadata"]["labels"][LABEL] == "changed"
     single.stack.up(on_output=ps.printer("[single up, all] "))
     assert live(api_client, sts)["metadata"]["labels"][LABEL] == "declared"
-    again = single.stack.up(on_output=ps.printer("[single up, nothing to do] "))
-    assert set(resource_changes(again.summary)) == {"same"}
+    # That the take-over leaves nothing for the next ``up`` to do is the next test's first
+    # check: its ``up`` (nothing declared changed) must report every resource the same.
 
 
 def test_a_label_someone_added_is_not_written_by_an_up_that_changes_nothing(
     single: Single, api_client: Any
 ) -> None:
     """Not declared, so not drift the stack must correct now; it goes with the object's
-    next update. Before: the take-over applied the Service on every ``pulumi up``."""
+    next update. Before: the take-over applied the Service on every ``pulumi up``. Run after
+    the ``--target`` test on the shared stack, its ``up`` also shows that a take-over leaves
+    nothing for the next ``up`` to change."""
     svc = next(
         o for o in bundle.build_deployment_objects(single.cfg).controller if o["kind"] == "Service"
     )
@@ -625,14 +689,12 @@ def test_render_yaml_to_directory_sends_no_request(
     shell.run(f"pulumi stack init {stack}")
     config = {**stack_config(other.raw), "kubernetes:renderYamlToDirectory": str(out)}
     ps.write_stack_config(project, stack, config)
-    try:
-        result = shell.run(f"pulumi up --yes --skip-preview --stack {stack}")
-        assert "pmem-csi:preflight: skipped" in result.stdout + result.stderr
-        assert list(out.rglob("*.yaml")), "the manifests are rendered"
-        assert not changed(b_before, versions(two_clusters.clients["b"]))
-    finally:
-        shell.run(f"pulumi destroy --yes --skip-preview --stack {stack}", check=False)
-        shell.run(f"pulumi stack rm --yes {stack}", check=False)
+    # No destroy after: the stack holds only rendered files, on this module's temporary
+    # backend, and no other test uses its name.
+    result = shell.run(f"pulumi up --yes --skip-preview --stack {stack}")
+    assert "pmem-csi:preflight: skipped" in result.stdout + result.stderr
+    assert list(out.rglob("*.yaml")), "the manifests are rendered"
+    assert not changed(b_before, versions(two_clusters.clients["b"]))
 
 
 def test_an_explicit_provider_gets_the_take_over(

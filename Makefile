@@ -9,9 +9,19 @@ PY := $(VENV)/bin/python
 	postgres-stop clean-state
 
 # uv installs the pinned packages (README, "Dependencies"): the same wheels as pip, in about
-# half pip's CPU time here; bytecode compiled at install, as pip does.
+# half pip's CPU time here; bytecode compiled at install, as pip does. uv reads UV_* settings,
+# not pip's: the PIP_* ones set in the environment are passed on (pip.conf is not read).
 UV_VERSION := 0.13.9
-UV_INSTALL := $(VENV)/bin/uv pip install --python $(PY) -q --compile-bytecode
+comma := ,
+empty :=
+space := $(empty) $(empty)
+UV_ENV := $(if $(PIP_INDEX_URL),UV_INDEX_URL='$(PIP_INDEX_URL)') \
+	$(if $(PIP_EXTRA_INDEX_URL),UV_EXTRA_INDEX_URL='$(PIP_EXTRA_INDEX_URL)') \
+	$(if $(PIP_FIND_LINKS),UV_FIND_LINKS='$(subst $(space),$(comma),$(strip $(PIP_FIND_LINKS)))') \
+	$(if $(PIP_DEFAULT_TIMEOUT),UV_HTTP_TIMEOUT='$(PIP_DEFAULT_TIMEOUT)') \
+	$(if $(PIP_CERT),$(if $(SSL_CERT_FILE),,SSL_CERT_FILE='$(PIP_CERT)'))
+UV_INSTALL := env $(strip $(UV_ENV)) $(VENV)/bin/uv pip install --python $(PY) -q \
+	--compile-bytecode $(if $(filter 1 true yes on,$(PIP_NO_INDEX)),--no-index)
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)

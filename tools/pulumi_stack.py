@@ -45,6 +45,8 @@ class Stack(auto.Stack):
     """
 
     def info(self, show_secrets: bool = True) -> auto.UpdateSummary | None:
+        """The last update's summary, secrets left encrypted whatever ``show_secrets`` says
+        (the SDK's ``up`` always passes True, so a caller's True cannot be told apart)."""
         return super().info(show_secrets=False)
 
 

@@ -997,8 +997,9 @@ def test_a_start_killed_before_its_kubelet_is_not_taken_for_an_unfinished_restar
 def test_a_pidfd_that_cannot_be_opened_for_another_reason_than_gone_is_an_error(
     process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Review (stop 15): any ``pidfd_open`` failure was taken for "the process is gone", so a
-    teardown out of file descriptors (EMFILE) left the process running and forgot it."""
+    """Review (stop 15): any ``pidfd_open`` failure was taken for "the process is gone": a
+    teardown out of file descriptors (EMFILE) sent no signal, waited, and then reported the
+    process as one that "did not exit" instead of the reason it was not signalled."""
     start = realnode.process_start_boottime(process.pid)
 
     def out_of_descriptors(pid: int) -> int:

@@ -10,10 +10,13 @@ Each scenario is one stack that the tests of a section change step by step, in f
   or namespace change is refused until allowed, and the allowed reinstall never runs two
   node drivers at once; ``manageCrd: false`` and ``destroy`` keep the CRD and other CRs.
 * Certificates: renewal before expiry, rotation, provided <-> generated, and pods that roll
-  whenever the material changes.
+  whenever the material changes (on the issue-15 section's stack, see there).
 * Two instances of the component through two explicit providers in one program.
 * Migration from the operator: objects as the operator creates them are refused with the
   next step, the old CR is removed with ``--cascade=orphan``, and ``pulumi up`` adopts them.
+* Issue 15 (one stack for the section's guards): patches that would replace an object,
+  rename/removal with volumes, a move without await, a namespace still used, the
+  certificate test above, then the device-mode guard with the CR and the CRD gone.
 
 Every driver name here is unique to the run and the reporter is disabled (it is tested in
 test_reporter.py), which keeps each ``pulumi up`` short.
@@ -457,7 +460,7 @@ def test_upgrade_manage_crd_false_and_destroy_keep_the_crd_and_other_crs(
 
 
 # --------------------------------------------------------------------------------------------
-# certificates
+# certificates (the test runs on the issue-15 section's stack, below, before its last test)
 
 
 def _cert(pem: str) -> x509.Certificate:
@@ -468,101 +471,6 @@ def _fingerprint(kube: Cluster, cfg: DeploymentConfig) -> str:
     ds = kube.get(bundle.build_deployment_objects(cfg).node[0])
     assert ds is not None
     return ds["spec"]["template"]["metadata"]["annotations"][bundle.CERTIFICATES_HASH_ANNOTATION]
-
-
-def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pods(
-    pulumi_ready: dict[str, str], crd: None, stacks_dir: Path, api_client: Any, kube: Cluster
-) -> None:
-    core = client.CoreV1Api(api_client)
-    sfx = suffix()
-    base = {
-        "name": f"c-{sfx}.pmem-csi.example",
-        "namespace": f"day2-{sfx}-certs",
-        "reporter": NO_REPORTER,
-    }
-
-    def config(certificates: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "pmem-csi:manageCrd": False,
-            "pmem-csi:retainNamespaces": False,
-            "pmem-csi:deployments": [{**base, "certificates": certificates}],
-        }
-
-    cfg = cfg_of(base)
-    stack = make_stack(stacks_dir, config({"validityDays": 20, "renewBeforeDays": 10}))
-
-    def state() -> tuple[str, str, list[str]]:
-        # The node's leaf first (its lifetime is what _cert reads), then the trust bundle.
-        data = secret_data(core, cfg.names.node_secret, cfg.namespace)
-        return data["tls.crt"] + data["ca.crt"], _fingerprint(kube, cfg), pod_uids(core, cfg)
-
-    def ca() -> str:
-        return secret_data(core, cfg.names.node_secret, cfg.namespace)["ca.crt"]
-
-    def changed_and_rolled(before: tuple[str, str, list[str]]) -> tuple[str, str, list[str]]:
-        after = state()
-        assert after[0] != before[0], "new certificate material"
-        assert after[1] != before[1], "new fingerprint in the pod template"
-        assert not set(after[2]) & set(before[2]), "every driver pod was replaced"
-        return after
-
-    try:
-        assert up(stack, "certs: first").summary.result == "succeeded"
-        first = state()
-        first_ca = ca()
-        assert (_cert(first[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (19, 20)
-
-        # Renewal: a lead time longer than what is left renews on this pulumi up, under the
-        # same CA (it lives three leaf lifetimes).
-        _write_config(stack, config({"validityDays": 40, "renewBeforeDays": 30}))
-        assert up(stack, "certs: renew").summary.result == "succeeded"
-        renewed = changed_and_rolled(first)
-        assert ca() == first_ca
-        assert (_cert(renewed[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (39, 40)
-        again = up(stack, "certs: stable")
-        assert set(resource_changes(again.summary)) == {"same"}
-        assert state() == renewed
-
-        # Rotation on request.
-        _write_config(
-            stack, config({"validityDays": 40, "renewBeforeDays": 30, "rotation": "2026-11"})
-        )
-        assert up(stack, "certs: rotate").summary.result == "succeeded"
-        rotated = changed_and_rolled(renewed)
-        # Stage 1 of the CA change (tests/e2e/test_cert_rollover.py has all three).
-        assert ca().startswith(first_ca.strip()) and ca().count("BEGIN CERTIFICATE") == 2
-
-        # Provided certificates, then back to generated ones.
-        provided = certlib.generate_driver_certificates()
-        prefix = "pmem-csi:deployments[0].certificates"
-        _write_config(
-            stack,
-            config(
-                {
-                    "caCert": provided.ca_cert,
-                    "registryCert": provided.registry_cert,
-                    "nodeControllerCert": provided.node_controller_cert,
-                }
-            ),
-        )
-        for key, value in (
-            ("registryKey", provided.registry_key),
-            ("nodeControllerKey", provided.node_controller_key),
-        ):
-            stack.set_config(f"{prefix}.{key}", auto.ConfigValue(value, secret=True), path=True)
-        assert up(stack, "certs: provided").summary.result == "succeeded"
-        switched = changed_and_rolled(rotated)
-        assert ca() == provided.ca_cert
-        assert secret_data(core, cfg.names.node_secret, cfg.namespace)["tls.key"] == (
-            provided.node_controller_key
-        )
-
-        _write_config(stack, config({}))  # drops the secret keys too
-        assert up(stack, "certs: generated again").summary.result == "succeeded"
-        changed_and_rolled(switched)
-        assert ca() != provided.ca_cert
-    finally:
-        dispose(stack)
 
 
 # --------------------------------------------------------------------------------------------
@@ -826,6 +734,8 @@ def lived(
     ns = f"day2-{sfx}-lived"
     v = {"name": f"v-{sfx}.pmem-csi.example", "namespace": ns, "reporter": NO_REPORTER}
     d = {"name": f"d-{sfx}.pmem-csi.example", "namespace": ns, "reporter": NO_REPORTER}
+    # The certificate test's starting lifetime (a new one applies only from a renewal).
+    d["certificates"] = {"validityDays": 20, "renewBeforeDays": 10}
     ensure_crd(RawApi(api_client))
     state = Lived(make_stack(stacks_dir, Lived.config(v, d)), sfx, ns, f"{ns}-moved", v, d)
     try:
@@ -1099,6 +1009,87 @@ def test_a_namespace_still_used_is_kept_when_its_creator_stops_creating_it(
     assert snapshot_without_cr(kube, core, cfg, by_generation=True) == before
     resources = lived.stack.export_stack().deployment["resources"]
     assert not [r for r in resources if r["type"] == "kubernetes:core/v1:Namespace"]
+
+
+def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pods(
+    lived: Lived, api_client: Any, kube: Cluster
+) -> None:
+    """``d`` as the tests before left it, with the certificate lifetime the fixture deployed
+    it with (``validityDays: 20``, ``renewBeforeDays: 10``, not renewed since); ends with
+    generated certificates of the default lifetime."""
+    core = client.CoreV1Api(api_client)
+    base = {k: v for k, v in lived.d.items() if k != "certificates"}
+
+    def config(certificates: dict[str, Any]) -> None:
+        lived.d = {**base, "certificates": certificates}
+        lived.write(lived.d)
+
+    cfg = cfg_of(base)
+    stack = lived.stack
+
+    def state() -> tuple[str, str, list[str]]:
+        # The node's leaf first (its lifetime is what _cert reads), then the trust bundle.
+        data = secret_data(core, cfg.names.node_secret, cfg.namespace)
+        return data["tls.crt"] + data["ca.crt"], _fingerprint(kube, cfg), pod_uids(core, cfg)
+
+    def ca() -> str:
+        return secret_data(core, cfg.names.node_secret, cfg.namespace)["ca.crt"]
+
+    def changed_and_rolled(before: tuple[str, str, list[str]]) -> tuple[str, str, list[str]]:
+        after = state()
+        assert after[0] != before[0], "new certificate material"
+        assert after[1] != before[1], "new fingerprint in the pod template"
+        assert not set(after[2]) & set(before[2]), "every driver pod was replaced"
+        return after
+
+    first = state()
+    first_ca = ca()
+    assert (_cert(first[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (19, 20)
+
+    # Renewal: a lead time longer than what is left renews on this pulumi up, under the
+    # same CA (it lives three leaf lifetimes).
+    config({"validityDays": 40, "renewBeforeDays": 30})
+    assert up(stack, "certs: renew").summary.result == "succeeded"
+    renewed = changed_and_rolled(first)
+    assert ca() == first_ca
+    assert (_cert(renewed[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (39, 40)
+    again = up(stack, "certs: stable")
+    assert set(resource_changes(again.summary)) == {"same"}
+    assert state() == renewed
+
+    # Rotation on request.
+    config({"validityDays": 40, "renewBeforeDays": 30, "rotation": "2026-11"})
+    assert up(stack, "certs: rotate").summary.result == "succeeded"
+    rotated = changed_and_rolled(renewed)
+    # Stage 1 of the CA change (tests/e2e/test_cert_rollover.py has all three).
+    assert ca().startswith(first_ca.strip()) and ca().count("BEGIN CERTIFICATE") == 2
+
+    # Provided certificates, then back to generated ones.
+    provided = certlib.generate_driver_certificates()
+    prefix = "pmem-csi:deployments[0].certificates"
+    config(
+        {
+            "caCert": provided.ca_cert,
+            "registryCert": provided.registry_cert,
+            "nodeControllerCert": provided.node_controller_cert,
+        }
+    )
+    for key, value in (
+        ("registryKey", provided.registry_key),
+        ("nodeControllerKey", provided.node_controller_key),
+    ):
+        stack.set_config(f"{prefix}.{key}", auto.ConfigValue(value, secret=True), path=True)
+    assert up(stack, "certs: provided").summary.result == "succeeded"
+    switched = changed_and_rolled(rotated)
+    assert ca() == provided.ca_cert
+    assert secret_data(core, cfg.names.node_secret, cfg.namespace)["tls.key"] == (
+        provided.node_controller_key
+    )
+
+    config({})  # drops the secret keys too
+    assert up(stack, "certs: generated again").summary.result == "succeeded"
+    changed_and_rolled(switched)
+    assert ca() != provided.ca_cert
 
 
 def test_device_mode_guard_holds_when_the_cr_and_the_crd_are_gone(

@@ -226,12 +226,14 @@ def _cas(pem: str) -> list[x509.Certificate]:
     return x509.load_pem_x509_certificates(pem.encode())
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def scenario(
     pulumi_ready: dict[str, str],
     crd: None,
     stacks_dir: Path,
 ) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """The module's one stack: the second test goes on from where the first left it (a
+    settled CA change), as the same administrator's next CA change."""
     sfx = uuid.uuid4().hex[:6]
     base = {
         "name": f"r-{sfx}.pmem-csi.example",
@@ -391,23 +393,27 @@ def test_with_the_preflight_off_a_ca_change_advances_on_the_confirmed_hash(
 ) -> None:
     """Without the preflight the program cannot see the pods: stage 1 of a CA change tells
     the administrator the stage's hash and the setting that confirms it, waits without it,
-    takes the next stage with it, and a confirmation left in the config moves nothing more."""
+    takes the next stage with it, and a confirmation left in the config moves nothing more.
+
+    Goes on from the first test's stack (its CA change settled, every pod on its last
+    material): the next CA change, with the preflight off and the ``OnDelete`` patch dropped
+    in the same update (an ordinary rollout)."""
     stack, base = scenario
     base = {k: v for k, v in base.items() if k != "patches"}  # an ordinary rollout
     cfg = _cfg(base)
     driver = Driver(client.CoreV1Api(api_client), kube, cfg)
 
     def config(**certificates: Any) -> dict[str, Any]:
+        lifetime = {"validityDays": 40, "renewBeforeDays": 20}  # the first test's
         return {
             "pmem-csi:manageCrd": False,
             "pmem-csi:retainNamespaces": False,
             "pmem-csi:preflight": False,
-            "pmem-csi:deployments": [{**base, "certificates": certificates}],
+            "pmem-csi:deployments": [{**base, "certificates": {**lifetime, **certificates}}],
         }
 
-    _write_config(stack, config())
-    assert up(stack, "preflight off: create").summary.result == "succeeded"
     g0 = driver.record()
+    assert set(driver.running()["node"]) == {g0}, "settled: every node pod on the last stage"
     _write_config(stack, config(rotation="r2"))
     result = up(stack, "preflight off: rotate (trust)")
     g1 = driver.record()

@@ -10,10 +10,13 @@ Each scenario is one stack that the tests of a section change step by step, in f
   or namespace change is refused until allowed, and the allowed reinstall never runs two
   node drivers at once; ``manageCrd: false`` and ``destroy`` keep the CRD and other CRs.
 * Certificates: renewal before expiry, rotation, provided <-> generated, and pods that roll
-  whenever the material changes.
+  whenever the material changes (on the issue-15 section's stack, see there).
 * Two instances of the component through two explicit providers in one program.
 * Migration from the operator: objects as the operator creates them are refused with the
   next step, the old CR is removed with ``--cascade=orphan``, and ``pulumi up`` adopts them.
+* Issue 15 (one stack for the section's guards): patches that would replace an object,
+  rename/removal with volumes, a move without await, a namespace still used, the
+  certificate test above, then the device-mode guard with the CR and the CRD gone.
 
 Every driver name here is unique to the run and the reporter is disabled (it is tested in
 test_reporter.py), which keeps each ``pulumi up`` short.
@@ -457,7 +460,7 @@ def test_upgrade_manage_crd_false_and_destroy_keep_the_crd_and_other_crs(
 
 
 # --------------------------------------------------------------------------------------------
-# certificates
+# certificates (the test runs on the issue-15 section's stack, below, before its last test)
 
 
 def _cert(pem: str) -> x509.Certificate:
@@ -468,101 +471,6 @@ def _fingerprint(kube: Cluster, cfg: DeploymentConfig) -> str:
     ds = kube.get(bundle.build_deployment_objects(cfg).node[0])
     assert ds is not None
     return ds["spec"]["template"]["metadata"]["annotations"][bundle.CERTIFICATES_HASH_ANNOTATION]
-
-
-def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pods(
-    pulumi_ready: dict[str, str], crd: None, stacks_dir: Path, api_client: Any, kube: Cluster
-) -> None:
-    core = client.CoreV1Api(api_client)
-    sfx = suffix()
-    base = {
-        "name": f"c-{sfx}.pmem-csi.example",
-        "namespace": f"day2-{sfx}-certs",
-        "reporter": NO_REPORTER,
-    }
-
-    def config(certificates: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "pmem-csi:manageCrd": False,
-            "pmem-csi:retainNamespaces": False,
-            "pmem-csi:deployments": [{**base, "certificates": certificates}],
-        }
-
-    cfg = cfg_of(base)
-    stack = make_stack(stacks_dir, config({"validityDays": 20, "renewBeforeDays": 10}))
-
-    def state() -> tuple[str, str, list[str]]:
-        # The node's leaf first (its lifetime is what _cert reads), then the trust bundle.
-        data = secret_data(core, cfg.names.node_secret, cfg.namespace)
-        return data["tls.crt"] + data["ca.crt"], _fingerprint(kube, cfg), pod_uids(core, cfg)
-
-    def ca() -> str:
-        return secret_data(core, cfg.names.node_secret, cfg.namespace)["ca.crt"]
-
-    def changed_and_rolled(before: tuple[str, str, list[str]]) -> tuple[str, str, list[str]]:
-        after = state()
-        assert after[0] != before[0], "new certificate material"
-        assert after[1] != before[1], "new fingerprint in the pod template"
-        assert not set(after[2]) & set(before[2]), "every driver pod was replaced"
-        return after
-
-    try:
-        assert up(stack, "certs: first").summary.result == "succeeded"
-        first = state()
-        first_ca = ca()
-        assert (_cert(first[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (19, 20)
-
-        # Renewal: a lead time longer than what is left renews on this pulumi up, under the
-        # same CA (it lives three leaf lifetimes).
-        _write_config(stack, config({"validityDays": 40, "renewBeforeDays": 30}))
-        assert up(stack, "certs: renew").summary.result == "succeeded"
-        renewed = changed_and_rolled(first)
-        assert ca() == first_ca
-        assert (_cert(renewed[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (39, 40)
-        again = up(stack, "certs: stable")
-        assert set(resource_changes(again.summary)) == {"same"}
-        assert state() == renewed
-
-        # Rotation on request.
-        _write_config(
-            stack, config({"validityDays": 40, "renewBeforeDays": 30, "rotation": "2026-11"})
-        )
-        assert up(stack, "certs: rotate").summary.result == "succeeded"
-        rotated = changed_and_rolled(renewed)
-        # Stage 1 of the CA change (tests/e2e/test_cert_rollover.py has all three).
-        assert ca().startswith(first_ca.strip()) and ca().count("BEGIN CERTIFICATE") == 2
-
-        # Provided certificates, then back to generated ones.
-        provided = certlib.generate_driver_certificates()
-        prefix = "pmem-csi:deployments[0].certificates"
-        _write_config(
-            stack,
-            config(
-                {
-                    "caCert": provided.ca_cert,
-                    "registryCert": provided.registry_cert,
-                    "nodeControllerCert": provided.node_controller_cert,
-                }
-            ),
-        )
-        for key, value in (
-            ("registryKey", provided.registry_key),
-            ("nodeControllerKey", provided.node_controller_key),
-        ):
-            stack.set_config(f"{prefix}.{key}", auto.ConfigValue(value, secret=True), path=True)
-        assert up(stack, "certs: provided").summary.result == "succeeded"
-        switched = changed_and_rolled(rotated)
-        assert ca() == provided.ca_cert
-        assert secret_data(core, cfg.names.node_secret, cfg.namespace)["tls.key"] == (
-            provided.node_controller_key
-        )
-
-        _write_config(stack, config({}))  # drops the secret keys too
-        assert up(stack, "certs: generated again").summary.result == "succeeded"
-        changed_and_rolled(switched)
-        assert ca() != provided.ca_cert
-    finally:
-        dispose(stack)
 
 
 # --------------------------------------------------------------------------------------------
@@ -765,11 +673,18 @@ def test_a_stack_from_before_keeps_its_namespace(
 
 
 # --------------------------------------------------------------------------------------------
-# volumes, the running device mode, awaited deletes, namespaces in use (issue 15)
+# volumes, the running device mode, awaited deletes, namespaces in use, patches (issue 15)
 #
 # kwok nodes run no driver, so the volumes are created as a driver and the kubelet would
 # leave them: a PersistentVolume and a VolumeAttachment naming the CSI driver, and a
 # StorageClass whose provisioner it is.
+#
+# One stack (``lived``) serves the section's guards, in file order, as one administrator's
+# stack over its life: each test starts from what the one before left (said in its docstring)
+# and records in ``lived`` what it changed. Every guard is a preflight/validation of the next
+# update against the live objects, so a driver deployed by an earlier update of the same stack
+# exercises it exactly as a fresh stack's first update does; the test that deletes the CR and
+# the CRD by hand comes last.
 
 
 @pytest.fixture
@@ -779,6 +694,63 @@ def crd_present(api_client: Any) -> None:
     from tests.e2e.reporter_helpers import ensure_crd
 
     ensure_crd(RawApi(api_client))
+
+
+@dataclass
+class Lived:
+    """The section's stack: deployment ``d`` throughout, ``v`` (the one given volumes) until
+    the volumes test removes it; both start in namespace ``namespace``, which the stack
+    creates (``retainNamespaces: false``, ``manageCrd: false``)."""
+
+    stack: auto.Stack
+    sfx: str
+    namespace: str
+    moved_namespace: str
+    v: dict[str, Any]
+    d: dict[str, Any]
+
+    @staticmethod
+    def config(*deps: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "pmem-csi:manageCrd": False,
+            "pmem-csi:retainNamespaces": False,
+            "pmem-csi:deployments": list(deps),
+        }
+
+    def write(self, *deps: dict[str, Any]) -> None:
+        _write_config(self.stack, self.config(*deps))
+
+
+@pytest.fixture(scope="module")
+def lived(
+    pulumi_ready: dict[str, str], stacks_dir: Path, api_client: Any, kube: Cluster
+) -> Iterator[Lived]:
+    """The section's stack, deployed with both deployments (first update)."""
+    from reporter.kubeapi import RawApi
+    from tests.e2e.reporter_helpers import ensure_crd
+
+    core = client.CoreV1Api(api_client)
+    sfx = suffix()
+    ns = f"day2-{sfx}-lived"
+    v = {"name": f"v-{sfx}.pmem-csi.example", "namespace": ns, "reporter": NO_REPORTER}
+    d = {"name": f"d-{sfx}.pmem-csi.example", "namespace": ns, "reporter": NO_REPORTER}
+    # The certificate test's starting lifetime (a new one applies only from a renewal).
+    d["certificates"] = {"validityDays": 20, "renewBeforeDays": 10}
+    ensure_crd(RawApi(api_client))
+    state = Lived(make_stack(stacks_dir, Lived.config(v, d)), sfx, ns, f"{ns}-moved", v, d)
+    try:
+        assert up(state.stack, "lived: first").summary.result == "succeeded"
+        yield state
+    finally:
+        try:
+            _delete_volumes(kube, sfx)
+        finally:
+            ensure_crd(RawApi(api_client))  # the device-mode test deletes it
+            try:
+                dispose(state.stack)
+            finally:
+                for name in (state.namespace, state.moved_namespace):
+                    delete_quietly(core.delete_namespace, name)
 
 
 def _volume_objects(driver: str, tag: str) -> list[tuple[str, str, dict[str, Any]]]:
@@ -845,107 +817,6 @@ def _absent(kube: Cluster, api_version: str, kind: str, name: str) -> bool:
     return False
 
 
-def test_rename_and_removal_are_refused_while_the_driver_has_volumes(
-    pulumi_ready: dict[str, str],
-    stacks_dir: Path,
-    api_client: Any,
-    kube: Cluster,
-    crd_present: None,
-) -> None:
-    core = client.CoreV1Api(api_client)
-    sfx = suffix()
-    vol = {"name": f"v-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-vol"}
-    vol["reporter"] = NO_REPORTER
-    keep = {"name": f"k-{sfx}.pmem-csi.example", "namespace": vol["namespace"]}
-    keep["reporter"] = NO_REPORTER
-    cfg = cfg_of(vol)
-
-    def config(*deps: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "pmem-csi:manageCrd": False,
-            "pmem-csi:retainNamespaces": False,
-            "pmem-csi:deployments": list(deps),
-        }
-
-    stack = make_stack(stacks_dir, config(vol, keep))
-    try:
-        assert up(stack, "volumes: first").summary.result == "succeeded"
-        refs = _create_volumes(kube, cfg.name, sfx)
-        before = snapshot(kube, core, cfg)
-
-        renamed = {**vol, "name": f"w-{sfx}.pmem-csi.example", "renamedFrom": cfg.name}
-        _write_config(stack, config(renamed, keep))
-        text = failed_up(stack)
-        assert "pmem-csi:deployments[0].renamedFrom: renaming" in text
-        for ref in refs:
-            assert ref in text, ref
-        assert f"keep the name '{cfg.name}'" in text
-
-        _write_config(stack, config(keep))  # remove the deployment with volumes
-        text = failed_up(stack)
-        assert f"pmem-csi:deployments: '{cfg.name}' (deployed by this stack)" in text
-        for ref in refs:
-            assert ref in text, ref
-        assert snapshot(kube, core, cfg) == before  # refused before anything changed
-
-        # The way forward: the volumes go first (with the driver still running), then it.
-        _delete_volumes(kube, sfx)
-        assert up(stack, "volumes: removed").summary.result == "succeeded"
-        for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
-            assert kube.get(obj) is None, f"{obj['kind']} {obj['metadata']['name']} left"
-    finally:
-        _delete_volumes(kube, sfx)
-        dispose(stack)
-
-
-def test_device_mode_guard_holds_when_the_cr_and_the_crd_are_gone(
-    pulumi_ready: dict[str, str],
-    stacks_dir: Path,
-    api_client: Any,
-    kube: Cluster,
-    kubectl: Callable[..., Any],
-) -> None:
-    from reporter.kubeapi import RawApi
-    from tests.e2e.reporter_helpers import ensure_crd
-
-    core = client.CoreV1Api(api_client)
-    sfx = suffix()
-    raw = {"name": f"m-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-mode"}
-    raw["reporter"] = NO_REPORTER
-    cfg = cfg_of(raw)
-
-    def config(dep: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "pmem-csi:manageCrd": False,
-            "pmem-csi:retainNamespaces": False,
-            "pmem-csi:deployments": [dep],
-        }
-
-    ensure_crd(RawApi(api_client))
-    stack = make_stack(stacks_dir, config(raw))
-    try:
-        assert up(stack, "mode: lvm").summary.result == "succeeded"
-        before = snapshot(kube, core, cfg)
-        # Deleted by hand: the driver keeps running in lvm mode.
-        kubectl("delete", f"deployments.{names.CRD_GROUP}", cfg.name, "--wait=true")
-        _write_config(stack, config({**raw, "deviceMode": "direct"}))
-        text = failed_up(stack)
-        daemon_set = f"DaemonSet {cfg.namespace}/{cfg.names.node_driver} runs -deviceManager=lvm"
-        assert "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct'" in text
-        assert daemon_set in text
-
-        kubectl("delete", "crd", names.CRD_NAME, "--wait=true", "--timeout=60s")
-        text = failed_up(stack)
-        assert "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct'" in text
-        assert daemon_set in text
-        del before[f"{names.CRD_KIND}/{cfg.name}"]
-        after = snapshot_without_cr(kube, core, cfg)
-        assert after == before  # refused before anything changed
-    finally:
-        ensure_crd(RawApi(api_client))  # the next tests need it, whatever happened here
-        dispose(stack)
-
-
 def snapshot_without_cr(
     kube: Cluster, core: client.CoreV1Api, cfg: DeploymentConfig, *, by_generation: bool = False
 ) -> Any:
@@ -970,67 +841,6 @@ def snapshot_without_cr(
     return out
 
 
-def test_a_move_without_await_is_refused_and_after_the_way_forward_never_overlaps(
-    pulumi_ready: dict[str, str],
-    stacks_dir: Path,
-    api_client: Any,
-    kube: Cluster,
-    crd_present: None,
-) -> None:
-    core = client.CoreV1Api(api_client)
-    sfx = suffix()
-    raw = {
-        "name": f"s-{sfx}.pmem-csi.example",
-        "namespace": f"day2-{sfx}-skip",
-        "reporter": NO_REPORTER,
-        "await": {"enabled": False},
-    }
-    cfg = cfg_of(raw)
-    moved_ns = f"day2-{sfx}-skip-moved"
-
-    def config(dep: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "pmem-csi:manageCrd": False,
-            "pmem-csi:retainNamespaces": False,
-            "pmem-csi:deployments": [dep],
-        }
-
-    stack = make_stack(stacks_dir, config(raw))
-    try:
-        assert up(stack, "skipAwait: first").summary.result == "succeeded"
-        # Not awaited: the pods come after pulumi up returned.
-        wait_for(lambda: _rolled_out(kube, cfg), 180, "driver pods ready")
-        before = uids(kube, core, cfg)
-
-        moving = {**raw, "namespace": moved_ns, "allowReinstall": True}
-        _write_config(stack, config(moving))
-        text = failed_up(stack)
-        assert "pmem-csi:deployments[0].await.enabled: false sets pulumi.com/skipAwait" in text
-        # Await on in the same update is not enough: the old DaemonSet still skips the wait.
-        _write_config(stack, config({**moving, "await": {"enabled": True}}))
-        text = failed_up(stack)
-        assert f"DaemonSet {cfg.namespace}/{cfg.names.node_driver} carries" in text
-        assert uids(kube, core, cfg) == before  # refused before anything changed
-
-        # The way forward: await on where it is, then the move.
-        awaited = {**raw, "await": {"enabled": True}}
-        _write_config(stack, config(awaited))
-        assert up(stack, "skipAwait: await on").summary.result == "succeeded"
-        _write_config(stack, config({**awaited, "namespace": moved_ns, "allowReinstall": True}))
-        watcher = NodeDriverWatch(api_client, cfg.names.hyphened)
-        try:
-            result = up(stack, "skipAwait: move")
-        finally:
-            watcher.stop()
-        assert result.summary.result == "succeeded"
-        assert watcher.error is None, watcher.error
-        assert f"ADDED {moved_ns}/{cfg.names.node_driver}" in watcher.events
-        assert watcher.max_live == 1, watcher.events
-    finally:
-        dispose(stack)
-        delete_quietly(core.delete_namespace, cfg.namespace)
-
-
 def uids(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentConfig) -> dict[str, Any]:
     """The uids of :func:`snapshot` (nothing re-created), without resourceVersions, which
     controllers still change while a rollout that was not awaited goes on."""
@@ -1051,108 +861,267 @@ def _rolled_out(kube: Cluster, cfg: DeploymentConfig) -> bool:
     )
 
 
-def test_a_namespace_still_used_is_kept_when_its_creator_stops_creating_it(
-    pulumi_ready: dict[str, str],
-    stacks_dir: Path,
-    api_client: Any,
-    kube: Cluster,
-    crd_present: None,
+def test_patches_that_would_replace_an_object_are_refused_naming_the_field(
+    lived: Lived, api_client: Any, kube: Cluster
 ) -> None:
+    """From the first update of ``lived``; leaves ``d`` with the accepted (mutable) patch."""
     core = client.CoreV1Api(api_client)
-    sfx = suffix()
-    raw = {"name": f"n-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-kept"}
-    raw["reporter"] = NO_REPORTER
-    cfg = cfg_of(raw)
+    cfg = cfg_of(lived.d)
+    before = snapshot(kube, core, cfg)
+    # Each of these is immutable in the API: the provider would delete and re-create.
+    patches = [
+        {"kind": "StatefulSet", "mergePatch": {"spec": {"podManagementPolicy": "Parallel"}}},
+        {"kind": "Secret", "name": cfg.names.registry_secret, "mergePatch": {"type": "Opaque"}},
+        {"kind": "RoleBinding", "mergePatch": {"roleRef": {"name": "another-role"}}},
+        # Mutable: accepted.
+        {"kind": "DaemonSet", "mergePatch": {"spec": {"minReadySeconds": 3}}},
+    ]
+    lived.write(lived.v, {**lived.d, "patches": patches})
+    text = failed_up(lived.stack)
+    prefix = "pmem-csi:deployments[1].patches"
+    assert f"{prefix}[0]: changes spec.podManagementPolicy of StatefulSet" in text
+    assert f"{prefix}[1]: changes type of Secret {cfg.namespace}/" in text
+    assert f"{prefix}[2]: changes roleRef.name of RoleBinding" in text
+    assert f"{prefix}[3]" not in text
+    assert snapshot(kube, core, cfg) == before  # refused before anything changed
 
-    def config(dep: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "pmem-csi:manageCrd": False,
-            "pmem-csi:retainNamespaces": False,
-            "pmem-csi:deployments": [dep],
-        }
+    lived.d = {**lived.d, "patches": patches[3:]}
+    lived.write(lived.v, lived.d)
+    assert up(lived.stack, "patches: mutable only").summary.result == "succeeded"
+    ds = kube.get(bundle.build_deployment_objects(cfg).node[0])
+    assert ds is not None and ds["spec"]["minReadySeconds"] == 3
+    assert ds["metadata"]["uid"] == before[f"DaemonSet/{cfg.names.node_driver}"][0]
+
+
+def test_rename_and_removal_are_refused_while_the_driver_has_volumes(
+    lived: Lived, api_client: Any, kube: Cluster
+) -> None:
+    """``v`` gets volumes (``d`` is the deployment kept); ends with ``v`` removed."""
+    core = client.CoreV1Api(api_client)
+    sfx, vol, keep = lived.sfx, lived.v, lived.d
+    cfg = cfg_of(vol)
+    refs = _create_volumes(kube, cfg.name, sfx)
+    before = snapshot(kube, core, cfg)
+
+    renamed = {**vol, "name": f"w-{sfx}.pmem-csi.example", "renamedFrom": cfg.name}
+    lived.write(renamed, keep)
+    text = failed_up(lived.stack)
+    assert "pmem-csi:deployments[0].renamedFrom: renaming" in text
+    for ref in refs:
+        assert ref in text, ref
+    assert f"keep the name '{cfg.name}'" in text
+
+    lived.write(keep)  # remove the deployment with volumes
+    text = failed_up(lived.stack)
+    assert f"pmem-csi:deployments: '{cfg.name}' (deployed by this stack)" in text
+    for ref in refs:
+        assert ref in text, ref
+    assert snapshot(kube, core, cfg) == before  # refused before anything changed
+
+    # The way forward: the volumes go first (with the driver still running), then it.
+    _delete_volumes(kube, sfx)
+    assert up(lived.stack, "volumes: removed").summary.result == "succeeded"
+    for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
+        assert kube.get(obj) is None, f"{obj['kind']} {obj['metadata']['name']} left"
+
+
+def test_a_move_without_await_is_refused_and_after_the_way_forward_never_overlaps(
+    lived: Lived, api_client: Any, kube: Cluster
+) -> None:
+    """``d`` alone (after the volumes test) is switched to ``await.enabled: false`` -- the
+    node DaemonSet then carries ``pulumi.com/skipAwait``, as when it was created so -- and
+    drops the earlier test's patch; ends with ``d`` moved to ``moved_namespace``."""
+    core = client.CoreV1Api(api_client)
+    raw = {**{k: v for k, v in lived.d.items() if k != "patches"}, "await": {"enabled": False}}
+    cfg = cfg_of(raw)
+    moved_ns = lived.moved_namespace
+
+    lived.write(raw)
+    assert up(lived.stack, "skipAwait: on").summary.result == "succeeded"
+    ds = kube.get(bundle.build_deployment_objects(cfg).node[0])
+    assert ds is not None and "pulumi.com/skipAwait" in ds["metadata"]["annotations"]
+    # Not awaited: a rollout may still go on after pulumi up returned.
+    wait_for(lambda: _rolled_out(kube, cfg), 180, "driver pods ready")
+    before = uids(kube, core, cfg)
+
+    moving = {**raw, "namespace": moved_ns, "allowReinstall": True}
+    lived.write(moving)
+    text = failed_up(lived.stack)
+    assert "pmem-csi:deployments[0].await.enabled: false sets pulumi.com/skipAwait" in text
+    # Await on in the same update is not enough: the old DaemonSet still skips the wait.
+    lived.write({**moving, "await": {"enabled": True}})
+    text = failed_up(lived.stack)
+    assert f"DaemonSet {cfg.namespace}/{cfg.names.node_driver} carries" in text
+    assert uids(kube, core, cfg) == before  # refused before anything changed
+
+    # The way forward: await on where it is, then the move.
+    awaited = {**raw, "await": {"enabled": True}}
+    lived.write(awaited)
+    assert up(lived.stack, "skipAwait: await on").summary.result == "succeeded"
+    lived.write({**awaited, "namespace": moved_ns, "allowReinstall": True})
+    watcher = NodeDriverWatch(api_client, cfg.names.hyphened)
+    try:
+        result = up(lived.stack, "skipAwait: move")
+    finally:
+        watcher.stop()
+    assert result.summary.result == "succeeded"
+    assert watcher.error is None, watcher.error
+    assert f"ADDED {moved_ns}/{cfg.names.node_driver}" in watcher.events
+    assert watcher.max_live == 1, watcher.events
+    lived.d = {**awaited, "namespace": moved_ns}
+
+
+def test_a_namespace_still_used_is_kept_when_its_creator_stops_creating_it(
+    lived: Lived, api_client: Any, kube: Cluster
+) -> None:
+    """``d`` in the namespace the stack created for it by the move of the test before; ends
+    with ``createNamespace: false`` and the namespace out of the stack."""
+    core = client.CoreV1Api(api_client)
+    raw = lived.d
+    cfg = cfg_of(raw)
 
     # A patch of the namespace (registered at stack level, outside the deployment's
     # component) is applied to it.
     enforce = {"pod-security.kubernetes.io/enforce": "privileged"}
     ns_patch = {"kind": "Namespace", "mergePatch": {"metadata": {"labels": enforce}}}
-    stack = make_stack(stacks_dir, config({**raw, "patches": [ns_patch]}))
-    try:
-        assert up(stack, "namespace: created").summary.result == "succeeded"
-        live = core.read_namespace(cfg.namespace)
-        assert live.metadata.labels["pod-security.kubernetes.io/enforce"] == "privileged"
-        ns_uid = live.metadata.uid
-        # The CR records the config (createNamespace); everything else stays as it is.
-        before = snapshot_without_cr(kube, core, cfg, by_generation=True)
+    lived.write({**raw, "patches": [ns_patch]})
+    assert up(lived.stack, "namespace: patched").summary.result == "succeeded"
+    live = core.read_namespace(cfg.namespace)
+    assert live.metadata.labels["pod-security.kubernetes.io/enforce"] == "privileged"
+    ns_uid = live.metadata.uid
+    # The CR records the config (createNamespace); everything else stays as it is.
+    before = snapshot_without_cr(kube, core, cfg, by_generation=True)
 
-        _write_config(stack, config({**raw, "createNamespace": False}))
-        result = up(stack, "namespace: no longer created")
-        assert result.summary.result == "succeeded"
-        live = core.read_namespace(cfg.namespace)
-        assert live.metadata.uid == ns_uid and live.status.phase == "Active"
-        assert names.STACK_ANNOTATION not in (live.metadata.annotations or {})
-        assert snapshot_without_cr(kube, core, cfg, by_generation=True) == before
+    lived.d = {**raw, "createNamespace": False}
+    lived.write(lived.d)
+    result = up(lived.stack, "namespace: no longer created")
+    assert result.summary.result == "succeeded"
+    live = core.read_namespace(cfg.namespace)
+    assert live.metadata.uid == ns_uid and live.status.phase == "Active"
+    assert names.STACK_ANNOTATION not in (live.metadata.annotations or {})
+    assert snapshot_without_cr(kube, core, cfg, by_generation=True) == before
 
-        # The next update drops the released namespace from the state and leaves it.
-        result = up(stack, "namespace: released")
-        assert result.summary.result == "succeeded"
-        live = core.read_namespace(cfg.namespace)
-        assert live.metadata.uid == ns_uid and live.status.phase == "Active"
-        assert snapshot_without_cr(kube, core, cfg, by_generation=True) == before
-        resources = stack.export_stack().deployment["resources"]
-        assert not [r for r in resources if r["type"] == "kubernetes:core/v1:Namespace"]
-    finally:
-        dispose(stack)
-        delete_quietly(core.delete_namespace, cfg.namespace)
+    # The next update drops the released namespace from the state and leaves it.
+    result = up(lived.stack, "namespace: released")
+    assert result.summary.result == "succeeded"
+    live = core.read_namespace(cfg.namespace)
+    assert live.metadata.uid == ns_uid and live.status.phase == "Active"
+    assert snapshot_without_cr(kube, core, cfg, by_generation=True) == before
+    resources = lived.stack.export_stack().deployment["resources"]
+    assert not [r for r in resources if r["type"] == "kubernetes:core/v1:Namespace"]
 
 
-def test_patches_that_would_replace_an_object_are_refused_naming_the_field(
-    pulumi_ready: dict[str, str],
-    stacks_dir: Path,
-    api_client: Any,
-    kube: Cluster,
-    crd_present: None,
+def test_certificate_renewal_rotation_and_provided_generated_switch_roll_the_pods(
+    lived: Lived, api_client: Any, kube: Cluster
 ) -> None:
+    """``d`` as the tests before left it, with the certificate lifetime the fixture deployed
+    it with (``validityDays: 20``, ``renewBeforeDays: 10``, not renewed since); ends with
+    generated certificates of the default lifetime."""
     core = client.CoreV1Api(api_client)
-    sfx = suffix()
-    raw = {"name": f"p-{sfx}.pmem-csi.example", "namespace": f"day2-{sfx}-patch"}
-    raw["reporter"] = NO_REPORTER
-    cfg = cfg_of(raw)
+    base = {k: v for k, v in lived.d.items() if k != "certificates"}
 
-    def config(dep: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "pmem-csi:manageCrd": False,
-            "pmem-csi:retainNamespaces": False,
-            "pmem-csi:deployments": [dep],
+    def config(certificates: dict[str, Any]) -> None:
+        lived.d = {**base, "certificates": certificates}
+        lived.write(lived.d)
+
+    cfg = cfg_of(base)
+    stack = lived.stack
+
+    def state() -> tuple[str, str, list[str]]:
+        # The node's leaf first (its lifetime is what _cert reads), then the trust bundle.
+        data = secret_data(core, cfg.names.node_secret, cfg.namespace)
+        return data["tls.crt"] + data["ca.crt"], _fingerprint(kube, cfg), pod_uids(core, cfg)
+
+    def ca() -> str:
+        return secret_data(core, cfg.names.node_secret, cfg.namespace)["ca.crt"]
+
+    def changed_and_rolled(before: tuple[str, str, list[str]]) -> tuple[str, str, list[str]]:
+        after = state()
+        assert after[0] != before[0], "new certificate material"
+        assert after[1] != before[1], "new fingerprint in the pod template"
+        assert not set(after[2]) & set(before[2]), "every driver pod was replaced"
+        return after
+
+    first = state()
+    first_ca = ca()
+    assert (_cert(first[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (19, 20)
+
+    # Renewal: a lead time longer than what is left renews on this pulumi up, under the
+    # same CA (it lives three leaf lifetimes).
+    config({"validityDays": 40, "renewBeforeDays": 30})
+    assert up(stack, "certs: renew").summary.result == "succeeded"
+    renewed = changed_and_rolled(first)
+    assert ca() == first_ca
+    assert (_cert(renewed[0]).not_valid_after_utc - dt.datetime.now(dt.UTC)).days in (39, 40)
+    again = up(stack, "certs: stable")
+    assert set(resource_changes(again.summary)) == {"same"}
+    assert state() == renewed
+
+    # Rotation on request.
+    config({"validityDays": 40, "renewBeforeDays": 30, "rotation": "2026-11"})
+    assert up(stack, "certs: rotate").summary.result == "succeeded"
+    rotated = changed_and_rolled(renewed)
+    # Stage 1 of the CA change (tests/e2e/test_cert_rollover.py has all three).
+    assert ca().startswith(first_ca.strip()) and ca().count("BEGIN CERTIFICATE") == 2
+
+    # Provided certificates, then back to generated ones.
+    provided = certlib.generate_driver_certificates()
+    prefix = "pmem-csi:deployments[0].certificates"
+    config(
+        {
+            "caCert": provided.ca_cert,
+            "registryCert": provided.registry_cert,
+            "nodeControllerCert": provided.node_controller_cert,
         }
+    )
+    for key, value in (
+        ("registryKey", provided.registry_key),
+        ("nodeControllerKey", provided.node_controller_key),
+    ):
+        stack.set_config(f"{prefix}.{key}", auto.ConfigValue(value, secret=True), path=True)
+    assert up(stack, "certs: provided").summary.result == "succeeded"
+    switched = changed_and_rolled(rotated)
+    assert ca() == provided.ca_cert
+    assert secret_data(core, cfg.names.node_secret, cfg.namespace)["tls.key"] == (
+        provided.node_controller_key
+    )
 
-    stack = make_stack(stacks_dir, config(raw))
+    config({})  # drops the secret keys too
+    assert up(stack, "certs: generated again").summary.result == "succeeded"
+    changed_and_rolled(switched)
+    assert ca() != provided.ca_cert
+
+
+def test_device_mode_guard_holds_when_the_cr_and_the_crd_are_gone(
+    lived: Lived, api_client: Any, kube: Cluster, kubectl: Callable[..., Any]
+) -> None:
+    """``d`` in lvm mode as the tests before left it; last of the section (the CR stays
+    deleted; the CRD is restored by the fixture)."""
+    from reporter.kubeapi import RawApi
+    from tests.e2e.reporter_helpers import ensure_crd
+
+    core = client.CoreV1Api(api_client)
+    raw = lived.d
+    cfg = cfg_of(raw)
     try:
-        assert up(stack, "patches: first").summary.result == "succeeded"
         before = snapshot(kube, core, cfg)
-        # Each of these is immutable in the API: the provider would delete and re-create.
-        patches = [
-            {"kind": "StatefulSet", "mergePatch": {"spec": {"podManagementPolicy": "Parallel"}}},
-            {"kind": "Secret", "name": cfg.names.registry_secret, "mergePatch": {"type": "Opaque"}},
-            {"kind": "RoleBinding", "mergePatch": {"roleRef": {"name": "another-role"}}},
-            # Mutable: accepted.
-            {"kind": "DaemonSet", "mergePatch": {"spec": {"minReadySeconds": 3}}},
-        ]
-        _write_config(stack, config({**raw, "patches": patches}))
-        text = failed_up(stack)
-        prefix = "pmem-csi:deployments[0].patches"
-        assert f"{prefix}[0]: changes spec.podManagementPolicy of StatefulSet" in text
-        assert f"{prefix}[1]: changes type of Secret {cfg.namespace}/" in text
-        assert f"{prefix}[2]: changes roleRef.name of RoleBinding" in text
-        assert f"{prefix}[3]" not in text
-        assert snapshot(kube, core, cfg) == before  # refused before anything changed
+        # Deleted by hand: the driver keeps running in lvm mode.
+        kubectl("delete", f"deployments.{names.CRD_GROUP}", cfg.name, "--wait=true")
+        lived.write({**raw, "deviceMode": "direct"})
+        text = failed_up(lived.stack)
+        daemon_set = f"DaemonSet {cfg.namespace}/{cfg.names.node_driver} runs -deviceManager=lvm"
+        assert "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct'" in text
+        assert daemon_set in text
 
-        _write_config(stack, config({**raw, "patches": patches[3:]}))
-        assert up(stack, "patches: mutable only").summary.result == "succeeded"
-        ds = kube.get(bundle.build_deployment_objects(cfg).node[0])
-        assert ds is not None and ds["spec"]["minReadySeconds"] == 3
-        assert ds["metadata"]["uid"] == before[f"DaemonSet/{cfg.names.node_driver}"][0]
+        kubectl("delete", "crd", names.CRD_NAME, "--wait=true", "--timeout=60s")
+        text = failed_up(lived.stack)
+        assert "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct'" in text
+        assert daemon_set in text
+        del before[f"{names.CRD_KIND}/{cfg.name}"]
+        after = snapshot_without_cr(kube, core, cfg)
+        assert after == before  # refused before anything changed
     finally:
-        dispose(stack)
+        ensure_crd(RawApi(api_client))  # the next tests need it, whatever happened here
 
 
 def test_switching_from_the_program_to_either_face_of_the_component_deletes_nothing(

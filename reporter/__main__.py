@@ -77,6 +77,22 @@ def min_lease_duration() -> int:
     return shortest
 
 
+# Shorter quiet periods make every write of the other writer a new, logged and counted
+# conflict at nearly that writer's own rate.
+MIN_CONFLICT_QUIET_SECONDS = 1.0
+
+
+def quiet_seconds(value: str) -> float:
+    """``--conflict-quiet-seconds``: a period flag of at least MIN_CONFLICT_QUIET_SECONDS."""
+    number = seconds(value)
+    if number < MIN_CONFLICT_QUIET_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is under {MIN_CONFLICT_QUIET_SECONDS:g} s: every write of the other "
+            "writer would be a new conflict"
+        )
+    return number
+
+
 def seconds(value: str) -> float:
     """A period flag: a positive, finite number of seconds.
 
@@ -250,7 +266,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--conflict-quiet-seconds",
-        type=seconds,
+        type=quiet_seconds,
         default=CONFLICT_QUIET_SECONDS,
         help="after another writer replaced a served CR's status (a second stack's reporter, "
         "an old per-deployment one), write that CR again only once the other has left its "

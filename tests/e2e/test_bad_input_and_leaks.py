@@ -116,6 +116,18 @@ def refused_stack(
         dispose(stack)
 
 
+def _still_empty(stack: auto.Stack) -> auto.Stack:
+    """The shared refused stack, checked to hold nothing before a test uses it: an earlier
+    test whose bad config was let through would otherwise fail this test for its objects."""
+    resources = stack.export_stack().deployment.get("resources") or []
+    held = [r["urn"] for r in resources if r["type"] != "pulumi:pulumi:Stack"]
+    assert not held, (
+        "the shared refused stack holds resources: an earlier test's bad config was deployed "
+        f"({held[:5]})"
+    )
+    return stack
+
+
 def _expect_up_error(stack: auto.Stack, key: str) -> str:
     """``pulumi up`` fails; every error line is the one config problem, naming ``key``."""
     with pytest.raises(auto.CommandError) as err:
@@ -185,7 +197,7 @@ def test_bad_configs_fail_naming_the_key_and_create_nothing(
             "pmem-csi:deployments[0].patches[0]",
         ),
     ]
-    stack = refused_stack
+    stack = _still_empty(refused_stack)
     for dep, secrets, key in cases:
         ps.write_stack_config(Path(stack.workspace.work_dir), stack.name, stack_config(dep))
         for path, value in secrets.items():
@@ -207,7 +219,7 @@ def test_a_number_for_a_string_in_a_patch_fails_up_and_creates_nothing(
         "pmem-csi:deployments[0].patches[0].mergePatch.spec.template.spec.nodeSelector"
         ".interrupt-gate"
     )
-    stack = refused_stack
+    stack = _still_empty(refused_stack)
     ps.write_stack_config(Path(stack.workspace.work_dir), stack.name, stack_config(raw))
     stack.set_config(key, auto.ConfigValue(value="253578"), path=True)
     stored = stack.get_config("pmem-csi:deployments", path=False).value
@@ -581,8 +593,10 @@ def test_reporter_overwrites_a_garbage_status_cleanly(pair: Pair, api_client: An
     status = wait_for(clean_again, STATUS_TIMEOUT + CONFLICT_QUIET, "the garbage overwritten")
     print(f"garbage status overwritten after {time.monotonic() - start:.1f}s")
     wait_for(lambda: reporter.metric(WRITES) > writes, 30, "the reporter's overwrite counted")
-    # It saw another writer's status as such (and yielded to it), not as its own.
+    # It saw another writer's status as such (and yielded to it), not as its own, for the
+    # configured quiet period (the writer's default would be a minute).
     assert reporter.metric(CONFLICTS) > conflicts
+    assert f"only after {CONFLICT_QUIET:g} s without such changes" in reporter.log()
     assert st.status_equal_ignoring_time(status, clean), (status, clean)
     assert [c["type"] for c in status["conditions"]] == list(st.CONDITION_TYPES)
     assert status["observedGeneration"] == before["metadata"]["generation"]

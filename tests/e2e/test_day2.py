@@ -78,11 +78,24 @@ def snapshot(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentConfig) -> di
             live["metadata"]["uid"],
             live["metadata"]["resourceVersion"],
         )
-    selector = ",".join(f"{k}={v}" for k, v in cfg.names.selector_labels().items())
-    pods = core.list_namespaced_pod(cfg.namespace, label_selector=selector).items
-    out["pods"] = sorted(p.metadata.uid for p in pods)
+    out["pods"] = pod_uids(core, cfg)  # those not going away
     assert out["pods"], "the deployment has pods"
     return out
+
+
+def settled_snapshot(kube: Cluster, core: client.CoreV1Api, cfg: DeploymentConfig) -> Any:
+    """:func:`snapshot` once ``cfg`` is rolled out and two snapshots a second apart agree
+    (after an update that rolled the pods, status writes and pod deletions trail it)."""
+    last: list[Any] = [None]
+
+    def steady() -> Any:
+        if not _rolled_out(kube, cfg):
+            return None
+        now = snapshot(kube, core, cfg)
+        same, last[0] = now == last[0], now
+        return now if same else None
+
+    return wait_for(steady, 120, f"{cfg.name} settled", interval=1.0)
 
 
 def pod_uids(core: client.CoreV1Api, cfg: DeploymentConfig) -> list[str]:
@@ -901,25 +914,27 @@ def test_rename_and_removal_are_refused_while_the_driver_has_volumes(
     sfx, vol, keep = lived.sfx, lived.v, lived.d
     cfg = cfg_of(vol)
     refs = _create_volumes(kube, cfg.name, sfx)
-    before = snapshot(kube, core, cfg)
+    try:
+        before = snapshot(kube, core, cfg)
 
-    renamed = {**vol, "name": f"w-{sfx}.pmem-csi.example", "renamedFrom": cfg.name}
-    lived.write(renamed, keep)
-    text = failed_up(lived.stack)
-    assert "pmem-csi:deployments[0].renamedFrom: renaming" in text
-    for ref in refs:
-        assert ref in text, ref
-    assert f"keep the name '{cfg.name}'" in text
+        renamed = {**vol, "name": f"w-{sfx}.pmem-csi.example", "renamedFrom": cfg.name}
+        lived.write(renamed, keep)
+        text = failed_up(lived.stack)
+        assert "pmem-csi:deployments[0].renamedFrom: renaming" in text
+        for ref in refs:
+            assert ref in text, ref
+        assert f"keep the name '{cfg.name}'" in text
 
-    lived.write(keep)  # remove the deployment with volumes
-    text = failed_up(lived.stack)
-    assert f"pmem-csi:deployments: '{cfg.name}' (deployed by this stack)" in text
-    for ref in refs:
-        assert ref in text, ref
-    assert snapshot(kube, core, cfg) == before  # refused before anything changed
-
-    # The way forward: the volumes go first (with the driver still running), then it.
-    _delete_volumes(kube, sfx)
+        lived.write(keep)  # remove the deployment with volumes
+        text = failed_up(lived.stack)
+        assert f"pmem-csi:deployments: '{cfg.name}' (deployed by this stack)" in text
+        for ref in refs:
+            assert ref in text, ref
+        assert snapshot(kube, core, cfg) == before  # refused before anything changed
+    finally:
+        # The way forward: the volumes go first (with the driver still running), then it.
+        # Also when an assertion above failed: left, they would refuse the later tests' ups.
+        _delete_volumes(kube, sfx)
     assert up(lived.stack, "volumes: removed").summary.result == "succeeded"
     for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
         assert kube.get(obj) is None, f"{obj['kind']} {obj['metadata']['name']} left"
@@ -1104,7 +1119,8 @@ def test_device_mode_guard_holds_when_the_cr_and_the_crd_are_gone(
     raw = lived.d
     cfg = cfg_of(raw)
     try:
-        before = snapshot(kube, core, cfg)
+        # The certificate test before rolled every pod: what trails that is not a change.
+        before = settled_snapshot(kube, core, cfg)
         # Deleted by hand: the driver keeps running in lvm mode.
         kubectl("delete", f"deployments.{names.CRD_GROUP}", cfg.name, "--wait=true")
         lived.write({**raw, "deviceMode": "direct"})

@@ -480,8 +480,11 @@ class TestTheWaysOfChoosingACluster:
         cfg = parsed(other.raw)
         a = two_clusters.clients["a"]
 
+        # This way's own baseline: a misdirected write of an earlier way fails that way only.
+        b_before = settled(two_clusters.clients["b"], "cluster b")
+
         def untouched(step: str) -> None:
-            assert not changed(chosen.b_before, versions(two_clusters.clients["b"])), step
+            assert not changed(b_before, versions(two_clusters.clients["b"])), step
 
         config = {**stack_config(other.raw), **NOT_RETAINED, **settings}
         ps.write_stack_config(project, stack, config)
@@ -521,9 +524,15 @@ class TestTheWaysOfChoosingACluster:
                 untouched("pulumi up (creating)")
                 assert Cluster(a).get(objs.deployment_cr) is not None, "the deployment is in a"
             edit_label(a, ds, LABEL, "changed-in-a")
-            shell.run(f"pulumi up --yes --skip-preview --stack {stack}")
+            result = shell.run(f"pulumi up --yes --skip-preview --stack {stack}")
             untouched("pulumi up")
             assert live(a, ds)["metadata"]["labels"][LABEL] == "declared", "taken over in a"
+            # The provider kept its cluster too: nothing created, replaced or deleted (a
+            # provider replaced by the new settings would replace every object).
+            summary = re.findall(
+                r"^\s*[-+~]*\s*\d+ (created|replaced|deleted)\b", result.stdout, re.MULTILINE
+            )
+            assert not summary, result.stdout[-3000:]
         for _, result in shell.log:
             assert "Traceback" not in result.stderr + result.stdout
 
@@ -611,7 +620,11 @@ def test_a_label_someone_added_is_not_written_by_an_up_that_changes_nothing(
     edit_label(api_client, svc, "example.com/added", "by-someone")
     version = live(api_client, svc)["metadata"]["resourceVersion"]
     result = single.stack.up(on_output=ps.printer("[single up, added label] "))
-    assert set(resource_changes(result.summary)) == {"same"}
+    changes = resource_changes(result.summary)
+    assert set(changes) == {"same"}, (
+        f"{changes}: either the previous test's take-over left something for this up to "
+        "change, or the label someone added was taken for drift"
+    )
     after = live(api_client, svc)
     assert after["metadata"]["resourceVersion"] == version
     assert after["metadata"]["labels"]["example.com/added"] == "by-someone"

@@ -77,10 +77,22 @@ def test_valid_periods_and_ports_are_accepted() -> None:
 
 
 def test_the_conflict_quiet_period_defaults_to_a_minute_and_can_be_set() -> None:
-    """``--conflict-quiet-seconds``: the writer's default (docs/reporter.md), or the value given,
-    reaches the StatusWriter."""
+    """``--conflict-quiet-seconds``: the writer's default (docs/reporter.md), or the value given.
+    (That it reaches the StatusWriter: the e2e garbage-status test reads the period the
+    reporter's conflict message names.)"""
     assert parse_args([]).conflict_quiet_seconds == CONFLICT_QUIET_SECONDS == 60.0
     assert parse_args(["--conflict-quiet-seconds", "5"]).conflict_quiet_seconds == 5.0
+    assert parse_args(["--conflict-quiet-seconds", "1"]).conflict_quiet_seconds == 1.0
+
+
+@pytest.mark.parametrize("value", ["0.001", "0.5"])
+def test_a_conflict_quiet_period_under_a_second_is_refused(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """Review: a period like 0.001 s made every write of the other writer a new logged,
+    counted conflict, at nearly that writer's own rate."""
+    err = refused(capsys, "--conflict-quiet-seconds", value)
+    assert "--conflict-quiet-seconds" in err and "under 1 s" in err
 
 
 @pytest.mark.parametrize("value", ["", "Bad_Name", "a,b", "a b", "-a", "a" * 254])

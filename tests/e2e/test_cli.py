@@ -331,8 +331,9 @@ with open(os.environ["PROBE_REPORT"] + ".tmp", "w") as f:
     json.dump(report, f)
 os.rename(os.environ["PROBE_REPORT"] + ".tmp", os.environ["PROBE_REPORT"])
 info = signal.sigtimedwait([signal.SIGINT, signal.SIGTERM], 300)
-with open(os.environ["PROBE_SIGNAL"], "w") as f:
+with open(os.environ["PROBE_SIGNAL"] + ".tmp", "w") as f:
     json.dump({"signo": info.si_signo, "from": info.si_pid} if info else {}, f)
+os.rename(os.environ["PROBE_SIGNAL"] + ".tmp", os.environ["PROBE_SIGNAL"])
 os._exit(130)
 pulumi.export("unreached", True)
 """
@@ -400,7 +401,10 @@ def test_terminal_ctrl_c_reaches_the_cli_which_has_the_host_interrupt_the_progra
 
     cli_group = pid  # the session leader's own group is the terminal's foreground group
     assert program["pgid"] != cli_group, program
-    assert json.loads(got.read_text()) == {"signo": signal.SIGINT, "from": program["ppid"]}
+    # The CLI may end before the program has written what it got (written whole, by rename).
+    signalled = wait_for(lambda: got.exists() and json.loads(got.read_text()), 60,
+                         "the program's report of the signal it got")  # fmt: skip
+    assert signalled == {"signo": signal.SIGINT, "from": program["ppid"]}
     assert "^C received; cancelling" in out, out
     assert "update canceled" in out, out
     assert os.waitstatus_to_exitcode(status) == 1, out

@@ -195,6 +195,23 @@ class NodeDriverWatch:
         self._watch.stop()
 
 
+def up_with_one_node_driver(
+    stack: auto.Stack, what: str, api_client: Any, *hyphened: str
+) -> NodeDriverWatch:
+    """``up`` of ``stack`` under a :class:`NodeDriverWatch` of the drivers ``hyphened``: the
+    update succeeded, the watch saw it, and never more than one node driver ran."""
+    watcher = NodeDriverWatch(api_client, *hyphened)
+    try:
+        result = up(stack, what)
+    finally:
+        watcher.stop()
+    assert result.summary.result == "succeeded"
+    assert watcher.error is None, watcher.error
+    assert watcher.events, "the watch saw the update"
+    assert watcher.max_live == 1, watcher.events
+    return watcher
+
+
 # --------------------------------------------------------------------------------------------
 # fixtures
 
@@ -379,16 +396,10 @@ def test_allowed_reinstall_never_runs_two_node_drivers(
     csi_uid = kube.get(bundle.build_deployment_objects(b).csi_driver)["metadata"]["uid"]
     moved = {**shared.b, "namespace": shared.other_namespace, "allowReinstall": True}
     _write(shared, moved)
-    watcher = NodeDriverWatch(api_client, b.names.hyphened)
-    try:
-        result = up(shared.stack, "reinstall in another namespace")
-    finally:
-        watcher.stop()
-    assert result.summary.result == "succeeded"
+    watcher = up_with_one_node_driver(
+        shared.stack, "reinstall in another namespace", api_client, b.names.hyphened
+    )
     new = cfg_of(moved)
-    assert watcher.error is None, watcher.error
-    assert watcher.events, "the watch saw the reinstall"
-    assert watcher.max_live == 1, watcher.events
     assert f"ADDED {new.namespace}/{new.names.node_driver}" in watcher.events
     assert kube.get(bundle.build_deployment_objects(b).node[0]) is None
     assert kube.get(bundle.build_deployment_objects(new).node[0]) is not None
@@ -412,15 +423,10 @@ def test_allowed_rename_replaces_the_driver_without_overlap(
     new = cfg_of(renamed)
     ca_before = secret_data(core, old.names.registry_secret, old.namespace)["ca.crt"]
     _write(shared, renamed)
-    watcher = NodeDriverWatch(api_client, old.names.hyphened, new.names.hyphened)
-    try:
-        result = up(shared.stack, "rename")
-    finally:
-        watcher.stop()
-    assert result.summary.result == "succeeded"
-    assert watcher.error is None, watcher.error
+    watcher = up_with_one_node_driver(
+        shared.stack, "rename", api_client, old.names.hyphened, new.names.hyphened
+    )
     assert f"ADDED {new.namespace}/{new.names.node_driver}" in watcher.events
-    assert watcher.max_live == 1, watcher.events
     assert get_cr(custom, old.name) is None and get_cr(custom, new.name) is not None
     for obj in bundle.build_deployment_objects(old, create_namespace=False).all():
         assert kube.get(obj) is None, f"{obj['kind']} {obj['metadata']['name']} left behind"
@@ -974,15 +980,10 @@ def test_a_move_without_await_is_refused_and_after_the_way_forward_never_overlap
     lived.write(awaited)
     assert up(lived.stack, "skipAwait: await on").summary.result == "succeeded"
     lived.write({**awaited, "namespace": moved_ns, "allowReinstall": True})
-    watcher = NodeDriverWatch(api_client, cfg.names.hyphened)
-    try:
-        result = up(lived.stack, "skipAwait: move")
-    finally:
-        watcher.stop()
-    assert result.summary.result == "succeeded"
-    assert watcher.error is None, watcher.error
+    watcher = up_with_one_node_driver(
+        lived.stack, "skipAwait: move", api_client, cfg.names.hyphened
+    )
     assert f"ADDED {moved_ns}/{cfg.names.node_driver}" in watcher.events
-    assert watcher.max_live == 1, watcher.events
     lived.d = {**awaited, "namespace": moved_ns}
 
 

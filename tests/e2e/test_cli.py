@@ -389,6 +389,12 @@ def test_terminal_ctrl_c_reaches_the_cli_which_has_the_host_interrupt_the_progra
     try:
         program = wait_for(lambda: report.exists() and json.loads(report.read_text()), 120,
                            "the program to run")  # fmt: skip
+        # Typed only once the program waits for the signal: before, its main thread blocks
+        # SIGINT and the kernel hands the signal to another of its threads (the SDK's), whose
+        # handler the waiting main thread never sees (seen in CI: no report in 60 s).
+        wchan = Path(f"/proc/{program['pid']}/wchan")
+        wait_for(lambda: wchan.read_text().startswith("do_sigtimedwait"), 60,
+                 "the program to wait for its signal")  # fmt: skip
         os.write(fd, b"\x03")  # Ctrl-C, typed
         _, status = os.waitpid(pid, 0)
     finally:

@@ -94,6 +94,10 @@ CHANGE_LOCK_FILE = Path("/run/pmem-csi-pulumi-node.change.lock")
 # How long a change waits for one under way (a start builds nothing when the tools are
 # cached, so this is a kubelet restart's or a start's worst case on a loaded machine).
 CHANGE_WAIT = 300.0
+# How long a stop waits for the node lock (a start under way in this checkout holds it), and
+# how long a teardown retries the rmdir of a cgroup whose last processes the kernel still counts.
+STOP_LOCK_WAIT = 10.0
+CGROUP_REMOVE_WAIT = 10.0
 RECORD_FILE = Path("/run/pmem-csi-pulumi-node.json")
 # What the machine looked like before the first node ran (the paths of HARD_CODED_PATHS that
 # existed, the kernel tunables the kubelet changes). Outside /run, so that it outlives a
@@ -1422,9 +1426,9 @@ def _foreign_paths(baseline: Baseline | None) -> set[str]:
     return set(baseline.foreign_paths)
 
 
-def _remove_cgroups(timeout: float = 10) -> None:
+def _remove_cgroups(timeout: float | None = None) -> None:
     """rmdir the node's cgroups, deepest first, retrying while the kernel still counts exits."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + (CGROUP_REMOVE_WAIT if timeout is None else timeout)
     while True:
         busy = []
         for d in _cgroup_dirs():
@@ -1514,7 +1518,7 @@ def _stop_changing(quiet: bool) -> None:
         return  # never started, or torn down completely
     if record is not None:
         _stop_forwarder(record)
-    with _lock(wait=10):
+    with _lock(wait=STOP_LOCK_WAIT):
         cleanup(quiet=quiet)
 
 

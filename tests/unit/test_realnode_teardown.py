@@ -104,6 +104,9 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMac
     run.mkdir()
     monkeypatch.setattr(realnode, "RECORD_FILE", run / "node.json")
     monkeypatch.setattr(realnode, "LOCK_FILE", run / "node.lock")
+    # The refusals these tests provoke wait for a lock or a cgroup that never comes free here.
+    monkeypatch.setattr(realnode, "STOP_LOCK_WAIT", 0.5)
+    monkeypatch.setattr(realnode, "CGROUP_REMOVE_WAIT", 0.5)
     monkeypatch.setattr(realnode, "CHANGE_LOCK_FILE", run / "node.change.lock")
     monkeypatch.setattr(realnode, "BASELINE_FILE", tmp_path / "var-lib" / "baseline.json")
     (tmp_path / "var-lib").mkdir()

@@ -1295,13 +1295,15 @@ def _cgroup_dirs() -> list[Path]:
     """The node's cgroups in every hierarchy, deepest first (the order rmdir needs).
 
     Only TRACKING_CGROUP and below: the kubelet's cgroupRoot is there, so a machine-wide
-    ``kubepods`` (another kubelet's) is never the node's.
+    ``kubepods`` (another kubelet's) is never the node's. The kernel removes a container's
+    cgroup when its last process exits, also during this walk: ``os.walk`` skips a directory
+    that is gone by the time it is read (``Path.rglob`` raised FileNotFoundError).
     """
     found: list[Path] = []
     for hierarchy in _cgroup_hierarchies():
         base = hierarchy / TRACKING_CGROUP
         if base.is_dir():
-            found.extend(p for p in base.rglob("*") if p.is_dir())
+            found.extend(Path(top) / d for top, dirs, _ in os.walk(base) for d in dirs)
             found.append(base)
     return sorted(set(found), key=lambda p: len(p.parts), reverse=True)
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -319,6 +320,32 @@ def test_stop_without_a_record_still_removes_what_is_left(machine: FakeMachine) 
 
 
 # --------------------------------------------------------------------------- machine-wide (5)
+
+
+def test_a_cgroup_removed_while_the_teardown_lists_them_is_skipped(
+    machine: FakeMachine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel removes a container's cgroup when its last process exits, also while the
+    teardown walks the tree (seen in a `make demo` then `make test` run: the borrowing of the
+    demo's node failed with FileNotFoundError on a pod's cgroup)."""
+    base = realnode.CGROUP_ROOT / "cpuacct" / realnode.TRACKING_CGROUP / "kubepods"
+    gone, kept = base / "pod-a" / "container-gone", base / "pod-b" / "container-kept"
+    gone.mkdir(parents=True)
+    kept.mkdir(parents=True)
+    scandir = os.scandir
+
+    def vanishing(path: Any = ".") -> Any:  # the directory listed, then removed, then read
+        if Path(path) == gone:
+            gone.rmdir()
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", vanishing)
+    found = realnode._cgroup_dirs()
+    assert not gone.exists()
+    assert found == sorted(found, key=lambda p: len(p.parts), reverse=True)
+    assert {kept, kept.parent, gone.parent, base} <= set(found)
+    realnode._remove_cgroups(timeout=0)  # a listed cgroup already gone is no error
+    assert not base.parent.exists()
 
 
 def test_the_teardown_claims_only_the_nodes_own_cgroups_and_namespaces(

@@ -55,10 +55,9 @@ mutate: $(VENV)/.installed
 
 # The whole suite: unit tests, then the end-to-end tests on a local cluster with the real
 # Pulumi engine. PMEM_CSI_REQUIRE_CLUSTER makes a missing tool a failure, never a skip.
-# TEST_WORKERS pytest-xdist workers (3: with 2 the suite left a quarter of 2 cores idle), each
-# with a cluster of its own; a test module runs whole on one worker, the tests that use the
-# real node all on the same one (tests/conftest.py).
-TEST_WORKERS ?= 3
+# TEST_WORKERS pytest-xdist workers, each with a cluster of its own; a test module runs whole on
+# one worker, the tests that use the real node all on the same one (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed lint tools image
 	PMEM_CSI_REQUIRE_CLUSTER=1 $(PY) -m pytest tests -v -n $(TEST_WORKERS) --dist loadscope \
 		--no-loadscope-reorder --timeout=900 --durations=15

@@ -1280,8 +1280,10 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
+    try:  # the process may be reaped between the signal and the read (a teardown's kill loop)
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def _cgroup_hierarchies() -> list[Path]:
@@ -1295,9 +1297,10 @@ def _cgroup_dirs() -> list[Path]:
     """The node's cgroups in every hierarchy, deepest first (the order rmdir needs).
 
     Only TRACKING_CGROUP and below: the kubelet's cgroupRoot is there, so a machine-wide
-    ``kubepods`` (another kubelet's) is never the node's. The kernel removes a container's
-    cgroup when its last process exits, also during this walk: ``os.walk`` skips a directory
-    that is gone by the time it is read (``Path.rglob`` raised FileNotFoundError).
+    ``kubepods`` (another kubelet's) is never the node's. A container's cgroup is removed by
+    runc, its shim or the kubelet once its processes are gone, also during this walk:
+    ``os.walk`` skips a directory that is gone by the time it is read (``Path.rglob`` raised
+    FileNotFoundError).
     """
     found: list[Path] = []
     for hierarchy in _cgroup_hierarchies():

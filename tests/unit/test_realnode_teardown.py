@@ -325,7 +325,7 @@ def test_stop_without_a_record_still_removes_what_is_left(machine: FakeMachine) 
 def test_a_cgroup_removed_while_the_teardown_lists_them_is_skipped(
     machine: FakeMachine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The kernel removes a container's cgroup when its last process exits, also while the
+    """A container's cgroup is removed (by runc, its shim or the kubelet) also while the
     teardown walks the tree (seen in a `make demo` then `make test` run: the borrowing of the
     demo's node failed with FileNotFoundError on a pod's cgroup)."""
     base = realnode.CGROUP_ROOT / "cpuacct" / realnode.TRACKING_CGROUP / "kubepods"
@@ -346,6 +346,21 @@ def test_a_cgroup_removed_while_the_teardown_lists_them_is_skipped(
     assert {kept, kept.parent, gone.parent, base} <= set(found)
     realnode._remove_cgroups(timeout=0)  # a listed cgroup already gone is no error
     assert not base.parent.exists()
+
+
+def test_a_process_reaped_between_its_signal_and_its_stat_read_is_not_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The teardown's kill loop asks every 0.1 s whether the cgroups' processes live while
+    their parents reap them: a /proc entry gone between ``kill(pid, 0)`` and the read is a
+    dead process, not an error that aborts ``tools.realnode stop``."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: /proc/<pid> is gone
+    monkeypatch.setattr(realnode.os, "kill", lambda pid, sig: None)  # the signal came first
+    with monkeypatch.context() as m:
+        m.setattr(Path, "exists", lambda self: True)  # ... and a look at /proc came next
+        alive = realnode._alive(child.pid)
+    assert alive is False
 
 
 def test_the_teardown_claims_only_the_nodes_own_cgroups_and_namespaces(

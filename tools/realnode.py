@@ -1431,9 +1431,9 @@ def _foreign_paths(baseline: Baseline | None) -> set[str]:
     return set(baseline.foreign_paths)
 
 
-def _remove_cgroups(timeout: float | None = None) -> None:
+def _remove_cgroups() -> None:
     """rmdir the node's cgroups, deepest first, retrying while the kernel still counts exits."""
-    deadline = time.monotonic() + (CGROUP_REMOVE_WAIT if timeout is None else timeout)
+    deadline = time.monotonic() + CGROUP_REMOVE_WAIT
     while True:
         busy = []
         for d in _cgroup_dirs():

@@ -1143,7 +1143,7 @@ def _restart_locked(record: Record, timeout: float) -> Record:
                             + "; ".join(problems) + "; node torn down")  # fmt: skip
     kubelet, since = _spawn_kubelet(record, _component_env())
     if not lock_holder_lives():  # a teardown began meanwhile: it kills the cgroup, and so do we
-        _kill({kubelet.pid}, signal.SIGKILL)
+        kubelet.kill()  # our child, not yet reaped: its PID cannot have been reused
         kubelet.wait()
         raise RealNodeError("the node was torn down while its kubelet restarted")
     _wait("kubelet /healthz", _kubelet_healthy, timeout, kubelet)
@@ -1319,10 +1319,37 @@ def _cgroup_pids(dirs: list[Path]) -> set[int]:
     return pids
 
 
-def _kill(pids: set[int], sig: int) -> None:
+def _in_node_cgroup(pid: int) -> bool:
+    """Whether ``pid`` is in one of the node's cgroups now (``/proc/<pid>/cgroup``)."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    base = "/" + TRACKING_CGROUP
+    paths = (line.split(":", 2)[-1] for line in lines)
+    return any(path == base or path.startswith(base + "/") for path in paths)
+
+
+def _kill_in_node_cgroups(pids: set[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids`` that is still in the node's cgroups.
+
+    The PIDs were read from the cgroups a moment ago; one that exited since may be reused by
+    a process elsewhere on the machine. So, as in _signal_recorded: a pidfd pins the process
+    first, its cgroups are read after that, and the signal goes through the pidfd (to the
+    process that was checked, or to none).
+    """
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:  # gone (ESRCH), or not ours to signal: nothing to send it through
+            continue
+        try:
+            if _in_node_cgroup(pid):
+                signal.pidfd_send_signal(fd, sig)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(fd)
 
 
 def _node_mounts() -> list[str]:
@@ -1382,7 +1409,7 @@ def cleanup(quiet: bool = False) -> None:
         alive = in_cgroups | set(recorded)
         if not alive:
             break
-        _kill(in_cgroups - set(recorded), signal.SIGKILL)  # read from the node's cgroups now
+        _kill_in_node_cgroups(in_cgroups - set(recorded), signal.SIGKILL)
         for pid, start in recorded.items():
             _signal_recorded(pid, start, signal.SIGKILL)
         time.sleep(0.1)

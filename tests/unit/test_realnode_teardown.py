@@ -1054,3 +1054,33 @@ def test_a_pidfd_that_cannot_be_opened_for_another_reason_than_gone_is_an_error(
     with pytest.raises(realnode.RealNodeError, match=rf"PID {process.pid}.*Too many open files"):
         realnode._signal_recorded(process.pid, start, signal.SIGKILL)
     assert process.poll() is None
+
+
+def test_a_pid_read_from_the_node_cgroups_then_reused_elsewhere_is_not_killed(
+    process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: the teardown's kill loop reads PIDs from the node's cgroups, then signals them;
+    a PID whose process exited in between may name a process outside the node by then (here:
+    ``process``, not in the node's cgroups). It is left alone."""
+    monkeypatch.setattr(realnode, "TRACKING_CGROUP", "pmem-csi-node-not-this-one")
+    realnode._kill_in_node_cgroups({process.pid}, signal.SIGKILL)
+    assert process.poll() is None
+
+
+def test_a_pid_still_in_the_node_cgroups_is_killed(
+    process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other side: a process in the node's cgroups is signalled (here a cgroup made for
+    the test in the machine's ``pids`` hierarchy stands for the node's tracking cgroup)."""
+    name = f"pmem-csi-unit-{os.getpid()}"
+    cgroup = realnode.CGROUP_ROOT / "pids" / name
+    cgroup.mkdir()
+    try:
+        (cgroup / "cgroup.procs").write_text(str(process.pid))
+        monkeypatch.setattr(realnode, "TRACKING_CGROUP", name)
+        realnode._kill_in_node_cgroups({process.pid}, signal.SIGKILL)
+        assert process.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        process.kill()  # out of the cgroup (reaped), or it could not be removed
+        process.wait()
+        cgroup.rmdir()

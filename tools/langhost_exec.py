@@ -84,10 +84,10 @@ def _exit_quietly(signum: int, frame: object) -> None:
     The CLI owns the operation: on Ctrl-C it cancels the update itself and lets the steps in
     flight finish, so the program has nothing left to clean up; a traceback (from wherever
     the signal happened to land, often interpreter shutdown) would only alarm the user.
+    Through _exit_now, so the ``atexit`` handlers run: one removes the temporary files that
+    hold kubeconfig credentials.
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(128 + signum)
+    _exit_now(128 + signum)
 
 
 def _restore_stderr() -> None:

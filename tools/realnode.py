@@ -1319,36 +1319,32 @@ def _cgroup_pids(dirs: list[Path]) -> set[int]:
     return pids
 
 
-def _in_node_cgroup(pid: int) -> bool:
-    """Whether ``pid`` is in one of the node's cgroups now (``/proc/<pid>/cgroup``)."""
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    base = "/" + TRACKING_CGROUP
-    paths = (line.split(":", 2)[-1] for line in lines)
-    return any(path == base or path.startswith(base + "/") for path in paths)
-
-
 def _kill_in_node_cgroups(pids: set[int], sig: int) -> None:
     """Send ``sig`` to each of ``pids`` that is still in the node's cgroups.
 
     The PIDs were read from the cgroups a moment ago; one that exited since may be reused by
-    a process elsewhere on the machine. So, as in _signal_recorded: a pidfd pins the process
-    first, its cgroups are read after that, and the signal goes through the pidfd (to the
-    process that was checked, or to none).
+    a process elsewhere on the machine. So, as in _signal_recorded: a pidfd pins each process
+    first, the cgroups are read again after that (the same files, so the same view), and the
+    signal goes through the pidfd, to the process that was checked or to none.
     """
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except OSError:  # gone (ESRCH), or not ours to signal: nothing to send it through
-            continue
-        try:
-            if _in_node_cgroup(pid):
-                signal.pidfd_send_signal(fd, sig)
-        except ProcessLookupError:
-            pass
-        finally:
+    pinned: dict[int, int] = {}
+    try:
+        for pid in pids:
+            try:
+                pinned[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:  # ESRCH: gone
+                continue
+            except OSError as err:  # out of descriptors, ...: not known to be gone
+                raise RealNodeError(
+                    f"cannot open a pidfd for PID {pid} to signal it: {err.strerror or err}"
+                ) from err
+        still = _cgroup_pids(_cgroup_dirs())
+        for pid, fd in pinned.items():
+            if pid in still:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(fd, sig)
+    finally:
+        for fd in pinned.values():
             os.close(fd)
 
 

@@ -244,3 +244,43 @@ def test_the_shared_launcher_runs_the_checkouts_own_host(
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert got.stdout == "this checkout ['127.0.0.1:1']\n"
+
+
+KEY_FILE_PROGRAM = """\
+import base64, os, signal, sys, time
+
+from kubernetes import client, config
+
+from tools import langhost_exec
+
+signal.signal(signal.SIGINT, langhost_exec._exit_quietly)
+key = base64.b64encode(b"-----BEGIN PRIVATE KEY-----\\nnot a real one\\n").decode()
+config.load_kube_config_from_dict({
+    "apiVersion": "v1", "kind": "Config", "current-context": "c",
+    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+    "users": [{"name": "u", "user": {"client-certificate-data": key, "client-key-data": key}}],
+    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+})
+conf = client.Configuration.get_default_copy()
+print(conf.key_file, flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_program_stopped_by_sigint_leaves_no_kubeconfig_key_file_behind(tmp_path: Path) -> None:
+    """Review: the executor's quiet exit on Ctrl-C (``_exit_quietly``) skipped the ``atexit``
+    handlers that its normal exit runs, and the Kubernetes client removes in one the temporary
+    file it wrote the kubeconfig's client key to: the key stayed in $TMPDIR after a Ctrl-C."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", KEY_FILE_PROGRAM], cwd=toolchain.PROJECT_DIR,
+                            env=env, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        key_file = Path(proc.stdout.readline().strip())  # type: ignore[union-attr]
+        assert key_file.is_file() and key_file.is_relative_to(tmp_path), key_file
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 128 + signal.SIGINT
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not key_file.exists()

@@ -1056,31 +1056,52 @@ def test_a_pidfd_that_cannot_be_opened_for_another_reason_than_gone_is_an_error(
     assert process.poll() is None
 
 
+def _listed_in_a_node_cgroup(pids: set[int]) -> Path:
+    """A container's cgroup of the (fake) node, listing ``pids``; its ``cgroup.procs`` file."""
+    cgroup = realnode.CGROUP_ROOT / "pids" / realnode.TRACKING_CGROUP / "kubepods" / "pod-a"
+    cgroup.mkdir(parents=True, exist_ok=True)
+    procs = cgroup / "cgroup.procs"
+    procs.write_text("".join(f"{pid}\n" for pid in pids))
+    return procs
+
+
 def test_a_pid_read_from_the_node_cgroups_then_reused_elsewhere_is_not_killed(
-    process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+    machine: FakeMachine, process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Review: the teardown's kill loop reads PIDs from the node's cgroups, then signals them;
-    a PID whose process exited in between may name a process outside the node by then (here:
-    ``process``, not in the node's cgroups). It is left alone."""
-    monkeypatch.setattr(realnode, "TRACKING_CGROUP", "pmem-csi-node-not-this-one")
+    """Review: the teardown's kill loop reads PIDs from the node's cgroups, then signals them.
+    Here the listed process exits right then and its PID names ``process`` (outside the node)
+    from the moment a pidfd is opened for it: it is left alone."""
+    procs = _listed_in_a_node_cgroup({process.pid})
+    pidfd_open = os.pidfd_open
+
+    def reused(pid: int, *args: Any) -> int:
+        procs.write_text("")  # the node's process is gone; ``process`` has its PID now
+        return pidfd_open(pid, *args)
+
+    monkeypatch.setattr(os, "pidfd_open", reused)
     realnode._kill_in_node_cgroups({process.pid}, signal.SIGKILL)
     assert process.poll() is None
 
 
 def test_a_pid_still_in_the_node_cgroups_is_killed(
-    process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+    machine: FakeMachine, process: subprocess.Popen[bytes]
 ) -> None:
-    """The other side: a process in the node's cgroups is signalled (here a cgroup made for
-    the test in the machine's ``pids`` hierarchy stands for the node's tracking cgroup)."""
-    name = f"pmem-csi-unit-{os.getpid()}"
-    cgroup = realnode.CGROUP_ROOT / "pids" / name
-    cgroup.mkdir()
-    try:
-        (cgroup / "cgroup.procs").write_text(str(process.pid))
-        monkeypatch.setattr(realnode, "TRACKING_CGROUP", name)
+    _listed_in_a_node_cgroup({process.pid})
+    realnode._kill_in_node_cgroups({process.pid}, signal.SIGKILL)
+    assert process.wait(timeout=10) == -signal.SIGKILL
+
+
+def test_a_pid_of_the_node_cgroups_that_cannot_be_pinned_is_an_error_not_a_silent_skip(
+    machine: FakeMachine, process: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: out of descriptors is not "gone": skipping it would end the kill loop in
+    "processes of the node did not exit", the cause lost."""
+    _listed_in_a_node_cgroup({process.pid})
+
+    def out_of_descriptors(pid: int, *args: Any) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(os, "pidfd_open", out_of_descriptors)
+    with pytest.raises(realnode.RealNodeError, match=rf"PID {process.pid}.*Too many open files"):
         realnode._kill_in_node_cgroups({process.pid}, signal.SIGKILL)
-        assert process.wait(timeout=10) == -signal.SIGKILL
-    finally:
-        process.kill()  # out of the cgroup (reaped), or it could not be removed
-        process.wait()
-        cgroup.rmdir()
+    assert process.poll() is None

@@ -138,6 +138,18 @@ def wait_nodes_ready(names: list[str], timeout: float = NODES_READY_TIMEOUT) -> 
         time.sleep(0.5)
 
 
+# kube-controller-manager and kube-scheduler exit when they cannot renew their leader Lease
+# within the renew deadline (10 s by default), and nothing restarts them in a kwokctl cluster
+# (a kubelet would in a real one). On this 2-core machine, with a test run per core, an API
+# server busy for 10 s happened once: the cluster then had no controllers. 45 s of patience
+# instead; a process that starts still takes a Lease at once when it is free.
+CONTROLLER_LEADER_ELECTION = [
+    {"key": "leader-elect-lease-duration", "value": "60s"},
+    {"key": "leader-elect-renew-deadline", "value": "45s"},
+    {"key": "leader-elect-retry-period", "value": "2s"},
+]
+
+
 def kwokctl_config() -> str:
     """kwokctl's configuration: what the real node (tools/realnode.py) needs of the cluster.
 
@@ -163,6 +175,10 @@ def kwokctl_config() -> str:
                         {"key": "kubelet-preferred-address-types", "value": "InternalIP"},
                     ],
                 },
+                *(
+                    {"name": name, "extraArgs": CONTROLLER_LEADER_ELECTION}
+                    for name in ("kube-controller-manager", "kube-scheduler")
+                ),
                 {
                     "name": "kwok-controller",
                     "extraArgs": [

@@ -145,8 +145,9 @@ class ControlPlane:
         """Fresh kube-controller-manager, kube-scheduler and kwok controller, leading at once.
 
         Why after an API server restart: kube-controller-manager and kube-scheduler exit when
-        they cannot renew their leader Lease for 10 s (in a real cluster the kubelet restarts
-        them; here nobody would), and the survivors' informers back off for up to a minute
+        they cannot renew their leader Lease for 45 s (tools.cluster.CONTROLLER_LEADER_ELECTION;
+        in a real cluster the kubelet restarts them, here nobody would), and the survivors'
+        informers back off for up to a minute
         (kube-controller-manager 1.36 then refuses to act on a stale pod cache: "read version
         ... is not as new as written version"), which would leave the next tests without
         pods. ``delete_leases`` runs between stop and start: it deletes the controllers' leader

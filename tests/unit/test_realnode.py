@@ -27,6 +27,13 @@ def test_kwok_manages_only_annotated_nodes_and_the_api_server_names_the_service_
         # Never a lookup of the node's name (a DNS query off the machine) for logs or exec.
         "kubelet-preferred-address-types": "InternalIP",
     }
+    # The controllers ride out an API server busy for less than 45 s (they exit after that).
+    for name in ("kube-controller-manager", "kube-scheduler"):
+        assert patches[name] == {
+            "leader-elect-lease-duration": "60s",
+            "leader-elect-renew-deadline": "45s",
+            "leader-elect-retry-period": "2s",
+        }
     # Every fake node carries the annotation kwok selects by; the real node does not.
     fake = cluster.node_manifest("n", {})
     assert fake["metadata"]["annotations"] == {"kwok.x-k8s.io/node": "fake"}

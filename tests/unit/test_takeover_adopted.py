@@ -19,16 +19,6 @@ import pytest
 
 from pmem_components import takeover_transform
 
-
-@pytest.fixture(autouse=True)
-def _event_loop_left_current() -> Any:
-    """``asyncio.run`` leaves the thread without a current event loop; the Pulumi mocks of
-    the modules that run after this one in the same process need one (they failed at setup
-    with "There is no current event loop" when run after it)."""
-    yield
-    asyncio.set_event_loop(asyncio.new_event_loop())
-
-
 MINE = "pulumi-kubernetes-aaaa1111"
 EARLIER = "pulumi-kubernetes-bbbb2222"
 LABELS = {"f:metadata": {"f:labels": {"f:app": {}}}}

@@ -48,12 +48,8 @@ def provider(**values: Any) -> FakeProvider:
 
 
 def run(coro: Any) -> Any:
-    loop = asyncio.new_event_loop()
-    asyncio.set_event_loop(loop)
-    try:
-        return loop.run_until_complete(coro)
-    finally:
-        loop.close()
+    """``coro`` run on the test's own event loop (tests/unit/conftest.py)."""
+    return asyncio.get_event_loop().run_until_complete(coro)
 
 
 def default(values: dict[str, str]) -> Any:

@@ -57,7 +57,7 @@ mutate: $(VENV)/.installed
 # Pulumi engine. PMEM_CSI_REQUIRE_CLUSTER makes a missing tool a failure, never a skip.
 # TEST_WORKERS pytest-xdist workers, each with a cluster of its own; a test module runs whole on
 # one worker, the tests that use the real node all on the same one (tests/conftest.py).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(VENV)/.installed lint tools image
 	PMEM_CSI_REQUIRE_CLUSTER=1 $(PY) -m pytest tests -v -n $(TEST_WORKERS) --dist loadscope \
 		--no-loadscope-reorder --timeout=900 --durations=15

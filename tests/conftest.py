@@ -35,7 +35,7 @@ from tools import cluster, localenv, postgres, realnode, toolchain  # noqa: E402
 if os.environ.get("PMEM_CSI_TEST_SESSION") != "1":
     os.environ["PMEM_CSI_STATE_DIR"] = str(localenv.state_dir() / localenv.TEST_SESSION_SUBDIR)
     os.environ["PMEM_CSI_TEST_SESSION"] = "1"
-# `make test` runs the suite in pytest-xdist workers (``-n 2``): each worker is a session of its
+# `make test` runs the suite in pytest-xdist workers (``-n 3``): each worker is a session of its
 # own, with its own state directory inside the session's (``test-session/gw0``), so its own
 # cluster and backend; no two workers share a cluster, a stack or an object name.
 # PMEM_CSI_TEST_WORKER marks that directory as chosen, for the worker's child processes.
@@ -63,7 +63,7 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"local cluster unavailable: {reason} (run 'make tools')")
 
 
-# How `make test` spreads the suite over pytest-xdist workers (``-n 2 --dist loadscope``): each
+# How `make test` spreads the suite over pytest-xdist workers (``-n 3 --dist loadscope``): each
 # worker takes whole modules (a module's module-scoped fixtures are set up once), and the modules
 # that use the machine's one real node (tools/realnode.py) all go to one worker, one after the
 # other. The list is checked at collection: a test elsewhere that uses the node fails there.

@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import errno
 import fcntl
 import json
 import math
@@ -299,6 +300,12 @@ def _same_process(pid: int | None, start: float | None) -> bool:
     return now is not None and abs(now - start) <= 2 / os.sysconf("SC_CLK_TCK")
 
 
+# pidfd_open's answers for a PID that names no process now: gone (ESRCH), or a thread, not a
+# process (ENOENT on current kernels, EINVAL on older ones). A PID once a process's may be a
+# thread's when reused.
+NOT_A_PROCESS = frozenset({errno.ESRCH, errno.ENOENT, errno.EINVAL})
+
+
 def _signal_recorded(pid: int | None, start: float | None, sig: int) -> bool:
     """Send ``sig`` to ``pid`` only if it is the process that started at ``start``; True if sent.
 
@@ -310,9 +317,10 @@ def _signal_recorded(pid: int | None, start: float | None, sig: int) -> bool:
         return False
     try:
         fd = os.pidfd_open(pid)
-    except ProcessLookupError:  # ESRCH: gone
-        return False
-    except OSError as err:  # out of descriptors, not permitted, ...: not known to be gone
+    except OSError as err:
+        if err.errno in NOT_A_PROCESS:
+            return False
+        # out of descriptors, ...: not known to be gone
         raise RealNodeError(
             f"cannot open a pidfd for PID {pid} to signal it: {err.strerror or err}"
         ) from err
@@ -1332,12 +1340,12 @@ def _kill_in_node_cgroups(pids: set[int], sig: int) -> None:
         for pid in pids:
             try:
                 pinned[pid] = os.pidfd_open(pid)
-            except ProcessLookupError:  # ESRCH: gone
+            except OSError as err:
+                if err.errno not in NOT_A_PROCESS:
+                    raise RealNodeError(
+                        f"cannot open a pidfd for PID {pid} to signal it: {err.strerror or err}"
+                    ) from err
                 continue
-            except OSError as err:  # out of descriptors, ...: not known to be gone
-                raise RealNodeError(
-                    f"cannot open a pidfd for PID {pid} to signal it: {err.strerror or err}"
-                ) from err
         still = _cgroup_pids(_cgroup_dirs())
         for pid, fd in pinned.items():
             if pid in still:

@@ -49,10 +49,10 @@ def event_loop_per_test() -> Iterator[asyncio.AbstractEventLoop]:
     try:
         yield loop
     finally:
-        reset_pulumi_runtime()
-        try:
+        try:  # tasks left are cancelled while their mocks are still there, then the reset
             _shut_down(loop)
         finally:
+            reset_pulumi_runtime()
             asyncio.set_event_loop(None)
             loop.close()
 

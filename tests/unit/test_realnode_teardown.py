@@ -1105,3 +1105,30 @@ def test_a_pid_of_the_node_cgroups_that_cannot_be_pinned_is_an_error_not_a_silen
     with pytest.raises(realnode.RealNodeError, match=rf"PID {process.pid}.*Too many open files"):
         realnode._kill_in_node_cgroups({process.pid}, signal.SIGKILL)
     assert process.poll() is None
+
+
+def test_a_pid_of_the_node_cgroups_that_now_names_a_thread_is_skipped(
+    machine: FakeMachine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review: a PID reused by a thread (not a process): pidfd_open fails with ENOENT (EINVAL
+    on older kernels), which is "not that process", not an error that aborts the teardown."""
+    started, done = threading.Event(), threading.Event()
+    tids: list[int] = []
+
+    def thread() -> None:
+        tids.append(threading.get_native_id())
+        started.set()
+        done.wait(30)
+
+    worker = threading.Thread(target=thread)
+    worker.start()
+    try:
+        assert started.wait(30)
+        (tid,) = tids
+        _listed_in_a_node_cgroup({tid})
+        # Signal 0 (none sent): were the thread's process pinned, this test's would be hit.
+        realnode._kill_in_node_cgroups({tid}, 0)  # no error
+        assert realnode._signal_recorded(tid, 0.0, 0) is False
+    finally:
+        done.set()
+        worker.join()

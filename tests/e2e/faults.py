@@ -240,8 +240,10 @@ class Blackhole:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
-        # Per forwarded connection: set when the cut found it; it never moves bytes again.
-        self._dead: list[threading.Event] = []
+        # Per forwarded connection: set when the cut found it; it never moves bytes again. Set
+        # under the connection's gate, which its pumps hold from their check of it through a
+        # chunk's send: once cut() returns, no byte of a chunk read before it is sent.
+        self._dead: list[tuple[threading.Event, threading.Lock]] = []
         self.forwarded = 0
         self.held = 0
         threading.Thread(target=self._accept, name="blackhole-accept", daemon=True).start()
@@ -267,33 +269,40 @@ class Blackhole:
                 conn.close()
                 continue
             self._keep(upstream)
-            dead = threading.Event()
+            dead, gate = threading.Event(), threading.Lock()
             with self._lock:
-                self._dead.append(dead)
+                self._dead.append((dead, gate))
+                if self._cut.is_set():  # cut since the check above: this one is cut too
+                    dead.set()
             self.forwarded += 1
             for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=self._pump, args=(a, b, dead), daemon=True).start()
+                threading.Thread(target=self._pump, args=(a, b, dead, gate), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, dead: threading.Event) -> None:
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, dead: threading.Event, gate: threading.Lock
+    ) -> None:
         with contextlib.suppress(OSError, ValueError):
             while not dead.is_set():
                 ready, _, _ = select.select([src], [], [], 0.2)
-                if dead.is_set():
-                    break
                 if not ready:
                     continue
-                data = src.recv(65536)
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
+                with gate:  # the check and the chunk's send, as one step against cut()
+                    if dead.is_set():
+                        break
+                    data = src.recv(65536)
+                    if not data:
+                        dst.shutdown(socket.SHUT_WR)
+                        return
+                    dst.sendall(data)
         # Cut: keep both sockets open and unread until close(); the peers see silence.
 
     def cut(self) -> None:
         """From now on: no byte moves on any existing connection; new ones are held."""
         self._cut.set()
         with self._lock:
-            for dead in self._dead:
+            connections = list(self._dead)
+        for dead, gate in connections:
+            with gate:
                 dead.set()
 
     def heal(self) -> None:

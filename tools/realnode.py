@@ -306,6 +306,19 @@ def _same_process(pid: int | None, start: float | None) -> bool:
 NOT_A_PROCESS = frozenset({errno.ESRCH, errno.ENOENT, errno.EINVAL})
 
 
+def _pin(pid: int) -> int | None:
+    """A pidfd for ``pid``'s process, or None when the PID names no process now."""
+    try:
+        return os.pidfd_open(pid)
+    except OSError as err:
+        if err.errno in NOT_A_PROCESS:
+            return None
+        # out of descriptors, ...: not known to be gone
+        raise RealNodeError(
+            f"cannot open a pidfd for PID {pid} to signal it: {err.strerror or err}"
+        ) from err
+
+
 def _signal_recorded(pid: int | None, start: float | None, sig: int) -> bool:
     """Send ``sig`` to ``pid`` only if it is the process that started at ``start``; True if sent.
 
@@ -315,15 +328,9 @@ def _signal_recorded(pid: int | None, start: float | None, sig: int) -> bool:
     """
     if not pid or start is None:
         return False
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError as err:
-        if err.errno in NOT_A_PROCESS:
-            return False
-        # out of descriptors, ...: not known to be gone
-        raise RealNodeError(
-            f"cannot open a pidfd for PID {pid} to signal it: {err.strerror or err}"
-        ) from err
+    fd = _pin(pid)
+    if fd is None:
+        return False
     try:
         if not _same_process(pid, start):
             return False
@@ -1338,14 +1345,9 @@ def _kill_in_node_cgroups(pids: set[int], sig: int) -> None:
     pinned: dict[int, int] = {}
     try:
         for pid in pids:
-            try:
-                pinned[pid] = os.pidfd_open(pid)
-            except OSError as err:
-                if err.errno not in NOT_A_PROCESS:
-                    raise RealNodeError(
-                        f"cannot open a pidfd for PID {pid} to signal it: {err.strerror or err}"
-                    ) from err
-                continue
+            fd = _pin(pid)
+            if fd is not None:
+                pinned[pid] = fd
         still = _cgroup_pids(_cgroup_dirs())
         for pid, fd in pinned.items():
             if pid in still:

@@ -143,6 +143,7 @@ def wait_nodes_ready(names: list[str], timeout: float = NODES_READY_TIMEOUT) -> 
 # (a kubelet would in a real one). On this 2-core machine, with a test run per core, an API
 # server busy for 10 s happened once: the cluster then had no controllers. 45 s of patience
 # instead; a process that starts still takes a Lease at once when it is free.
+LEADER_ELECTED_CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
 CONTROLLER_LEADER_ELECTION = [
     {"key": "leader-elect-lease-duration", "value": "60s"},
     {"key": "leader-elect-renew-deadline", "value": "45s"},
@@ -177,7 +178,7 @@ def kwokctl_config() -> str:
                 },
                 *(
                     {"name": name, "extraArgs": CONTROLLER_LEADER_ELECTION}
-                    for name in ("kube-controller-manager", "kube-scheduler")
+                    for name in LEADER_ELECTED_CONTROLLERS
                 ),
                 {
                     "name": "kwok-controller",

@@ -39,7 +39,7 @@ from tools import cluster
 
 APISERVER = "kube-apiserver"
 # Components that hold a leader Lease (kube-system/<name>) and exit when they lose it.
-CONTROLLERS = ("kube-controller-manager", "kube-scheduler")
+CONTROLLERS = cluster.LEADER_ELECTED_CONTROLLERS
 KWOK_CONTROLLER = "kwok-controller"
 
 
@@ -243,7 +243,7 @@ class Blackhole:
         # Per forwarded connection: set when the cut found it; it never moves bytes again. Set
         # under the connection's gate, which its pumps hold from their check of it through a
         # chunk's send: once cut() returns, no byte of a chunk read before it is sent.
-        self._dead: list[tuple[threading.Event, threading.Lock]] = []
+        self._connections: list[tuple[threading.Event, threading.Lock]] = []
         self.forwarded = 0
         self.held = 0
         threading.Thread(target=self._accept, name="blackhole-accept", daemon=True).start()
@@ -271,7 +271,7 @@ class Blackhole:
             self._keep(upstream)
             dead, gate = threading.Event(), threading.Lock()
             with self._lock:
-                self._dead.append((dead, gate))
+                self._connections.append((dead, gate))
                 if self._cut.is_set():  # cut since the check above: this one is cut too
                     dead.set()
             self.forwarded += 1
@@ -300,7 +300,7 @@ class Blackhole:
         """From now on: no byte moves on any existing connection; new ones are held."""
         self._cut.set()
         with self._lock:
-            connections = list(self._dead)
+            connections = list(self._connections)
         for dead, gate in connections:
             with gate:
                 dead.set()

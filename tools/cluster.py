@@ -151,6 +151,94 @@ CONTROLLER_LEADER_ELECTION = [
 ]
 
 
+# kube-controller-manager gives the API server 10 s (hard-coded) to answer /healthz once it
+# holds its Lease, and exits when it does not ("failed to wait for apiserver being healthy").
+# kwokctl starts it together with the API server and never restarts it: on a loaded machine
+# (2026-12-02, three test workers and other work on 2 cores) the API server's start hooks took
+# longer, and that worker's cluster ran without controllers (DaemonSets at 0 desired, every
+# `pulumi up` awaiting rollouts forever). ``kwokctl start cluster`` on a running cluster starts
+# exactly the components whose process is gone, so the start checks them and does that.
+CONTROLLERS_READY_TIMEOUT = 300.0
+MAX_COMPONENT_RESTARTS = 3
+
+
+def _component_pids_dir() -> Path:
+    return kwok_workdir() / "clusters" / CLUSTER_NAME / "pids"
+
+
+def dead_components() -> list[str]:
+    """The components kwokctl started whose process is gone (by its pid file).
+
+    A PID that now names another program (reused) or a zombie counts as gone: the process's
+    own name is read from ``/proc/PID/cmdline``.
+    """
+    dead = []
+    for pid_file in sorted(_component_pids_dir().glob("*.pid")):
+        name = pid_file.stem
+        try:
+            argv0 = Path(f"/proc/{int(pid_file.read_text().strip())}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            dead.append(name)
+            continue
+        if os.path.basename(argv0.split(b"\0", 1)[0].decode(errors="replace")) != name:
+            dead.append(name)
+    return dead
+
+
+def _controllers_working() -> bool:
+    """kube-controller-manager is past its start-up check (its service-account controller has
+    made ``default/default``) and kube-scheduler holds its Lease."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = _core_api()
+    try:
+        core.read_namespaced_service_account("default", "default")
+        lease = client.CoordinationV1Api(core.api_client).read_namespaced_lease(
+            "kube-scheduler", "kube-system"
+        )
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return bool(lease.spec and lease.spec.holder_identity)
+
+
+def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
+    """Return once every component runs and the controllers work; start again (through
+    kwokctl) a component that exited, at most :data:`MAX_COMPONENT_RESTARTS` times."""
+    deadline = time.monotonic() + timeout
+    restarts = 0
+    while True:
+        dead = dead_components()
+        if dead:
+            logs = kwok_workdir() / "clusters" / CLUSTER_NAME / "logs"
+            if restarts == MAX_COMPONENT_RESTARTS:
+                raise RuntimeError(
+                    f"{', '.join(dead)} exited again after {restarts} restart(s); "
+                    f"see {', '.join(str(logs / f'{name}.log') for name in dead)}"
+                )
+            restarts += 1
+            _log(
+                f"{', '.join(dead)} not running (exited at start? see "
+                f"{logs / (dead[0] + '.log')}); starting it again"
+            )
+            result = _kwokctl("start", "cluster", check=False)
+            if result.returncode != 0:
+                raise RuntimeError(
+                    f"kwokctl start cluster failed ({result.returncode}):\n{result.stderr}"
+                )
+            continue
+        if _controllers_working():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"kube-controller-manager / kube-scheduler not working after {timeout:.0f}s "
+                "(no default/default ServiceAccount or no kube-scheduler Lease holder)"
+            )
+        time.sleep(0.5)
+
+
 def kwokctl_config() -> str:
     """kwokctl's configuration: what the real node (tools/realnode.py) needs of the cluster.
 
@@ -217,6 +305,7 @@ def _start_control_plane(pmem_nodes: int, plain_nodes: int) -> Path:
     toolchain.build_all(["kubernetes", "etcd", "kwok"])
     kubeconfig = localenv.kubeconfig_path()
     if is_running():
+        ensure_controllers()
         _log(f"already running; kubeconfig {kubeconfig}")
         return kubeconfig
     stop(quiet=True)
@@ -230,7 +319,8 @@ def _start_control_plane(pmem_nodes: int, plain_nodes: int) -> Path:
             f"kwokctl create cluster failed ({result.returncode}):\n{result.stdout}\n"
             f"{result.stderr}\nComponent logs: {kwok_workdir() / 'clusters' / CLUSTER_NAME}"
         )
-    _log(f"API server healthy after {time.monotonic() - t0:.1f}s; creating nodes")
+    ensure_controllers()
+    _log(f"API server and controllers working after {time.monotonic() - t0:.1f}s; creating nodes")
     core = _core_api()
     names = []
     for i in range(1, pmem_nodes + 1):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -201,3 +203,35 @@ def test_crd_with_status_subresource_and_printer_columns(
         assert out[1].split() == ["w1", "large", "Running"]
     finally:
         ext.delete_custom_resource_definition("widgets.smoke.example.com")
+
+
+def test_a_controller_manager_that_exited_is_started_again_by_the_next_start(
+    api_client: Any,
+) -> None:
+    """kube-controller-manager exits when the API server is slow to be healthy at its start,
+    and kwokctl never restarts it; ``tools.cluster start`` does, and the controllers work."""
+    pid_file = cluster._component_pids_dir() / "kube-controller-manager.pid"
+    old = int(pid_file.read_text())
+    os.kill(old, signal.SIGKILL)
+    wait_for(lambda: cluster.dead_components() == ["kube-controller-manager"], 30, "kill seen")
+    cluster.start()
+    assert cluster.dead_components() == []
+    assert int(pid_file.read_text()) != old
+    # Its service-account controller at work again (once the killed one's Lease expired).
+    core = client.CoreV1Api(api_client)
+    name = f"smoke-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+
+        def has_default_account() -> bool:
+            try:
+                core.read_namespaced_service_account("default", name)
+            except ApiException as err:
+                if err.status == 404:
+                    return False
+                raise
+            return True
+
+        wait_for(has_default_account, 240, "default ServiceAccount in a new namespace")
+    finally:
+        core.delete_namespace(name)

@@ -1,0 +1,138 @@
+"""The local cluster starts again a component that exited (tools/cluster.py ``ensure_controllers``).
+
+kube-controller-manager exits when the API server is not healthy 10 s after it took its Lease,
+and kwokctl never restarts it: the cluster then has no controllers, and every rollout waits
+forever. The start finds such a component by its pid file and has kwokctl start it again.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tools import cluster
+
+
+@pytest.fixture
+def pids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PMEM_CSI_STATE_DIR", str(tmp_path))
+    path = cluster._component_pids_dir()
+    path.mkdir(parents=True)
+    return path
+
+
+@pytest.fixture
+def controller_manager() -> Iterator[subprocess.Popen[bytes]]:
+    """A process whose program name is kube-controller-manager (``exec -a``)."""
+    proc = subprocess.Popen(["bash", "-c", "exec -a kube-controller-manager sleep 600"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _wait_exec(proc: subprocess.Popen[bytes]) -> None:
+    while Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0] != (
+        b"kube-controller-manager"
+    ):
+        time.sleep(0.01)
+
+
+def test_a_component_is_dead_when_its_process_is_gone_reused_or_unreadable(
+    pids: Path, controller_manager: subprocess.Popen[bytes]
+) -> None:
+    _wait_exec(controller_manager)
+    (pids / "kube-controller-manager.pid").write_text(f"{controller_manager.pid}\n")
+    # The same PID under another component's name: the PID now names another program.
+    (pids / "kube-scheduler.pid").write_text(f"{controller_manager.pid}\n")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (pids / "etcd.pid").write_text(str(gone.pid))
+    (pids / "kwok-controller.pid").write_text("not a pid")
+    assert cluster.dead_components() == ["etcd", "kube-scheduler", "kwok-controller"]
+
+
+def test_a_zombie_component_is_dead(pids: Path) -> None:
+    proc = subprocess.Popen(["bash", "-c", "exec -a kube-scheduler sleep 0"])
+    (pids / "kube-scheduler.pid").write_text(str(proc.pid))
+    try:
+        while Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] != "Z":
+            time.sleep(0.01)
+        assert cluster.dead_components() == ["kube-scheduler"]
+    finally:
+        proc.wait()
+
+
+def _fake_cluster(
+    monkeypatch: pytest.MonkeyPatch, dead: list[list[str]], working: list[bool]
+) -> list[tuple[str, ...]]:
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(cluster, "dead_components", lambda: dead.pop(0) if dead else [])
+    monkeypatch.setattr(cluster, "_controllers_working", lambda: working.pop(0))
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
+
+    def kwokctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        calls.append(args)
+        return subprocess.CompletedProcess(["kwokctl"], 0, "", "")
+
+    monkeypatch.setattr(cluster, "_kwokctl", kwokctl)
+    return calls
+
+
+def test_an_exited_controller_manager_is_started_again_then_awaited(
+    pids: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _fake_cluster(monkeypatch, [["kube-controller-manager"], []], [False, True])
+    cluster.ensure_controllers()
+    assert calls == [("start", "cluster")]
+
+
+def test_a_component_that_keeps_exiting_is_an_error_naming_it_and_its_log(
+    pids: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dead = [["kube-controller-manager"]] * (cluster.MAX_COMPONENT_RESTARTS + 1)
+    calls = _fake_cluster(monkeypatch, dead, [])
+    with pytest.raises(RuntimeError, match=r"kube-controller-manager exited again after 3") as err:
+        cluster.ensure_controllers()
+    assert "kube-controller-manager.log" in str(err.value)
+    assert calls == [("start", "cluster")] * cluster.MAX_COMPONENT_RESTARTS
+
+
+def test_controllers_that_never_work_time_out_naming_what_is_missing(
+    pids: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = iter(range(0, 10_000, 100))
+    monkeypatch.setattr(cluster.time, "monotonic", lambda: float(next(clock)))
+    _fake_cluster(monkeypatch, [], [False] * 100)
+    with pytest.raises(TimeoutError, match="kube-scheduler Lease holder"):
+        cluster.ensure_controllers(timeout=250)
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_every_start_checks_the_components_also_of_a_running_cluster(
+    running: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PMEM_CSI_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
+    monkeypatch.setattr(cluster.toolchain, "build_all", lambda groups: None)
+    monkeypatch.setattr(cluster, "is_running", lambda: running)
+    monkeypatch.setattr(cluster, "stop", lambda quiet=False: None)
+    monkeypatch.setattr(
+        cluster, "_create_cluster", lambda c, k: subprocess.CompletedProcess([], 0, "", "")
+    )
+    checked: list[str] = []
+    monkeypatch.setattr(cluster, "ensure_controllers", lambda: checked.append("checked"))
+
+    class Core:
+        def create_node(self, body: object) -> None:
+            pass
+
+    monkeypatch.setattr(cluster, "_core_api", Core)
+    monkeypatch.setattr(cluster, "wait_nodes_ready", lambda names: None)
+    cluster.start()
+    assert checked == ["checked"]

@@ -318,3 +318,199 @@ def test_objects_after_an_accepted_or_refused_anyway_one_are_still_dry_run() -> 
     for api in (DryRunApi(), RefusesServiceAccounts()):
         (rejection,) = preflight.patch_rejections(api, s, _lives(s.deployments[0]))
         assert rejection.ref == "StatefulSet pmem-csi/pmem-csi-intel-com-controller"
+
+
+# --------------------------------------------------------------------------- with the state
+
+
+def _identity_case() -> tuple[Any, Any, Any]:
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import cr as held_cr
+    from test_preflight_identity import ns as held_ns
+
+    return STACK_ME, held_cr, held_ns
+
+
+def test_unheld_namespaces_are_each_refused_at_the_deployment_that_creates_them() -> None:
+    """Two retained namespaces: each refusal names its own createNamespace key and the way
+    to use it unmanaged; the first refusal does not end the look at the second."""
+    from pmem_components import identity
+
+    me, _, held_ns = _identity_case()
+    config = stack({"name": "a.example", "namespace": "a"}, {"name": "b.example", "namespace": "b"})
+    observed = Observed(namespaces={"a": held_ns("a"), "b": held_ns("b")})
+    found = plan(config, observed, me, identity.StackState()).problems
+    assert [p.split(": ", 1)[0] for p in found] == [
+        "pmem-csi:deployments[0].createNamespace",
+        "pmem-csi:deployments[1].createNamespace",
+    ]
+    for name, problem in zip("ab", found, strict=True):
+        assert problem.startswith(
+            f"pmem-csi:deployments[{'ab'.index(name)}].createNamespace: "
+            f"namespace {name!r} carries this stack's identity {me!r}"
+        )
+        assert problem.endswith(
+            f'set pmem-csi:adopt: ["Namespace {name}"] (or true) to take it over (its fields '
+            "and field managers become this stack's); otherwise use createNamespace: false"
+        )
+
+
+def test_a_cr_the_state_holds_with_another_uid_is_refused_as_not_this_stacks() -> None:
+    """A CR of the name deleted and made anew since (another uid) is not the one this stack
+    recorded: refused at the deployment's name, naming the adopt entry."""
+    from pmem_components import identity
+
+    me, held_cr, _ = _identity_case()
+    live = held_cr(DRIVER)
+    state = identity.StackState({live.key: identity.Held("older-uid", "pulumi-kubernetes-1")})
+    (problem,) = plan(stack({}), Observed(crs={DRIVER: live}), me, state).problems
+    assert problem.startswith(f"pmem-csi:deployments[0].name: the Deployment CR {DRIVER!r} ")
+    assert f'pmem-csi:adopt: ["Deployment {DRIVER}"]' in problem
+    assert problem.endswith(
+        "otherwise use another driver name (one driver name is managed by one stack)"
+    )
+
+
+def test_a_cr_another_stack_took_over_is_refused_at_the_deployments_name() -> None:
+    """The take-away refusal of a configured deployment's CR names the key
+    ``deployments[i].name`` of that deployment (the second one here)."""
+    from pmem_components import identity
+
+    me, held_cr, _ = _identity_case()
+    other = held_cr("other.example", namespace="other", uid="other-uid")
+    live = ObservedObject(
+        **{**held_cr(DRIVER).__dict__, "pulumi_managers": ("pulumi-kubernetes-b",)}
+    )
+    state = identity.StackState(
+        {o.key: identity.Held(o.uid, "pulumi-kubernetes-1") for o in (other, live)}
+    )
+    config = stack({"name": "other.example", "namespace": "other"}, {})
+    observed = Observed(crs={"other.example": other, DRIVER: live})
+    (problem,) = plan(config, observed, me, state).problems
+    assert problem.startswith(
+        f"pmem-csi:deployments[1].name: the Deployment CR {DRIVER!r} is in this stack's state, "
+        "but another stack has taken it over since: its field manager is pulumi-kubernetes-b"
+    )
+
+
+def test_a_held_namespace_name_made_anew_by_someone_else_is_not_this_stacks_to_refuse() -> None:
+    """The state holds a namespace no deployment creates any more, but the live one of that
+    name has another uid (deleted and made anew): not this stack's object, so no refusal
+    about dropping it; one the state holds that is gone from the cluster likewise."""
+    from pmem_components import identity
+
+    me, _, held_ns = _identity_case()
+    recorded = held_ns("old-ns")
+    gone = held_ns("gone-ns")
+    state = identity.StackState(
+        {
+            recorded.key: identity.Held("older-uid", "pulumi-kubernetes-1"),
+            gone.key: identity.Held("gone-uid", "pulumi-kubernetes-1"),
+        }
+    )
+    live = ObservedObject(**{**recorded.__dict__, "pulumi_managers": ("pulumi-kubernetes-b",)})
+    assert plan(stack({}), Observed(namespaces={"old-ns": live}), me, state).problems == []
+
+
+# --------------------------------------------------------------------------- node drivers, moves
+
+
+def test_a_move_still_refuses_a_node_driver_of_the_name_in_a_third_namespace() -> None:
+    """An allowed reinstall from 'old' replaces the node driver there only: one of the same
+    CSI driver name in yet another namespace is still refused; without a move, one in
+    another namespace is refused and the own namespace's is not."""
+    observed = Observed(
+        crs={DRIVER: cr(DRIVER, "old")},
+        daemon_sets=[node_driver("old-driver", "old"), node_driver("d", "third")],
+    )
+    assert problems(stack({"allowReinstall": True}), observed) == [
+        "pmem-csi:deployments[0].namespace: DaemonSet third/d runs node drivers for "
+        f"{DRIVER!r} in another namespace; a second node driver of the same name would run on "
+        f"the same nodes. Remove it first ({RUNBOOK})"
+    ]
+    alone = Observed(daemon_sets=[node_driver("here", "pmem-csi"), node_driver("d", "third")])
+    (problem,) = problems(stack({}), alone)
+    assert problem.startswith("pmem-csi:deployments[0].namespace: DaemonSet third/d runs")
+
+
+def test_the_running_device_mode_is_read_from_the_containers_args_too() -> None:
+    """A node DaemonSet that passes -deviceManager= in ``args`` (not ``command``) still
+    tells the running mode: a change from it is refused, naming the DaemonSet."""
+    container = {
+        "name": "pmem-driver",
+        "command": ["/usr/local/bin/pmem-csi-driver"],
+        "args": ["-deviceManager=lvm", "-mode=node"],
+        "env": [{"name": "PMEM_CSI_DRIVER_NAME", "value": DRIVER}],
+    }
+    ds = ObservedObject(
+        "DaemonSet",
+        "pmem-csi-intel-com-node",
+        "pmem-csi",
+        labels=OURS,
+        spec={"template": {"spec": {"containers": [container]}}},
+    )
+    assert problems(stack({"deviceMode": "direct"}), Observed(daemon_sets=[ds])) == [
+        "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct' makes the "
+        "existing volumes unusable (their PMEM is managed the other way; DaemonSet "
+        "pmem-csi/pmem-csi-intel-com-node runs -deviceManager=lvm); delete or back up the "
+        "volumes first, then set pmem-csi:deployments[0].allowDeviceModeChange: true"
+    ]
+
+
+def test_an_unawaited_reinstall_is_refused_with_the_whole_text() -> None:
+    """await.enabled: false during a move: the refusal names the key, the annotation, the
+    overlap and the setting for the moving update."""
+    from test_preflight import node_ds
+
+    observed = Observed(crs={DRIVER: cr(DRIVER, "old")}, daemon_sets=[node_ds(namespace="old")])
+    config = stack({"allowReinstall": True, "await": {"enabled": False}})
+    assert problems(config, observed) == [
+        "pmem-csi:deployments[0].await.enabled: false sets pulumi.com/skipAwait, with which "
+        "the provider does not wait for a delete either: the old node DaemonSet of this "
+        "reinstall would still run its pods when the new one starts, two node drivers on the "
+        "same nodes. Set await.enabled: true for the update that moves the deployment"
+    ]
+
+
+# --------------------------------------------------------------------------- patch dry runs
+
+
+class RefusesEverything:
+    """An API server that refuses every patched object, naming one field, and accepts the
+    unpatched ones."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        self.calls: list[str] = []
+
+    def dry_apply(self, path: str, obj: Any, manager: str) -> tuple[int, dict[str, Any]]:
+        self.calls.append(path)
+        if obj.get("metadata", {}).get("annotations", {}).get("patched") or obj.get("spec", {}).get(
+            "minReadySeconds"
+        ):
+            cause = {"reason": "FieldValueForbidden", "field": self.field, "message": "no"}
+            return 422, {"kind": "Status", "reason": "Invalid", "details": {"causes": [cause]}}
+        return 200, obj
+
+
+def test_a_refusal_names_only_the_changed_fields_the_api_server_names() -> None:
+    """A patch changing two fields, one of which is refused: the rejection names that one."""
+    both = {"podManagementPolicy": "Parallel", "minReadySeconds": 5}
+    s = stack({"patches": [{"kind": "StatefulSet", "mergePatch": {"spec": both}}]})
+    api = RefusesEverything("spec.podManagementPolicy")
+    (rejection,) = preflight.patch_rejections(api, s, _lives(s.deployments[0]))
+    assert rejection.fields == ("spec.podManagementPolicy",)
+
+
+def test_the_namespace_is_not_dry_run_with_the_deployments_patches() -> None:
+    """The namespace is registered apart from the deployment's objects (and may not be this
+    stack's): a patch selecting a Namespace never dry-runs the live namespace."""
+    from pmem_components.preflight import _path
+
+    s = stack({"patches": [{"kind": "Namespace", "mergePatch": {"metadata": {"annotations": {
+        "patched": "yes"}}}}]})  # fmt: skip
+    lives = {_path("v1", "Namespace", None, "pmem-csi"): {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "pmem-csi"}}}  # fmt: skip
+    api = RefusesEverything("metadata.annotations")
+    assert preflight.patch_rejections(api, s, lives) == []
+    assert api.calls == []

@@ -514,3 +514,98 @@ def test_the_namespace_is_not_dry_run_with_the_deployments_patches() -> None:
     api = RefusesEverything("metadata.annotations")
     assert preflight.patch_rejections(api, s, lives) == []
     assert api.calls == []
+
+
+def test_a_dropped_object_another_stack_took_names_the_state_delete_whole() -> None:
+    """The whole refusal for a dropped CR and a dropped namespace another stack took over:
+    what would be deleted, both managers, and the state delete (by URN when the state has
+    one, else where to find it) that forgets it without deleting anything."""
+    from test_preflight_identity import COMPONENT_URN, NS_URN, cr, ns, state_with_urns, taken
+
+    from pmem_components import identity
+
+    live_cr = taken(cr(), ("pulumi-kubernetes-bbbb",))
+    live_ns = taken(ns(), ("pulumi-kubernetes-bbbb",))
+    common = (
+        "but another stack has taken it over since (field manager pulumi-kubernetes-bbbb, not "
+        "this stack's pulumi-kubernetes-aaaa): dropping it would delete {objects}, which that "
+        "stack manages now, by name. To leave it to that stack, make this one forget it "
+        "without deleting anything: {command}, then pulumi up; or, if this stack is to manage "
+        'it again, configure it and set pmem-csi:adopt: ["{ref}"]'
+    )
+    cr_head = f"pmem-csi:deployments: {DRIVER!r} (in this stack's state) is no longer configured, "
+    ns_head = (
+        "pmem-csi:deployments: namespace 'pmem-csi' (in this stack's state) is created by no "
+        "deployment, "
+    )
+    cr_objects = "the driver's objects"
+    ns_objects = "the namespace (unless kept on delete: retainNamespaces) and all in it"
+    no_urns = identity.StackState(
+        {o.key: identity.Held(o.uid, "pulumi-kubernetes-aaaa") for o in (live_cr, live_ns)}
+    )
+    cases = [
+        (
+            live_cr,
+            state_with_urns(),
+            cr_head,
+            cr_objects,
+            f"pulumi state delete --target-dependents --yes '{COMPONENT_URN}'",
+        ),
+        (
+            live_cr,
+            no_urns,
+            cr_head,
+            cr_objects,
+            "pulumi state delete --target-dependents --yes <the URN of its PmemCsiDeployment "
+            "component (pulumi stack --show-urns)>",
+        ),
+        (live_ns, state_with_urns(), ns_head, ns_objects, f"pulumi state delete --yes '{NS_URN}'"),
+        (
+            live_ns,
+            no_urns,
+            ns_head,
+            ns_objects,
+            "pulumi state delete --yes '<its URN (pulumi stack --show-urns)>'",
+        ),
+    ]
+    for live, state, head, objects, command in cases:
+        ref = preflight.adopt_ref(live)
+        assert preflight._dropped_taken(live, state) == head + common.format(
+            objects=objects, command=command, ref=ref
+        )
+
+
+def test_a_move_from_a_skip_await_node_driver_is_refused_with_the_whole_text() -> None:
+    """The old node DaemonSet still carries skipAwait: the refusal names it, the annotation,
+    and the update to run first with the deployment where it is."""
+    from test_preflight import node_ds
+
+    skipping = node_ds(namespace="old", annotations={"pulumi.com/skipAwait": "TRUE"})
+    observed = Observed(crs={DRIVER: cr(DRIVER, "old")}, daemon_sets=[skipping])
+    assert problems(stack({"allowReinstall": True}), observed) == [
+        "pmem-csi:deployments[0].await.enabled: DaemonSet old/pmem-csi-intel-com-node carries "
+        "pulumi.com/skipAwait (from await.enabled: false), which the provider reads when it "
+        "deletes it, so the move would not wait for the old node driver's pods to go: two "
+        "node drivers on the same nodes; first run pulumi up with await.enabled: true and the "
+        f"deployment where it is (name {DRIVER!r}, namespace 'old'), then move it"
+    ]
+
+
+def test_the_running_mode_is_read_past_other_drivers_and_either_dash_form() -> None:
+    """Another driver's DaemonSet listed first does not end the look; ``--deviceManager=``
+    (two dashes) in ``args`` is read like ``-deviceManager=``."""
+    from test_preflight import node_ds
+
+    other = node_ds(driver="other.example", mode="direct")
+    mine = node_ds(mode="direct")
+    container = mine.spec["template"]["spec"]["containers"][0]
+    container = {**container, "command": ["/bin/driver"], "args": ["--deviceManager=direct"]}
+    mine = ObservedObject(
+        **{**mine.__dict__, "spec": {"template": {"spec": {"containers": [container]}}}}
+    )
+    assert preflight._running_modes(Observed(daemon_sets=[other, mine]), DRIVER) == [
+        (mine, "direct")
+    ]
+    (problem,) = problems(stack({"deviceMode": "lvm"}), Observed(daemon_sets=[other, mine]))
+    assert "changing it from 'direct' to 'lvm'" in problem
+    assert "DaemonSet pmem-csi/pmem-csi-intel-com-node runs -deviceManager=direct" in problem

@@ -609,3 +609,105 @@ def test_the_running_mode_is_read_past_other_drivers_and_either_dash_form() -> N
     (problem,) = problems(stack({"deviceMode": "lvm"}), Observed(daemon_sets=[other, mine]))
     assert "changing it from 'direct' to 'lvm'" in problem
     assert "DaemonSet pmem-csi/pmem-csi-intel-com-node runs -deviceManager=direct" in problem
+
+
+def test_a_rename_stranding_volumes_and_a_removal_with_volumes_whole_texts() -> None:
+    """Both volume refusals in full: the objects, the CSI driver name, the node state
+    directory, and the way out (keep the name, or delete the claims first)."""
+    from test_preflight import pv, storage_class
+
+    volumes = [pv("pvc-1", "old.example"), storage_class("sc", "old.example")]
+    observed = Observed(crs={"old.example": cr("old.example")}, volumes=volumes)
+    renamed = stack({"name": "new.example", "renamedFrom": "old.example"})
+    assert problems(renamed, observed) == [
+        "pmem-csi:deployments[0].renamedFrom: renaming 'old.example' to 'new.example' would "
+        "strand its volumes: PersistentVolume pvc-1, StorageClass sc name the CSI driver "
+        "'old.example', and Kubernetes finds a volume's driver by that name only (the node "
+        "state directory /var/lib/old.example would be left behind too). A rename is refused "
+        "while the old driver has volumes: keep the name 'old.example' (a namespace change "
+        "with allowReinstall keeps the volumes), or first delete the PersistentVolumeClaims "
+        "and StorageClasses that use it while it runs, then rename"
+    ]
+    two = {**observed.crs, DRIVER: cr(DRIVER)}
+    assert problems(stack({}), Observed(crs=two, volumes=volumes)) == [
+        "pmem-csi:deployments: 'old.example' (deployed by this stack) is no longer configured "
+        "but still has volumes: PersistentVolume pvc-1, StorageClass sc name its CSI driver; "
+        "removing it would leave them without a driver (they could no longer be mounted, "
+        "unmounted or deleted). Keep it configured and first delete the PersistentVolumeClaims "
+        "(their volumes are deleted by the running driver) and StorageClasses that use it, "
+        "then remove it"
+    ]
+
+
+def test_a_patch_rejection_problem_names_every_entry_and_field() -> None:
+    """The refusal of a patch the API server would not apply in place, in full."""
+    rejection = preflight.Rejection(
+        0,
+        ("pmem-csi:deployments[0].patches[0]", "pmem-csi:deployments[0].patches[2]"),
+        "StatefulSet pmem-csi/c",
+        ("spec.podManagementPolicy", "spec.selector"),
+        "spec: Forbidden",
+    )
+    assert problems(stack({}), Observed(patch_rejections=[rejection])) == [
+        "pmem-csi:deployments[0].patches[0], pmem-csi:deployments[0].patches[2]: changes "
+        "spec.podManagementPolicy, spec.selector of StatefulSet pmem-csi/c, which the API "
+        "server refuses to change in place (spec: Forbidden); the provider would delete the "
+        "object and create it anew. Leave that field out of the patch (to change it anyway, "
+        "delete the object first and run pulumi up again)"
+    ]
+
+
+def test_adopting_two_objects_without_taking_over_fields_whole_text() -> None:
+    """Adoption needs takeOverFields: the refusal names every adopted object and both keys."""
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import cr as held_cr
+    from test_preflight_identity import ns as held_ns
+
+    from pmem_components import identity
+
+    observed = Observed(namespaces={"pmem-csi": held_ns()}, crs={DRIVER: held_cr()})
+    config = load({"deployments": [{}], "adopt": True, "takeOverFields": False})
+    assert plan(config, observed, STACK_ME, identity.StackState()).problems == [
+        f"pmem-csi:adopt: adopting Namespace pmem-csi, Deployment {DRIVER} with "
+        "pmem-csi:takeOverFields: false would leave the field manager the earlier owner left "
+        "on them next to this stack's: two stacks managing one object (and a later update "
+        "that changes a field both set fails with a server-side apply conflict). Set "
+        "pmem-csi:takeOverFields: true (the default) for the pulumi up that adopts them (it "
+        "may be false again afterwards)"
+    ]
+
+
+def load(raw: dict[str, Any]) -> Any:
+    from pmem_components.config import load_config
+
+    return load_config(raw, check_certificates=False)
+
+
+def test_a_device_mode_change_names_every_source_that_differs() -> None:
+    """The CR (with the old name ``ndctl`` of direct) and the running DaemonSet both say
+    another mode: the refusal names both, and an alias equal to the new mode is none."""
+    from test_preflight import node_ds
+
+    observed = Observed(
+        crs={DRIVER: cr(DRIVER, mode="ndctl")}, daemon_sets=[node_ds(mode="direct")]
+    )
+    assert problems(stack({"deviceMode": "direct"}), observed) == []
+    (problem,) = problems(stack({"deviceMode": "lvm"}), observed)
+    assert (
+        "changing it from 'direct' to 'lvm' makes the existing volumes unusable (their PMEM is "
+        "managed the other way; the Deployment CR; DaemonSet pmem-csi/pmem-csi-intel-com-node "
+        "runs -deviceManager=direct); delete"
+    ) in problem
+
+
+def test_a_held_namespace_does_not_end_the_check_of_the_next_one() -> None:
+    """The first deployment's namespace is this stack's (held); the second's is foreign and
+    still refused."""
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import held
+    from test_preflight_identity import ns as held_ns
+
+    config = stack({"name": "a.example", "namespace": "a"}, {"name": "b.example", "namespace": "b"})
+    observed = Observed(namespaces={"a": held_ns("a"), "b": held_ns("b", uid="b-uid")})
+    (problem,) = plan(config, observed, STACK_ME, held(held_ns("a"))).problems
+    assert problem.startswith("pmem-csi:deployments[1].createNamespace: namespace 'b' ")

@@ -711,3 +711,43 @@ def test_a_held_namespace_does_not_end_the_check_of_the_next_one() -> None:
     observed = Observed(namespaces={"a": held_ns("a"), "b": held_ns("b", uid="b-uid")})
     (problem,) = plan(config, observed, STACK_ME, held(held_ns("a"))).problems
     assert problem.startswith("pmem-csi:deployments[1].createNamespace: namespace 'b' ")
+
+
+def test_a_refusals_reason_is_each_causes_message_or_nothing_never_a_placeholder() -> None:
+    """Outside Secrets the reason quotes each cause's message (not its reason word); a cause
+    without one, or a Status with nothing at all, gives an empty reason."""
+    status = {
+        "details": {
+            "causes": [
+                {"field": "spec.a", "reason": "FieldValueForbidden", "message": "a is immutable"},
+                {"field": "spec.b", "reason": "FieldValueInvalid"},
+            ]
+        }
+    }
+    assert preflight._refusal(status, secret=False) == (
+        ["spec.a", "spec.b"],
+        "spec.a: a is immutable; spec.b: ",
+    )
+    assert preflight._refusal({}, secret=False) == ([], "")
+    assert preflight._refusal({}, secret=True) == ([], "")
+
+
+def test_only_the_old_node_daemon_sets_own_skip_await_blocks_a_move() -> None:
+    """Of the DaemonSets in the old namespace only the moving driver's node DaemonSet is
+    read: another one's skipAwait blocks nothing, and another listed first does not hide
+    the node DaemonSet's."""
+    from test_preflight import node_ds
+
+    skip = {"pulumi.com/skipAwait": "true"}
+    other = ObservedObject("DaemonSet", "unrelated", "old", annotations=skip)
+    plain_other = ObservedObject("DaemonSet", "unrelated", "old")
+    moving = {DRIVER: cr(DRIVER, "old")}
+    ok = Observed(crs=moving, daemon_sets=[other, node_ds(namespace="old")])
+    assert problems(stack({"allowReinstall": True}), ok) == []
+    hidden = Observed(
+        crs=moving, daemon_sets=[plain_other, node_ds(namespace="old", annotations=skip)]
+    )
+    (problem,) = problems(stack({"allowReinstall": True}), hidden)
+    assert problem.startswith(
+        "pmem-csi:deployments[0].await.enabled: DaemonSet old/pmem-csi-intel-com-node carries"
+    )

@@ -751,3 +751,11 @@ def test_only_the_old_node_daemon_sets_own_skip_await_blocks_a_move() -> None:
     assert problem.startswith(
         "pmem-csi:deployments[0].await.enabled: DaemonSet old/pmem-csi-intel-com-node carries"
     )
+
+
+def test_the_listed_plurals_are_used_where_lower_case_plus_s_would_be_wrong() -> None:
+    """StorageClasses are listed at .../storageclasses (not "storageclasss"): the volume
+    check reads them there."""
+    assert preflight._path("storage.k8s.io/v1", "StorageClass", None) == (
+        "/apis/storage.k8s.io/v1/storageclasses"
+    )

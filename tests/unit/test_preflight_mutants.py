@@ -759,3 +759,54 @@ def test_the_listed_plurals_are_used_where_lower_case_plus_s_would_be_wrong() ->
     assert preflight._path("storage.k8s.io/v1", "StorageClass", None) == (
         "/apis/storage.k8s.io/v1/storageclasses"
     )
+
+
+def test_an_annotated_object_without_the_label_is_judged_by_the_state() -> None:
+    """A namespace and a CR that carry another stack's identity but not the managed-by label
+    (edited by hand) are refused as objects this stack's state does not hold."""
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import cr as held_cr
+    from test_preflight_identity import ns as held_ns
+
+    from pmem_components import identity
+
+    def unlabelled(o: ObservedObject) -> ObservedObject:
+        return ObservedObject(**{**o.__dict__, "labels": {}})
+
+    observed = Observed(
+        namespaces={"pmem-csi": unlabelled(held_ns(owner="org/other/prod"))},
+        crs={DRIVER: unlabelled(held_cr(owner="org/other/prod"))},
+    )
+    found = plan(stack({}), observed, STACK_ME, identity.StackState()).problems
+    assert [p.split(" is managed by stack ", 1)[0] for p in found] == [
+        "pmem-csi:deployments[0].createNamespace: namespace 'pmem-csi'",
+        f"pmem-csi:deployments[0].name: the Deployment CR {DRIVER!r}",
+    ]
+    assert all(
+        f"'org/other/prod' ({names.STACK_ANNOTATION}), and this stack's state does not hold it" in p
+        for p in found
+    )
+
+
+def test_namespaces_kept_are_the_held_ones_in_use_past_an_absent_one() -> None:
+    """Deployments that no longer create their namespaces: one not in the cluster is skipped,
+    the next one the state holds is kept, and one made anew (another uid) is not."""
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import ns as held_ns
+
+    from pmem_components import identity
+
+    config = stack(
+        {"name": "a.example", "namespace": "absent", "createNamespace": False},
+        {"name": "b.example", "namespace": "kept", "createNamespace": False},
+        {"name": "c.example", "namespace": "anew", "createNamespace": False},
+    )
+    kept, anew = held_ns("kept", uid="kept-uid"), held_ns("anew", uid="new-uid")
+    state = identity.StackState(
+        {
+            kept.key: identity.Held("kept-uid", "pulumi-kubernetes-1"),
+            anew.key: identity.Held("old-uid", "pulumi-kubernetes-1"),
+        }
+    )
+    result = plan(config, Observed(namespaces={"kept": kept, "anew": anew}), STACK_ME, state)
+    assert result.keep_namespaces == {"kept"}

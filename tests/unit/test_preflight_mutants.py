@@ -318,3 +318,495 @@ def test_objects_after_an_accepted_or_refused_anyway_one_are_still_dry_run() -> 
     for api in (DryRunApi(), RefusesServiceAccounts()):
         (rejection,) = preflight.patch_rejections(api, s, _lives(s.deployments[0]))
         assert rejection.ref == "StatefulSet pmem-csi/pmem-csi-intel-com-controller"
+
+
+# --------------------------------------------------------------------------- with the state
+
+
+def _identity_case() -> tuple[Any, Any, Any]:
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import cr as held_cr
+    from test_preflight_identity import ns as held_ns
+
+    return STACK_ME, held_cr, held_ns
+
+
+def test_unheld_namespaces_are_each_refused_at_the_deployment_that_creates_them() -> None:
+    """Two retained namespaces: each refusal names its own createNamespace key and the way
+    to use it unmanaged; the first refusal does not end the look at the second."""
+    from pmem_components import identity
+
+    me, _, held_ns = _identity_case()
+    config = stack({"name": "a.example", "namespace": "a"}, {"name": "b.example", "namespace": "b"})
+    observed = Observed(namespaces={"a": held_ns("a"), "b": held_ns("b")})
+    found = plan(config, observed, me, identity.StackState()).problems
+    assert [p.split(": ", 1)[0] for p in found] == [
+        "pmem-csi:deployments[0].createNamespace",
+        "pmem-csi:deployments[1].createNamespace",
+    ]
+    for name, problem in zip("ab", found, strict=True):
+        assert problem.startswith(
+            f"pmem-csi:deployments[{'ab'.index(name)}].createNamespace: "
+            f"namespace {name!r} carries this stack's identity {me!r}"
+        )
+        assert problem.endswith(
+            f'set pmem-csi:adopt: ["Namespace {name}"] (or true) to take it over (its fields '
+            "and field managers become this stack's); otherwise use createNamespace: false"
+        )
+
+
+def test_a_cr_the_state_holds_with_another_uid_is_refused_as_not_this_stacks() -> None:
+    """A CR of the name deleted and made anew since (another uid) is not the one this stack
+    recorded: refused at the deployment's name, naming the adopt entry."""
+    from pmem_components import identity
+
+    me, held_cr, _ = _identity_case()
+    live = held_cr(DRIVER)
+    state = identity.StackState({live.key: identity.Held("older-uid", "pulumi-kubernetes-1")})
+    (problem,) = plan(stack({}), Observed(crs={DRIVER: live}), me, state).problems
+    assert problem.startswith(f"pmem-csi:deployments[0].name: the Deployment CR {DRIVER!r} ")
+    assert f'pmem-csi:adopt: ["Deployment {DRIVER}"]' in problem
+    assert problem.endswith(
+        "otherwise use another driver name (one driver name is managed by one stack)"
+    )
+
+
+def test_a_cr_another_stack_took_over_is_refused_at_the_deployments_name() -> None:
+    """The take-away refusal of a configured deployment's CR names the key
+    ``deployments[i].name`` of that deployment (the second one here)."""
+    from pmem_components import identity
+
+    me, held_cr, _ = _identity_case()
+    other = held_cr("other.example", namespace="other", uid="other-uid")
+    live = ObservedObject(
+        **{**held_cr(DRIVER).__dict__, "pulumi_managers": ("pulumi-kubernetes-b",)}
+    )
+    state = identity.StackState(
+        {o.key: identity.Held(o.uid, "pulumi-kubernetes-1") for o in (other, live)}
+    )
+    config = stack({"name": "other.example", "namespace": "other"}, {})
+    observed = Observed(crs={"other.example": other, DRIVER: live})
+    (problem,) = plan(config, observed, me, state).problems
+    assert problem.startswith(
+        f"pmem-csi:deployments[1].name: the Deployment CR {DRIVER!r} is in this stack's state, "
+        "but another stack has taken it over since: its field manager is pulumi-kubernetes-b"
+    )
+
+
+def test_a_held_namespace_name_made_anew_by_someone_else_is_not_this_stacks_to_refuse() -> None:
+    """The state holds a namespace no deployment creates any more, but the live one of that
+    name has another uid (deleted and made anew): not this stack's object, so no refusal
+    about dropping it; one the state holds that is gone from the cluster likewise."""
+    from pmem_components import identity
+
+    me, _, held_ns = _identity_case()
+    recorded = held_ns("old-ns")
+    gone = held_ns("gone-ns")
+    state = identity.StackState(
+        {
+            recorded.key: identity.Held("older-uid", "pulumi-kubernetes-1"),
+            gone.key: identity.Held("gone-uid", "pulumi-kubernetes-1"),
+        }
+    )
+    live = ObservedObject(**{**recorded.__dict__, "pulumi_managers": ("pulumi-kubernetes-b",)})
+    assert plan(stack({}), Observed(namespaces={"old-ns": live}), me, state).problems == []
+
+
+# --------------------------------------------------------------------------- node drivers, moves
+
+
+def test_a_move_still_refuses_a_node_driver_of_the_name_in_a_third_namespace() -> None:
+    """An allowed reinstall from 'old' replaces the node driver there only: one of the same
+    CSI driver name in yet another namespace is still refused; without a move, one in
+    another namespace is refused and the own namespace's is not."""
+    observed = Observed(
+        crs={DRIVER: cr(DRIVER, "old")},
+        daemon_sets=[node_driver("old-driver", "old"), node_driver("d", "third")],
+    )
+    assert problems(stack({"allowReinstall": True}), observed) == [
+        "pmem-csi:deployments[0].namespace: DaemonSet third/d runs node drivers for "
+        f"{DRIVER!r} in another namespace; a second node driver of the same name would run on "
+        f"the same nodes. Remove it first ({RUNBOOK})"
+    ]
+    alone = Observed(daemon_sets=[node_driver("here", "pmem-csi"), node_driver("d", "third")])
+    (problem,) = problems(stack({}), alone)
+    assert problem.startswith("pmem-csi:deployments[0].namespace: DaemonSet third/d runs")
+
+
+def test_the_running_device_mode_is_read_from_the_containers_args_too() -> None:
+    """A node DaemonSet that passes -deviceManager= in ``args`` (not ``command``) still
+    tells the running mode: a change from it is refused, naming the DaemonSet."""
+    container = {
+        "name": "pmem-driver",
+        "command": ["/usr/local/bin/pmem-csi-driver"],
+        "args": ["-deviceManager=lvm", "-mode=node"],
+        "env": [{"name": "PMEM_CSI_DRIVER_NAME", "value": DRIVER}],
+    }
+    ds = ObservedObject(
+        "DaemonSet",
+        "pmem-csi-intel-com-node",
+        "pmem-csi",
+        labels=OURS,
+        spec={"template": {"spec": {"containers": [container]}}},
+    )
+    assert problems(stack({"deviceMode": "direct"}), Observed(daemon_sets=[ds])) == [
+        "pmem-csi:deployments[0].deviceMode: changing it from 'lvm' to 'direct' makes the "
+        "existing volumes unusable (their PMEM is managed the other way; DaemonSet "
+        "pmem-csi/pmem-csi-intel-com-node runs -deviceManager=lvm); delete or back up the "
+        "volumes first, then set pmem-csi:deployments[0].allowDeviceModeChange: true"
+    ]
+
+
+def test_an_unawaited_reinstall_is_refused_with_the_whole_text() -> None:
+    """await.enabled: false during a move: the refusal names the key, the annotation, the
+    overlap and the setting for the moving update."""
+    from test_preflight import node_ds
+
+    observed = Observed(crs={DRIVER: cr(DRIVER, "old")}, daemon_sets=[node_ds(namespace="old")])
+    config = stack({"allowReinstall": True, "await": {"enabled": False}})
+    assert problems(config, observed) == [
+        "pmem-csi:deployments[0].await.enabled: false sets pulumi.com/skipAwait, with which "
+        "the provider does not wait for a delete either: the old node DaemonSet of this "
+        "reinstall would still run its pods when the new one starts, two node drivers on the "
+        "same nodes. Set await.enabled: true for the update that moves the deployment"
+    ]
+
+
+# --------------------------------------------------------------------------- patch dry runs
+
+
+class RefusesEverything:
+    """An API server that refuses every patched object, naming one field, and accepts the
+    unpatched ones."""
+
+    def __init__(self, field: str) -> None:
+        self.field = field
+        self.calls: list[str] = []
+
+    def dry_apply(self, path: str, obj: Any, manager: str) -> tuple[int, dict[str, Any]]:
+        self.calls.append(path)
+        if obj.get("metadata", {}).get("annotations", {}).get("patched") or obj.get("spec", {}).get(
+            "minReadySeconds"
+        ):
+            cause = {"reason": "FieldValueForbidden", "field": self.field, "message": "no"}
+            return 422, {"kind": "Status", "reason": "Invalid", "details": {"causes": [cause]}}
+        return 200, obj
+
+
+def test_a_refusal_names_only_the_changed_fields_the_api_server_names() -> None:
+    """A patch changing two fields, one of which is refused: the rejection names that one."""
+    both = {"podManagementPolicy": "Parallel", "minReadySeconds": 5}
+    s = stack({"patches": [{"kind": "StatefulSet", "mergePatch": {"spec": both}}]})
+    api = RefusesEverything("spec.podManagementPolicy")
+    (rejection,) = preflight.patch_rejections(api, s, _lives(s.deployments[0]))
+    assert rejection.fields == ("spec.podManagementPolicy",)
+
+
+def test_the_namespace_is_not_dry_run_with_the_deployments_patches() -> None:
+    """The namespace is registered apart from the deployment's objects (and may not be this
+    stack's): a patch selecting a Namespace never dry-runs the live namespace."""
+    from pmem_components.preflight import _path
+
+    s = stack({"patches": [{"kind": "Namespace", "mergePatch": {"metadata": {"annotations": {
+        "patched": "yes"}}}}]})  # fmt: skip
+    lives = {_path("v1", "Namespace", None, "pmem-csi"): {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "pmem-csi"}}}  # fmt: skip
+    api = RefusesEverything("metadata.annotations")
+    assert preflight.patch_rejections(api, s, lives) == []
+    assert api.calls == []
+
+
+def test_a_dropped_object_another_stack_took_names_the_state_delete_whole() -> None:
+    """The whole refusal for a dropped CR and a dropped namespace another stack took over:
+    what would be deleted, both managers, and the state delete (by URN when the state has
+    one, else where to find it) that forgets it without deleting anything."""
+    from test_preflight_identity import COMPONENT_URN, NS_URN, cr, ns, state_with_urns, taken
+
+    from pmem_components import identity
+
+    live_cr = taken(cr(), ("pulumi-kubernetes-bbbb",))
+    live_ns = taken(ns(), ("pulumi-kubernetes-bbbb",))
+    common = (
+        "but another stack has taken it over since (field manager pulumi-kubernetes-bbbb, not "
+        "this stack's pulumi-kubernetes-aaaa): dropping it would delete {objects}, which that "
+        "stack manages now, by name. To leave it to that stack, make this one forget it "
+        "without deleting anything: {command}, then pulumi up; or, if this stack is to manage "
+        'it again, configure it and set pmem-csi:adopt: ["{ref}"]'
+    )
+    cr_head = f"pmem-csi:deployments: {DRIVER!r} (in this stack's state) is no longer configured, "
+    ns_head = (
+        "pmem-csi:deployments: namespace 'pmem-csi' (in this stack's state) is created by no "
+        "deployment, "
+    )
+    cr_objects = "the driver's objects"
+    ns_objects = "the namespace (unless kept on delete: retainNamespaces) and all in it"
+    no_urns = identity.StackState(
+        {o.key: identity.Held(o.uid, "pulumi-kubernetes-aaaa") for o in (live_cr, live_ns)}
+    )
+    cases = [
+        (
+            live_cr,
+            state_with_urns(),
+            cr_head,
+            cr_objects,
+            f"pulumi state delete --target-dependents --yes '{COMPONENT_URN}'",
+        ),
+        (
+            live_cr,
+            no_urns,
+            cr_head,
+            cr_objects,
+            "pulumi state delete --target-dependents --yes <the URN of its PmemCsiDeployment "
+            "component (pulumi stack --show-urns)>",
+        ),
+        (live_ns, state_with_urns(), ns_head, ns_objects, f"pulumi state delete --yes '{NS_URN}'"),
+        (
+            live_ns,
+            no_urns,
+            ns_head,
+            ns_objects,
+            "pulumi state delete --yes '<its URN (pulumi stack --show-urns)>'",
+        ),
+    ]
+    for live, state, head, objects, command in cases:
+        ref = preflight.adopt_ref(live)
+        assert preflight._dropped_taken(live, state) == head + common.format(
+            objects=objects, command=command, ref=ref
+        )
+
+
+def test_a_move_from_a_skip_await_node_driver_is_refused_with_the_whole_text() -> None:
+    """The old node DaemonSet still carries skipAwait: the refusal names it, the annotation,
+    and the update to run first with the deployment where it is."""
+    from test_preflight import node_ds
+
+    skipping = node_ds(namespace="old", annotations={"pulumi.com/skipAwait": "TRUE"})
+    observed = Observed(crs={DRIVER: cr(DRIVER, "old")}, daemon_sets=[skipping])
+    assert problems(stack({"allowReinstall": True}), observed) == [
+        "pmem-csi:deployments[0].await.enabled: DaemonSet old/pmem-csi-intel-com-node carries "
+        "pulumi.com/skipAwait (from await.enabled: false), which the provider reads when it "
+        "deletes it, so the move would not wait for the old node driver's pods to go: two "
+        "node drivers on the same nodes; first run pulumi up with await.enabled: true and the "
+        f"deployment where it is (name {DRIVER!r}, namespace 'old'), then move it"
+    ]
+
+
+def test_the_running_mode_is_read_past_other_drivers_and_either_dash_form() -> None:
+    """Another driver's DaemonSet listed first does not end the look; ``--deviceManager=``
+    (two dashes) in ``args`` is read like ``-deviceManager=``."""
+    from test_preflight import node_ds
+
+    other = node_ds(driver="other.example", mode="direct")
+    mine = node_ds(mode="direct")
+    container = mine.spec["template"]["spec"]["containers"][0]
+    container = {**container, "command": ["/bin/driver"], "args": ["--deviceManager=direct"]}
+    mine = ObservedObject(
+        **{**mine.__dict__, "spec": {"template": {"spec": {"containers": [container]}}}}
+    )
+    assert preflight._running_modes(Observed(daemon_sets=[other, mine]), DRIVER) == [
+        (mine, "direct")
+    ]
+    (problem,) = problems(stack({"deviceMode": "lvm"}), Observed(daemon_sets=[other, mine]))
+    assert "changing it from 'direct' to 'lvm'" in problem
+    assert "DaemonSet pmem-csi/pmem-csi-intel-com-node runs -deviceManager=direct" in problem
+
+
+def test_a_rename_stranding_volumes_and_a_removal_with_volumes_whole_texts() -> None:
+    """Both volume refusals in full: the objects, the CSI driver name, the node state
+    directory, and the way out (keep the name, or delete the claims first)."""
+    from test_preflight import pv, storage_class
+
+    volumes = [pv("pvc-1", "old.example"), storage_class("sc", "old.example")]
+    observed = Observed(crs={"old.example": cr("old.example")}, volumes=volumes)
+    renamed = stack({"name": "new.example", "renamedFrom": "old.example"})
+    assert problems(renamed, observed) == [
+        "pmem-csi:deployments[0].renamedFrom: renaming 'old.example' to 'new.example' would "
+        "strand its volumes: PersistentVolume pvc-1, StorageClass sc name the CSI driver "
+        "'old.example', and Kubernetes finds a volume's driver by that name only (the node "
+        "state directory /var/lib/old.example would be left behind too). A rename is refused "
+        "while the old driver has volumes: keep the name 'old.example' (a namespace change "
+        "with allowReinstall keeps the volumes), or first delete the PersistentVolumeClaims "
+        "and StorageClasses that use it while it runs, then rename"
+    ]
+    two = {**observed.crs, DRIVER: cr(DRIVER)}
+    assert problems(stack({}), Observed(crs=two, volumes=volumes)) == [
+        "pmem-csi:deployments: 'old.example' (deployed by this stack) is no longer configured "
+        "but still has volumes: PersistentVolume pvc-1, StorageClass sc name its CSI driver; "
+        "removing it would leave them without a driver (they could no longer be mounted, "
+        "unmounted or deleted). Keep it configured and first delete the PersistentVolumeClaims "
+        "(their volumes are deleted by the running driver) and StorageClasses that use it, "
+        "then remove it"
+    ]
+
+
+def test_a_patch_rejection_problem_names_every_entry_and_field() -> None:
+    """The refusal of a patch the API server would not apply in place, in full."""
+    rejection = preflight.Rejection(
+        0,
+        ("pmem-csi:deployments[0].patches[0]", "pmem-csi:deployments[0].patches[2]"),
+        "StatefulSet pmem-csi/c",
+        ("spec.podManagementPolicy", "spec.selector"),
+        "spec: Forbidden",
+    )
+    assert problems(stack({}), Observed(patch_rejections=[rejection])) == [
+        "pmem-csi:deployments[0].patches[0], pmem-csi:deployments[0].patches[2]: changes "
+        "spec.podManagementPolicy, spec.selector of StatefulSet pmem-csi/c, which the API "
+        "server refuses to change in place (spec: Forbidden); the provider would delete the "
+        "object and create it anew. Leave that field out of the patch (to change it anyway, "
+        "delete the object first and run pulumi up again)"
+    ]
+
+
+def test_adopting_two_objects_without_taking_over_fields_whole_text() -> None:
+    """Adoption needs takeOverFields: the refusal names every adopted object and both keys."""
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import cr as held_cr
+    from test_preflight_identity import ns as held_ns
+
+    from pmem_components import identity
+
+    observed = Observed(namespaces={"pmem-csi": held_ns()}, crs={DRIVER: held_cr()})
+    config = load({"deployments": [{}], "adopt": True, "takeOverFields": False})
+    assert plan(config, observed, STACK_ME, identity.StackState()).problems == [
+        f"pmem-csi:adopt: adopting Namespace pmem-csi, Deployment {DRIVER} with "
+        "pmem-csi:takeOverFields: false would leave the field manager the earlier owner left "
+        "on them next to this stack's: two stacks managing one object (and a later update "
+        "that changes a field both set fails with a server-side apply conflict). Set "
+        "pmem-csi:takeOverFields: true (the default) for the pulumi up that adopts them (it "
+        "may be false again afterwards)"
+    ]
+
+
+def load(raw: dict[str, Any]) -> Any:
+    from pmem_components.config import load_config
+
+    return load_config(raw, check_certificates=False)
+
+
+def test_a_device_mode_change_names_every_source_that_differs() -> None:
+    """The CR (with the old name ``ndctl`` of direct) and the running DaemonSet both say
+    another mode: the refusal names both, and an alias equal to the new mode is none."""
+    from test_preflight import node_ds
+
+    observed = Observed(
+        crs={DRIVER: cr(DRIVER, mode="ndctl")}, daemon_sets=[node_ds(mode="direct")]
+    )
+    assert problems(stack({"deviceMode": "direct"}), observed) == []
+    (problem,) = problems(stack({"deviceMode": "lvm"}), observed)
+    assert (
+        "changing it from 'direct' to 'lvm' makes the existing volumes unusable (their PMEM is "
+        "managed the other way; the Deployment CR; DaemonSet pmem-csi/pmem-csi-intel-com-node "
+        "runs -deviceManager=direct); delete"
+    ) in problem
+
+
+def test_a_held_namespace_does_not_end_the_check_of_the_next_one() -> None:
+    """The first deployment's namespace is this stack's (held); the second's is foreign and
+    still refused."""
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import held
+    from test_preflight_identity import ns as held_ns
+
+    config = stack({"name": "a.example", "namespace": "a"}, {"name": "b.example", "namespace": "b"})
+    observed = Observed(namespaces={"a": held_ns("a"), "b": held_ns("b", uid="b-uid")})
+    (problem,) = plan(config, observed, STACK_ME, held(held_ns("a"))).problems
+    assert problem.startswith("pmem-csi:deployments[1].createNamespace: namespace 'b' ")
+
+
+def test_a_refusals_reason_is_each_causes_message_or_nothing_never_a_placeholder() -> None:
+    """Outside Secrets the reason quotes each cause's message (not its reason word); a cause
+    without one, or a Status with nothing at all, gives an empty reason."""
+    status = {
+        "details": {
+            "causes": [
+                {"field": "spec.a", "reason": "FieldValueForbidden", "message": "a is immutable"},
+                {"field": "spec.b", "reason": "FieldValueInvalid"},
+            ]
+        }
+    }
+    assert preflight._refusal(status, secret=False) == (
+        ["spec.a", "spec.b"],
+        "spec.a: a is immutable; spec.b: ",
+    )
+    assert preflight._refusal({}, secret=False) == ([], "")
+    assert preflight._refusal({}, secret=True) == ([], "")
+
+
+def test_only_the_old_node_daemon_sets_own_skip_await_blocks_a_move() -> None:
+    """Of the DaemonSets in the old namespace only the moving driver's node DaemonSet is
+    read: another one's skipAwait blocks nothing, and another listed first does not hide
+    the node DaemonSet's."""
+    from test_preflight import node_ds
+
+    skip = {"pulumi.com/skipAwait": "true"}
+    other = ObservedObject("DaemonSet", "unrelated", "old", annotations=skip)
+    plain_other = ObservedObject("DaemonSet", "unrelated", "old")
+    moving = {DRIVER: cr(DRIVER, "old")}
+    ok = Observed(crs=moving, daemon_sets=[other, node_ds(namespace="old")])
+    assert problems(stack({"allowReinstall": True}), ok) == []
+    hidden = Observed(
+        crs=moving, daemon_sets=[plain_other, node_ds(namespace="old", annotations=skip)]
+    )
+    (problem,) = problems(stack({"allowReinstall": True}), hidden)
+    assert problem.startswith(
+        "pmem-csi:deployments[0].await.enabled: DaemonSet old/pmem-csi-intel-com-node carries"
+    )
+
+
+def test_the_listed_plurals_are_used_where_lower_case_plus_s_would_be_wrong() -> None:
+    """StorageClasses are listed at .../storageclasses (not "storageclasss"): the volume
+    check reads them there."""
+    assert preflight._path("storage.k8s.io/v1", "StorageClass", None) == (
+        "/apis/storage.k8s.io/v1/storageclasses"
+    )
+
+
+def test_an_annotated_object_without_the_label_is_judged_by_the_state() -> None:
+    """A namespace and a CR that carry another stack's identity but not the managed-by label
+    (edited by hand) are refused as objects this stack's state does not hold."""
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import cr as held_cr
+    from test_preflight_identity import ns as held_ns
+
+    from pmem_components import identity
+
+    def unlabelled(o: ObservedObject) -> ObservedObject:
+        return ObservedObject(**{**o.__dict__, "labels": {}})
+
+    observed = Observed(
+        namespaces={"pmem-csi": unlabelled(held_ns(owner="org/other/prod"))},
+        crs={DRIVER: unlabelled(held_cr(owner="org/other/prod"))},
+    )
+    found = plan(stack({}), observed, STACK_ME, identity.StackState()).problems
+    assert [p.split(" is managed by stack ", 1)[0] for p in found] == [
+        "pmem-csi:deployments[0].createNamespace: namespace 'pmem-csi'",
+        f"pmem-csi:deployments[0].name: the Deployment CR {DRIVER!r}",
+    ]
+    assert all(
+        f"'org/other/prod' ({names.STACK_ANNOTATION}), and this stack's state does not hold it" in p
+        for p in found
+    )
+
+
+def test_namespaces_kept_are_the_held_ones_in_use_past_an_absent_one() -> None:
+    """Deployments that no longer create their namespaces: one not in the cluster is skipped,
+    the next one the state holds is kept, and one made anew (another uid) is not."""
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import ns as held_ns
+
+    from pmem_components import identity
+
+    config = stack(
+        {"name": "a.example", "namespace": "absent", "createNamespace": False},
+        {"name": "b.example", "namespace": "kept", "createNamespace": False},
+        {"name": "c.example", "namespace": "anew", "createNamespace": False},
+    )
+    kept, anew = held_ns("kept", uid="kept-uid"), held_ns("anew", uid="new-uid")
+    state = identity.StackState(
+        {
+            kept.key: identity.Held("kept-uid", "pulumi-kubernetes-1"),
+            anew.key: identity.Held("old-uid", "pulumi-kubernetes-1"),
+        }
+    )
+    result = plan(config, Observed(namespaces={"kept": kept, "anew": anew}), STACK_ME, state)
+    assert result.keep_namespaces == {"kept"}

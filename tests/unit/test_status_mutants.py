@@ -332,3 +332,27 @@ def test_an_object_without_our_labels_says_which_it_lacks_and_that_it_has_none()
         f"DaemonSet/{NAMES.node_driver} (expected {n.LABEL_INSTANCE}={NAMES.hyphened}, "
         f"{n.LABEL_PART_OF}={n.PART_OF}; has none)"
     ) in c["message"]
+
+
+def test_certificate_problems_given_as_mappings_are_read_like_objects() -> None:
+    """A verifier may hand its problems over as mappings (decoded, say): the condition takes
+    its reason and message from them as from CertProblem objects, errors first."""
+    from test_status import cond
+
+    problems = [
+        {"severity": "warning", "reason": "ExpiringSoon", "message": "tls.crt expires soon"},
+        {"severity": "error", "reason": "Expired", "message": "ca.crt has expired"},
+    ]
+
+    def verify(*_: object, **__: object) -> list[dict[str, str]]:
+        return problems
+
+    failed = cond(st.compute_status(observed(), NOW, verify_certs=verify), "CertsVerified")
+    assert (failed["status"], failed["reason"], failed["message"]) == (
+        "False",
+        "Expired",
+        "ca.crt has expired; tls.crt expires soon",
+    )
+    del problems[1]
+    warned = cond(st.compute_status(observed(), NOW, verify_certs=verify), "CertsVerified")
+    assert (warned["status"], warned["reason"]) == ("True", "ExpiringSoon")

@@ -189,3 +189,15 @@ def test_a_bad_policy_entry_is_refused_naming_what_is_wrong(
     allowed, found = parse_allowed(raw, KEY)
     assert found == problems, wrong
     assert allowed == []
+
+
+def test_an_allowed_label_does_not_cover_a_longer_label_whose_key_starts_with_it() -> None:
+    """Label and annotation keys hold dots: allowing a manager the label ``app`` must not
+    allow it ``app.kubernetes.io/name`` too, a label Pulumi declares on every object."""
+    allowed = [Allowance("team-labeller", ("metadata.labels.app",), "r")]
+    labels = {"f:app": {}, "f:app.kubernetes.io/name": {}}
+    labeller = {"manager": "team-labeller", "fieldsV1": {"f:metadata": {"f:labels": labels}}}
+    assert foreign_owners([labeller], allowed) == [
+        ForeignOwner("team-labeller", "", ("metadata.labels.app.kubernetes.io/name",))
+    ]
+    assert is_foreign(labeller, allowed)

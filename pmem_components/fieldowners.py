@@ -105,7 +105,11 @@ def policy(extra: Iterable[Allowance] | None = None) -> tuple[Allowance, ...]:
 
 
 def _covers(allowed: str, path: str) -> bool:
-    return path == allowed or path.startswith((allowed + ".", allowed + "["))
+    """The node at ``path`` is the allowed one. What is below it is covered with it:
+    :func:`_split` tests every node's path on the way down and keeps an allowed node whole.
+    No prefix test: keys hold dots, and ``metadata.labels.app`` must not cover the label
+    ``app.kubernetes.io/name``."""
+    return path == allowed
 
 
 def _allowed_paths(manager: str, allowed: Iterable[Allowance]) -> tuple[str, ...]:

@@ -61,3 +61,35 @@ def test_a_shared_namespace_is_labelled_as_its_first_deployment_labels_it() -> N
         assert ns["kind"] == "Namespace"
         assert ns["metadata"]["name"] == "shared"
         assert ns["metadata"]["labels"]["team"] == "b"
+
+
+def test_the_stack_output_names_every_object_by_its_documented_role() -> None:
+    """Administrators and scripts read ``objectNames.<role>`` from the stack outputs: every
+    role key is spelled as documented and names that object."""
+    reporter = {"enabled": True, "image": "registry.example/reporter:1"}
+    cfg = load_config({"deployments": [{"name": "a.b", "reporter": reporter}]})
+    d = cfg.deployments[0]
+    names = d.names
+    assert bundle.object_names(d) == {
+        "deployment": "a.b",
+        "csiDriver": names.csi_driver,
+        "registrySecret": names.registry_secret,
+        "nodeSecret": names.node_secret,
+        "serviceAccount": names.service_account,
+        "provisionerRole": "a-b-external-provisioner-cfg",
+        "provisionerRoleBinding": "a-b-csi-provisioner-role-cfg",
+        "provisionerClusterRole": "a-b-external-provisioner-runner",
+        "provisionerClusterRoleBinding": "a-b-csi-provisioner-role",
+        "controllerService": "a-b-controller",
+        "metricsService": "a-b-metrics",
+        "controllerStatefulSet": "a-b-controller",
+        "nodeDaemonSet": "a-b-node",
+        "reporter": "a-b-reporter",
+    }
+
+
+def test_the_namespace_is_a_core_v1_namespace_object() -> None:
+    """The API server accepts only the exact ``v1`` group-version for a Namespace."""
+    d = load_config({"deployments": [{"name": "a.b", "namespace": "storage"}]}).deployments[0]
+    ns = namespace.build_namespace(d)
+    assert (ns["apiVersion"], ns["kind"], ns["metadata"]["name"]) == ("v1", "Namespace", "storage")

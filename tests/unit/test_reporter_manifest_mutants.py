@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import json
 
-from test_reporter_rbac import NAMES, all_objects, objects
+from test_reporter_rbac import NAMES, OTHER, all_objects, objects
 
 from pmem_components.fieldowners import ALLOWED_ENV, Allowance
 from pmem_components.manifests.reporter import (
@@ -144,3 +144,27 @@ def test_the_field_ownership_policy_reaches_every_reporter_container_once() -> N
     for container in (first, second):
         assert json.loads(container["env"][-1]["value"]) == expected
     assert with_allowed_field_owners(deployment, []) is deployment
+
+
+def test_a_reporter_namespace_serving_no_driver_gets_only_its_lease_rules() -> None:
+    """A reporter installed in a namespace of its own needs its leader-election Lease there and
+    nothing else; a driver namespace it also runs in gets the lease rules on top of the
+    driver rules."""
+    from pmem_components import names as n
+    from pmem_components.manifests.reporter import (
+        EVENT_RULE,
+        driver_namespace_rules,
+        lease_rules,
+        namespace_rules,
+    )
+
+    served = [(NAMES, "pmem-csi"), (OTHER, "other-ns")]
+    assert namespace_rules(served, "pmem-reporter") == {
+        "pmem-csi": driver_namespace_rules(),
+        "other-ns": driver_namespace_rules(),
+        "pmem-reporter": lease_rules(NAMES),
+        n.CLUSTER_EVENT_NAMESPACE: [EVENT_RULE],
+    }
+    shared = namespace_rules(served, "other-ns")
+    assert shared["other-ns"] == [*driver_namespace_rules(), *lease_rules(NAMES)]
+    assert "pmem-reporter" not in shared

@@ -332,3 +332,76 @@ def test_an_object_without_our_labels_says_which_it_lacks_and_that_it_has_none()
         f"DaemonSet/{NAMES.node_driver} (expected {n.LABEL_INSTANCE}={NAMES.hyphened}, "
         f"{n.LABEL_PART_OF}={n.PART_OF}; has none)"
     ) in c["message"]
+
+
+def test_certificate_problems_given_as_mappings_are_read_like_objects() -> None:
+    """A verifier may hand its problems over as mappings (decoded, say): the condition takes
+    its reason and message from them as from CertProblem objects, errors first."""
+    from test_status import cond
+
+    problems = [
+        {"severity": "warning", "reason": "ExpiringSoon", "message": "tls.crt expires soon"},
+        {"severity": "error", "reason": "Expired", "message": "ca.crt has expired"},
+    ]
+
+    def verify(*_: object, **__: object) -> list[dict[str, str]]:
+        return problems
+
+    failed = cond(st.compute_status(observed(), NOW, verify_certs=verify), "CertsVerified")
+    assert (failed["status"], failed["reason"], failed["message"]) == (
+        "False",
+        "Expired",
+        "ca.crt has expired; tls.crt expires soon",
+    )
+    del problems[1]
+    warned = cond(st.compute_status(observed(), NOW, verify_certs=verify), "CertsVerified")
+    assert (warned["status"], warned["reason"]) == ("True", "ExpiringSoon")
+
+
+def test_a_certificate_problem_lacking_fields_reads_them_as_empty_never_as_none() -> None:
+    """A problem without a reason or message (an object or a mapping) is still an error, and
+    the condition shows nothing for what it lacks, not the text ``None`` or a placeholder."""
+    from types import SimpleNamespace
+
+    from test_status import cond
+
+    for problem in ({"severity": "error"}, SimpleNamespace(severity="error")):
+
+        def verify(*_: object, problem: object = problem, **__: object) -> list[object]:
+            return [problem]
+
+        verified = cond(st.compute_status(observed(), NOW, verify_certs=verify), "CertsVerified")
+        assert (verified["status"], verified["reason"], verified["message"]) == ("False", "", "")
+
+
+def test_a_ready_terminating_pod_is_listed_and_a_nameless_one_first_as_a_question_mark() -> None:
+    """A ready pod that is being deleted still holds its node's volumes: it is named as
+    Terminating. A pod without a name (a garbage object) is shown as ``?``, sorted before
+    every name."""
+    from test_status import pod
+
+    terminating = pod("b-pod", "w1")
+    terminating["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
+    nameless = pod("x", "w2", ready=False)
+    del nameless["metadata"]["name"]
+    pods = [pod("0-pod", "w3", ready=False), pod("a-pod", "w0"), terminating, nameless]
+    assert st._describe_pods(pods, None) == [
+        "? on w2: container(s) pmem-driver not ready",
+        "0-pod on w3: container(s) pmem-driver not ready",
+        "b-pod on w1: Terminating",
+    ]
+
+
+def test_the_phase_reason_joins_the_causes_and_takes_one_problem_per_component() -> None:
+    """The CR's one-line reason: every condition that is not True, then each component's first
+    problem only (its reason may list several, separated by ``; ``)."""
+    conditions = [
+        {"type": "CertsReady", "status": "True", "reason": "CertsFound"},
+        {"type": "DriverDeployed", "status": "False", "reason": "ObjectsMissing"},
+        {"type": "CertsVerified", "status": "Unknown", "reason": "CertsNotReady"},
+    ]
+    components = [{"component": "Node", "status": "NotReady", "reason": "p1; p2; p3"}]
+    assert st._summary(conditions, components) == (
+        "DriverDeployed is False (ObjectsMissing); CertsVerified is Unknown (CertsNotReady); "
+        "Node driver is NotReady: p1"
+    )

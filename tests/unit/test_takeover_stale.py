@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pmem_components import takeover
+from pmem_components.fieldowners import Allowance
 from tests.unit.test_takeover import EDIT, entry
 
 MINE = "pulumi-kubernetes-aaaa1111"
@@ -75,3 +76,48 @@ def test_the_stale_entries_are_the_other_pulumi_managers_object_entries_only() -
     Pulumi manager's status entry are not stale; another Pulumi manager's entry is."""
     assert takeover.stale_pulumi_entries([OLD, OWN, EDIT, STATUS], MINE) == [OLD]
     assert takeover.stale_pulumi_entries([OWN, EDIT], MINE) == []
+
+
+def test_an_edit_and_an_earlier_stacks_entry_on_one_object_are_both_taken() -> None:
+    """A person's edit must not shield the earlier stack's entry: left, it co-owns the fields
+    and the next change of one of them fails with a server-side apply conflict."""
+    plan = takeover.plan([OLD, OWN, EDIT], "7", own_manager=MINE)
+    assert plan is not None
+    assert plan.foreign == ("kubectl-edit", EARLIER)
+    ((manager, fields),) = managers(plan)
+    assert manager == MINE
+    assert fields == {"f:metadata": {"f:labels": {"f:app": {}, "f:tier": {}, "f:extra": {}}}}
+
+
+def test_this_stacks_status_entry_does_not_receive_the_objects_fields() -> None:
+    """Taking an object back from another stack gives its fields to this stack's entry of the
+    object itself; an Apply entry of this manager on the status subresource stays as it was."""
+    own_status = entry(MINE, {"f:status": {}}, operation="Apply", subresource="status")
+    plan = takeover.plan([OLD, own_status], "7", own_manager=MINE)
+    assert plan is not None
+    assert plan.foreign == (EARLIER,)
+    entries = dict(zip(("object", "status"), next(
+        op["value"] for op in plan.patch if op["path"] == "/metadata/managedFields"
+    ), strict=True))
+    assert entries["object"]["manager"] == MINE and "subresource" not in entries["object"]
+    assert entries["object"]["fieldsV1"] == LABELS
+    assert entries["status"] == own_status
+
+
+def test_an_earlier_stacks_entry_goes_whole_even_if_an_allowance_names_its_manager() -> None:
+    """The allow-list keeps fields with people and controllers, never with another Pulumi
+    manager: a kept part of the earlier stack's entry would co-own them and conflict."""
+    allowance = Allowance(EARLIER, ("metadata.labels.tier",), "a test's reason")
+    plan = takeover.plan([OLD, OWN], "7", [allowance], own_manager=MINE)
+    assert plan is not None
+    assert managers(plan) == [(MINE, LABELS)]
+
+
+def test_this_stacks_own_update_entry_is_never_taken_as_stale() -> None:
+    """Only other managers' entries are stale: an Update entry under this stack's own manager
+    stays its own entry while the earlier stack's entry is merged away."""
+    own_update = entry(MINE, {"f:spec": {"f:replicas": {}}})
+    plan = takeover.plan([OLD, OWN, own_update], "7", own_manager=MINE)
+    assert plan is not None
+    assert plan.foreign == (EARLIER,)
+    assert managers(plan) == [(MINE, LABELS), (MINE, own_update["fieldsV1"])]

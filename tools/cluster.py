@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -223,7 +224,10 @@ def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
                 f"{', '.join(dead)} not running (exited at start? see "
                 f"{logs / (dead[0] + '.log')}); starting it again"
             )
-            result = _kwokctl("start", "cluster", check=False)
+            # Under the creation lock: a component that is down left its port free, and a
+            # cluster created meanwhile (kwokctl takes the first free port) could take it.
+            with one_create_at_a_time():
+                result = _kwokctl("start", "cluster", check=False)
             if result.returncode != 0:
                 raise RuntimeError(
                     f"kwokctl start cluster failed ({result.returncode}):\n{result.stderr}"
@@ -314,12 +318,14 @@ def _start_control_plane(pmem_nodes: int, plain_nodes: int) -> Path:
     config.write_text(kwokctl_config())
     with one_create_at_a_time():
         result = _create_cluster(config, kubeconfig)
-    if result.returncode != 0:
-        raise RuntimeError(
-            f"kwokctl create cluster failed ({result.returncode}):\n{result.stdout}\n"
-            f"{result.stderr}\nComponent logs: {kwok_workdir() / 'clusters' / CLUSTER_NAME}"
-        )
-    ensure_controllers()
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"kwokctl create cluster failed ({result.returncode}):\n{result.stdout}\n"
+                f"{result.stderr}\nComponent logs: {kwok_workdir() / 'clusters' / CLUSTER_NAME}"
+            )
+        # Still under the lock: kube-controller-manager exits within seconds when it does,
+        # and the port it leaves must not go to another cluster created in between.
+        ensure_controllers()
     _log(f"API server and controllers working after {time.monotonic() - t0:.1f}s; creating nodes")
     core = _core_api()
     names = []
@@ -337,14 +343,30 @@ def _start_control_plane(pmem_nodes: int, plain_nodes: int) -> Path:
     return kubeconfig
 
 
+_lock_held = threading.local()
+
+
 @contextlib.contextmanager
 def one_create_at_a_time() -> Iterator[None]:
-    """Hold :data:`CREATE_LOCK` (waiting for another creation to finish)."""
+    """Hold :data:`CREATE_LOCK` (waiting for another creation to finish).
+
+    Re-entrant within a thread: a creation restarts a component that exited while it holds
+    the lock (:func:`ensure_controllers`), and so may a test that took it to kill one.
+    """
+    if getattr(_lock_held, "depth", 0):
+        _lock_held.depth += 1
+        try:
+            yield
+        finally:
+            _lock_held.depth -= 1
+        return
     fd = os.open(CREATE_LOCK, os.O_CREAT | os.O_RDWR, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock_held.depth = 1
         yield
     finally:
+        _lock_held.depth = 0
         os.close(fd)
 
 

@@ -212,9 +212,11 @@ def test_a_controller_manager_that_exited_is_started_again_by_the_next_start(
     and kwokctl never restarts it; ``tools.cluster start`` does, and the controllers work."""
     pid_file = cluster._component_pids_dir() / "kube-controller-manager.pid"
     old = int(pid_file.read_text())
-    os.kill(old, signal.SIGKILL)
-    wait_for(lambda: cluster.dead_components() == ["kube-controller-manager"], 30, "kill seen")
-    cluster.start()
+    # The creation lock held while its port is free, as the start holds it for the restart.
+    with cluster.one_create_at_a_time():
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda: cluster.dead_components() == ["kube-controller-manager"], 30, "gone")
+        cluster.start()
     assert cluster.dead_components() == []
     assert int(pid_file.read_text()) != old
     # Its service-account controller at work again (once the killed one's Lease expired).

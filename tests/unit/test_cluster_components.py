@@ -77,6 +77,8 @@ def _fake_cluster(
     monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
 
     def kwokctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        # The restart holds the creation lock: the exited component's port is free.
+        assert getattr(cluster._lock_held, "depth", 0) == 1
         calls.append(args)
         return subprocess.CompletedProcess(["kwokctl"], 0, "", "")
 
@@ -85,16 +87,18 @@ def _fake_cluster(
 
 
 def test_an_exited_controller_manager_is_started_again_then_awaited(
-    pids: Path, monkeypatch: pytest.MonkeyPatch
+    pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
     calls = _fake_cluster(monkeypatch, [["kube-controller-manager"], []], [False, True])
     cluster.ensure_controllers()
     assert calls == [("start", "cluster")]
 
 
 def test_a_component_that_keeps_exiting_is_an_error_naming_it_and_its_log(
-    pids: Path, monkeypatch: pytest.MonkeyPatch
+    pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
     dead = [["kube-controller-manager"]] * (cluster.MAX_COMPONENT_RESTARTS + 1)
     calls = _fake_cluster(monkeypatch, dead, [])
     with pytest.raises(RuntimeError, match=r"kube-controller-manager exited again after 3") as err:
@@ -125,8 +129,14 @@ def test_every_start_checks_the_components_also_of_a_running_cluster(
     monkeypatch.setattr(
         cluster, "_create_cluster", lambda c, k: subprocess.CompletedProcess([], 0, "", "")
     )
-    checked: list[str] = []
-    monkeypatch.setattr(cluster, "ensure_controllers", lambda: checked.append("checked"))
+    checked: list[int] = []
+    # At a creation under its lock (the exited component's port must not go to another
+    # cluster); for a running cluster the lock is taken only to restart something.
+    monkeypatch.setattr(
+        cluster,
+        "ensure_controllers",
+        lambda: checked.append(getattr(cluster._lock_held, "depth", 0)),
+    )
 
     class Core:
         def create_node(self, body: object) -> None:
@@ -135,4 +145,4 @@ def test_every_start_checks_the_components_also_of_a_running_cluster(
     monkeypatch.setattr(cluster, "_core_api", Core)
     monkeypatch.setattr(cluster, "wait_nodes_ready", lambda names: None)
     cluster.start()
-    assert checked == ["checked"]
+    assert checked == [0 if running else 1]

@@ -85,3 +85,14 @@ def test_a_second_creation_waits_for_the_first(lock: Path) -> None:
     for t in threads:
         t.join(30)
     assert order == ["first in", "first out", "second in"]
+
+
+def test_the_lock_is_reentrant_in_its_thread_and_released_by_the_outermost_exit(
+    lock: Path,
+) -> None:
+    """A creation restarts an exited component while it holds the lock (ensure_controllers)."""
+    with cluster.one_create_at_a_time():
+        with cluster.one_create_at_a_time():
+            assert _locked_elsewhere(lock)
+        assert _locked_elsewhere(lock)
+    assert not _locked_elsewhere(lock)

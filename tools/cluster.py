@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import yaml
+
 from tools import localenv, realnode, toolchain
 
 CLUSTER_NAME = "pmem-csi"
@@ -157,14 +159,43 @@ CONTROLLER_LEADER_ELECTION = [
 # kwokctl starts it together with the API server and never restarts it: on a loaded machine
 # (2026-12-02, three test workers and other work on 2 cores) the API server's start hooks took
 # longer, and that worker's cluster ran without controllers (DaemonSets at 0 desired, every
-# `pulumi up` awaiting rollouts forever). ``kwokctl start cluster`` on a running cluster starts
-# exactly the components whose process is gone, so the start checks them and does that.
+# `pulumi up` awaiting rollouts forever). So every start checks the components by their pid
+# files and starts again, with kwokctl's command line, one whose process is gone.
 CONTROLLERS_READY_TIMEOUT = 300.0
 MAX_COMPONENT_RESTARTS = 3
 
 
+def cluster_dir() -> Path:
+    """kwokctl's directory of the cluster: ``kwok.yaml``, ``pids/``, ``logs/``."""
+    return kwok_workdir() / "clusters" / CLUSTER_NAME
+
+
 def _component_pids_dir() -> Path:
-    return kwok_workdir() / "clusters" / CLUSTER_NAME / "pids"
+    return cluster_dir() / "pids"
+
+
+def start_component(name: str) -> subprocess.Popen[bytes]:
+    """Start one component as kwokctl does: its binary, arguments and working directory from
+    the cluster's ``kwok.yaml``, output appended to its log, its pid written to its pid file
+    (``kwokctl delete cluster`` stops components by those files).
+
+    Not ``kwokctl start cluster``: that takes a component for running while its pid answers
+    signal 0, which a zombie does (a killed component stays one when nothing reaps it).
+    """
+    docs = yaml.safe_load_all((cluster_dir() / "kwok.yaml").read_text(encoding="utf-8"))
+    config = next(d for d in docs if d and d.get("kind") == "KwokctlConfiguration")
+    component = next(c for c in config["components"] if c["name"] == name)
+    with (cluster_dir() / "logs" / f"{name}.log").open("ab") as log:
+        proc = subprocess.Popen(
+            [component["binary"], *component.get("args", [])],
+            cwd=component.get("workDir") or str(cluster_dir()),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # like kwokctl: detached from the caller's session
+        )
+    (_component_pids_dir() / f"{name}.pid").write_text(str(proc.pid))
+    return proc
 
 
 def dead_components() -> list[str]:
@@ -206,14 +237,14 @@ def _controllers_working() -> bool:
 
 
 def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
-    """Return once every component runs and the controllers work; start again (through
-    kwokctl) a component that exited, at most :data:`MAX_COMPONENT_RESTARTS` times."""
+    """Return once every component runs and the controllers work; start again a component
+    that exited (:func:`start_component`), at most :data:`MAX_COMPONENT_RESTARTS` times."""
     deadline = time.monotonic() + timeout
     restarts = 0
     while True:
         dead = dead_components()
         if dead:
-            logs = kwok_workdir() / "clusters" / CLUSTER_NAME / "logs"
+            logs = cluster_dir() / "logs"
             if restarts == MAX_COMPONENT_RESTARTS:
                 raise RuntimeError(
                     f"{', '.join(dead)} exited again after {restarts} restart(s); "
@@ -227,11 +258,8 @@ def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
             # Under the creation lock: a component that is down left its port free, and a
             # cluster created meanwhile (kwokctl takes the first free port) could take it.
             with one_create_at_a_time():
-                result = _kwokctl("start", "cluster", check=False)
-            if result.returncode != 0:
-                raise RuntimeError(
-                    f"kwokctl start cluster failed ({result.returncode}):\n{result.stderr}"
-                )
+                for name in dead:
+                    start_component(name)
             continue
         if _controllers_working():
             return

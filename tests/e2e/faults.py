@@ -48,8 +48,7 @@ KWOK_CONTROLLER = "kwok-controller"
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def cluster_dir() -> Path:
-    return cluster.kwok_workdir() / "clusters" / cluster.CLUSTER_NAME
+cluster_dir = cluster.cluster_dir
 
 
 def _alive(pid: int) -> bool:
@@ -111,21 +110,8 @@ class ControlPlane:
 
     def start(self, name: str) -> int:
         """Start the component with kwokctl's command line; its pid goes to the pid file."""
-        comp = self._components[name]
-        log = (self.dir / "logs" / f"{name}.log").open("ab")
-        try:
-            proc = subprocess.Popen(
-                [comp["binary"], *comp.get("args", [])],
-                cwd=comp.get("workDir") or str(self.dir),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # like kwokctl: not in the test's process group
-            )
-        finally:
-            log.close()
+        proc = cluster.start_component(name)
         _CHILDREN[proc.pid] = proc
-        (self.dir / "pids" / f"{name}.pid").write_text(str(proc.pid))
         self._down.discard(name)
         if not self._down and self._create_lock is not None:
             self._create_lock.close()

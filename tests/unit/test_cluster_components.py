@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import cluster
+from tools import cluster, toolchain
 
 
 @pytest.fixture
@@ -70,29 +70,28 @@ def test_a_zombie_component_is_dead(pids: Path) -> None:
 
 def _fake_cluster(
     monkeypatch: pytest.MonkeyPatch, dead: list[list[str]], working: list[bool]
-) -> list[tuple[str, ...]]:
-    calls: list[tuple[str, ...]] = []
+) -> list[str]:
+    started: list[str] = []
     monkeypatch.setattr(cluster, "dead_components", lambda: dead.pop(0) if dead else [])
     monkeypatch.setattr(cluster, "_controllers_working", lambda: working.pop(0))
     monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
 
-    def kwokctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def start_component(name: str) -> None:
         # The restart holds the creation lock: the exited component's port is free.
         assert getattr(cluster._lock_held, "depth", 0) == 1
-        calls.append(args)
-        return subprocess.CompletedProcess(["kwokctl"], 0, "", "")
+        started.append(name)
 
-    monkeypatch.setattr(cluster, "_kwokctl", kwokctl)
-    return calls
+    monkeypatch.setattr(cluster, "start_component", start_component)
+    return started
 
 
 def test_an_exited_controller_manager_is_started_again_then_awaited(
     pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
-    calls = _fake_cluster(monkeypatch, [["kube-controller-manager"], []], [False, True])
+    started = _fake_cluster(monkeypatch, [["kube-controller-manager"], []], [False, True])
     cluster.ensure_controllers()
-    assert calls == [("start", "cluster")]
+    assert started == ["kube-controller-manager"]
 
 
 def test_a_component_that_keeps_exiting_is_an_error_naming_it_and_its_log(
@@ -100,11 +99,11 @@ def test_a_component_that_keeps_exiting_is_an_error_naming_it_and_its_log(
 ) -> None:
     monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
     dead = [["kube-controller-manager"]] * (cluster.MAX_COMPONENT_RESTARTS + 1)
-    calls = _fake_cluster(monkeypatch, dead, [])
+    started = _fake_cluster(monkeypatch, dead, [])
     with pytest.raises(RuntimeError, match=r"kube-controller-manager exited again after 3") as err:
         cluster.ensure_controllers()
     assert "kube-controller-manager.log" in str(err.value)
-    assert calls == [("start", "cluster")] * cluster.MAX_COMPONENT_RESTARTS
+    assert started == ["kube-controller-manager"] * cluster.MAX_COMPONENT_RESTARTS
 
 
 def test_controllers_that_never_work_time_out_naming_what_is_missing(
@@ -146,3 +145,24 @@ def test_every_start_checks_the_components_also_of_a_running_cluster(
     monkeypatch.setattr(cluster, "wait_nodes_ready", lambda names: None)
     cluster.start()
     assert checked == [0 if running else 1]
+
+
+def test_a_component_is_started_with_kwokctls_command_line_log_and_pid_file(
+    pids: Path,
+) -> None:
+    """The restart runs what kwokctl recorded in kwok.yaml for the component, nothing else."""
+    (pids.parent / "logs").mkdir()
+    (pids.parent / "kwok.yaml").write_text(
+        "kind: KwokCluster\n---\n"
+        "kind: KwokctlConfiguration\n"
+        "components:\n"
+        "- name: etcd\n  binary: /bin/false\n"
+        "- name: kube-scheduler\n  binary: /bin/sh\n"
+        f"  args: ['-c', 'pwd; echo started']\n  workDir: {toolchain.PROJECT_DIR}\n"
+    )
+    proc = cluster.start_component("kube-scheduler")
+    assert proc.wait(30) == 0
+    assert (pids / "kube-scheduler.pid").read_text() == str(proc.pid)
+    log = (pids.parent / "logs" / "kube-scheduler.log").read_text()
+    assert log == f"{toolchain.PROJECT_DIR}\nstarted\n"
+    assert not (pids / "etcd.pid").exists()

@@ -489,3 +489,114 @@ def test_an_error_without_an_http_status_is_logged_as_it_is(
     failed = f"{NAME}: writing status failed (1 time(s) in a row): ValueError: bad object; "
     assert any(m.startswith(failed) for m in caplog.messages), caplog.messages
     assert sleeps == []  # not retried
+
+
+# --------------------------------------------------------------------------- write conflicts
+
+
+def _other_writer_replaces_status(cache: FakeCache, phase: str) -> str:
+    """Another reporter writes the CR's status; returns the resourceVersion it left."""
+    cr = cache.crs[NAME]
+    rv = str(int(cr["metadata"]["resourceVersion"]) + 1)
+    status = {**(cr.get("status") or {}), "phase": phase, "message": f"theirs: {phase}"}
+    cache.crs[NAME] = {**cr, "metadata": {**cr["metadata"], "resourceVersion": rv},
+                       "status": status}
+    return rv
+
+
+def test_the_conflict_event_and_log_name_the_cr_the_other_phase_and_its_resource_version(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An administrator finds the second writer from this text: which CR, what the other
+    wrote, at which resourceVersion, and how long this reporter stays quiet."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    rv = _other_writer_replaces_status(cache, "Progressing")
+    clock[0] += 1
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
+        assert not writer.reconcile(NAME)
+    text = (
+        f"the status of {NAME} was replaced by another writer (phase 'Progressing' at "
+        f"resourceVersion {rv}): another stack's reporter, or a per-deployment reporter of the "
+        "layout before, serves this CR too; this reporter writes it again only after 60 s "
+        "without such changes"
+    )
+    assert caplog.messages == [f"{NAME}: {text}"]
+    (event,) = [e for _, e in api.events if e["reason"] == "StatusWriteConflict"]
+    assert event["type"] == "Warning"
+    assert event["message"] == text[0].upper() + text[1:]
+
+
+def test_a_lasting_conflict_is_evented_again_exactly_when_the_event_interval_has_passed() -> None:
+    """A write war that goes on is shown again as soon as the interval is up, not one
+    conflict later: the interval documented for the Event is the one kept."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    clock[0] += 1
+    _other_writer_replaces_status(cache, "Progressing")
+    writer.reconcile(NAME)  # the first conflict: its Event
+    clock[0] += write.CONFLICT_EVENT_SECONDS
+    _other_writer_replaces_status(cache, "Running")  # still at it, exactly 600 s later
+    writer.reconcile(NAME)
+    conflicts = [e for _, e in api.events if e["reason"] == "StatusWriteConflict"]
+    assert len(conflicts) == 2
+    assert "is still being replaced" in conflicts[1]["message"]
+
+
+def test_while_yielding_the_writer_asks_to_be_woken_when_the_quiet_period_ends() -> None:
+    """Without a wake-up at the end of the quiet period, the reporter's own status would
+    only come back at the next resync or change, leaving the other writer's in place."""
+    cache, _api, writer, _ = setup()
+    writer.conflict_quiet = 30.0
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    clock[0] = 110.0
+    _other_writer_replaces_status(cache, "Progressing")
+    assert not writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 140.0  # 30 s after the replacement was seen
+    clock[0] = 120.0
+    _other_writer_replaces_status(cache, "Running")  # still writing: the period restarts
+    assert not writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 150.0
+    clock[0] = 130.0  # quiet since: still yielding, the wake-up stays where it was
+    assert not writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 150.0
+
+
+def test_the_quiet_period_ends_exactly_at_its_configured_length() -> None:
+    """At the end of the quiet period the reporter writes again; a status left as the
+    other writer left it is not waited on for one more round."""
+    cache, api, writer, _ = setup()
+    writer.conflict_quiet = 30.0
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    written = len(api.patches)
+    _other_writer_replaces_status(cache, "Progressing")
+    assert not writer.reconcile(NAME)
+    clock[0] = 130.0
+    assert writer.reconcile(NAME)
+    assert len(api.patches) == written + 1
+
+
+def test_losing_leadership_logs_how_many_held_back_events_it_drops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An Event that was never created leaves a trace in the log when leadership moves."""
+    _, api, writer, _ = setup()
+
+    def unavailable(namespace: str, event: dict[str, Any]) -> Any:
+        raise ApiException(status=503)
+
+    api.create_event = unavailable  # type: ignore[method-assign]
+    assert writer.reconcile(NAME)
+    assert sum(len(p) for p in writer._pending_events.values()) == 1
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer.not_leading()
+    assert "1 held back event(s) dropped: not leading" in caplog.messages
+    assert writer._pending_events == {}

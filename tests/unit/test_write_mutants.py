@@ -600,3 +600,341 @@ def test_losing_leadership_logs_how_many_held_back_events_it_drops(
         writer.not_leading()
     assert "1 held back event(s) dropped: not leading" in caplog.messages
     assert writer._pending_events == {}
+
+
+# --------------------------------------------------------------------------- held-back Events
+
+
+class Delays:
+    """``retry_backoff`` without jitter: ``delay`` s each time; records the attempt numbers."""
+
+    def __init__(self, delay: float = 1.0) -> None:
+        self.delay = delay
+        self.asked: list[int] = []
+
+    def wait_for(self, attempt: int, exc: BaseException | None = None) -> float:
+        self.asked.append(attempt)
+        return self.delay
+
+
+def _event_queue(delay: float = 1.0) -> tuple[Any, Any, Any, list[float], list[Any], Delays]:
+    """A writer on a hand-driven clock whose API answers Events from ``answers`` (an exception
+    is raised, anything else accepts; empty: accept), logging (time, reason) of each try."""
+    cache, api, writer, _ = setup()
+    clock = [0.0]
+    writer.monotonic = lambda: clock[0]
+    delays = writer.retry_backoff = Delays(delay)
+    answers: list[Any] = []
+    tries: list[tuple[float, str]] = []
+    original = api.create_event
+
+    def create_event(namespace: str, event: dict[str, Any]) -> Any:
+        tries.append((clock[0], event["reason"]))
+        answer = answers.pop(0) if answers else None
+        if isinstance(answer, BaseException):
+            raise answer
+        if callable(answer):
+            return answer()
+        return original(namespace, event)
+
+    api.create_event = create_event  # type: ignore[method-assign]
+    api.tries = tries
+    return cache, api, writer, clock, answers, delays
+
+
+def _refused() -> ApiException:
+    return ApiException(status=500, reason="Internal Server Error")
+
+
+def test_a_refused_event_waits_for_its_delay_then_goes_out_unchanged() -> None:
+    """One 500: the very Event (name, reason, message, involvedObject) is created at the CR's
+    first reconcile once the delay is over, not before, and the CR's queue is then empty."""
+    _cache, api, writer, clock, answers, delays = _event_queue(delay=5.0)
+    answers.append(_refused())
+    assert writer.reconcile(NAME)  # Failed written; its Event refused
+    assert api.events == []
+    assert writer.deferred[NAME] == 5.0  # the main loop comes back when it is due
+    [(held, attempts, since)] = writer._pending_events[NAME]
+    assert (held["reason"], attempts, since) == ("Failed", 1, 0.0)
+    clock[0] = 4.9
+    assert not writer.reconcile(NAME)
+    assert api.events == []
+    clock[0] = 5.0
+    assert not writer.reconcile(NAME)
+    assert api.events == [("pmem-csi", held)]
+    assert api.tries == [(0.0, "Failed"), (5.0, "Failed")]
+    assert delays.asked == [0]
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+    assert writer.metrics.events._value.get() == 1
+
+
+def test_events_refused_again_back_off_further_per_cr_up_to_the_tenth_step() -> None:
+    """Each refusal in a row asks the backoff for the next step (0, 1, 2, ...; the step stops
+    growing at 10), so a 500 storm is met with ever rarer attempts, one per delay."""
+    _, api, writer, clock, answers, delays = _event_queue(delay=1.0)
+    answers.extend(_refused() for _ in range(14))
+    assert writer.reconcile(NAME)
+    for _ in range(14):
+        clock[0] = writer.deferred.pop(NAME)
+        writer.reconcile(NAME)
+    assert delays.asked == [*range(11), 10, 10, 10]
+    assert [t for t, _ in api.tries] == [float(t) for t in range(15)]
+    assert len(api.events) == 1 and NAME not in writer._event_backoff
+
+
+def test_an_event_recorded_while_the_crs_events_back_off_waits_behind_the_held_one() -> None:
+    """A new Event of a CR whose Events back off is not tried at once (one attempt per delay),
+    and the queue goes out oldest first; the first refused again keeps the rest behind it."""
+    cache, api, writer, clock, answers, _ = _event_queue(delay=5.0)
+    cr = cache.crs[NAME]
+    answers.append(_refused())
+    writer._record(cr, "Warning", "Failed", "first")
+    clock[0] = 1.0
+    writer._record(cr, "Normal", "Running", "second")
+    writer._record(cr, "Warning", "NodeDriverNotReady", "third")
+    assert api.tries == [(0.0, "Failed")]
+    assert [(e["message"], n, s) for e, n, s in writer._pending_events[NAME]] == [
+        ("first", 1, 0.0),
+        ("second", 0, 1.0),
+        ("third", 0, 1.0),
+    ]
+    assert writer._wake == {NAME: 5.0}
+    clock[0] = 5.0
+    answers.append(_refused())
+    writer._flush_events(NAME)
+    assert api.tries[1:] == [(5.0, "Failed")]  # the others wait behind it
+    assert [e["message"] for e, *_ in writer._pending_events[NAME]] == ["first", "second", "third"]
+    clock[0] = writer._event_backoff[NAME][1]
+    writer._flush_events(NAME)
+    assert [e["message"] for _, e in api.events] == ["first", "second", "third"]
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+
+
+def test_a_held_back_event_is_retried_at_most_a_minute_after_it_was_first_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A delay longer than the minute left (Retry-After 120) wakes the main loop when the
+    Event's minute is up, and it is then given up with a warning naming it, not tried."""
+    _cache, api, writer, clock, answers, _ = _event_queue(delay=120.0)
+    answers.append(_refused())
+    assert writer.reconcile(NAME)
+    assert writer.deferred[NAME] == write.EVENT_GIVE_UP_SECONDS
+    clock[0] = write.EVENT_GIVE_UP_SECONDS
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
+        writer.reconcile(NAME)
+    assert api.tries == [(0.0, "Failed")]
+    assert caplog.messages == [
+        f"1 event(s) on {NAME} given up, 60 s after they were first refused: Failed"
+    ]
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+
+
+def test_an_attempt_that_ends_a_minute_after_the_event_was_held_back_gives_it_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The minute counts to the end of the attempt (a request that timed out): refused then,
+    the Event is given up with the number of attempts, not queued for a third."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=1.0)
+    cr = cache.crs[NAME]
+    answers.append(_refused())
+    writer._record(cr, "Warning", "Failed", "it broke")
+    clock[0] = 1.0
+
+    def slow_refusal() -> Any:
+        clock[0] = write.EVENT_GIVE_UP_SECONDS
+        raise _refused()
+
+    answers.append(slow_refusal)
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._flush_events(NAME)
+    assert NAME not in writer._pending_events
+    assert caplog.messages == [
+        f"event Failed on {NAME} not created: 500 Internal Server Error "
+        "(given up after 2 attempts)"
+    ]
+
+
+def test_a_refused_event_is_logged_with_its_attempt_error_and_delay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What an operator reads while Events are refused: which Event, which CR, which attempt,
+    the error, and when it is tried again."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=2.25)
+    answers.extend([_refused(), _refused()])
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._record(cache.crs[NAME], "Warning", "Failed", "it broke")
+        clock[0] = 2.25
+        writer._flush_events(NAME)
+    assert [m for m in caplog.messages if m.startswith("event ")] == [
+        f"event Failed on {NAME} not created yet (attempt 1): 500 Internal Server Error; "
+        "trying again in 2.2 s",
+        f"event Failed on {NAME} not created yet (attempt 2): 500 Internal Server Error; "
+        "trying again in 2.2 s",
+    ]
+
+
+def test_an_event_refused_for_good_is_logged_once_without_an_attempt_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 403 (not transient) is not retried; one attempt is not called "given up after"."""
+    cache, _api, writer, _clock, answers, _ = _event_queue()
+    answers.append(ApiException(status=403, reason="Forbidden"))
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._record(cache.crs[NAME], "Warning", "Failed", "it broke")
+    assert caplog.messages == [f"event Failed on {NAME} not created: 403 Forbidden"]
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+
+
+def _fill(writer: Any, cr: Any, reasons: list[str]) -> None:
+    for i, reason in enumerate(reasons):
+        writer._record(cr, "Warning", reason, f"{reason} {i}")
+
+
+def test_a_queue_of_exactly_max_pending_events_drops_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One reconcile's worth of Events (MAX_PENDING_EVENTS) all wait; nothing is dropped."""
+    cache, _api, writer, _clock, answers, _ = _event_queue()
+    answers.append(_refused())
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
+        _fill(writer, cache.crs[NAME], ["Failed"] * write.MAX_PENDING_EVENTS)
+    assert len(writer._pending_events[NAME]) == write.MAX_PENDING_EVENTS
+    assert caplog.messages == []
+
+
+def test_a_full_queue_without_node_events_drops_its_oldest_event_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No node Event to give up: the oldest Event makes room for the newest, logged with its
+    reason, its CR, the queue's size and its message."""
+    cache, _api, writer, _clock, answers, _ = _event_queue()
+    answers.append(_refused())
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
+        _fill(writer, cache.crs[NAME], ["Failed"] * (write.MAX_PENDING_EVENTS + 1))
+    queued = [e["message"] for e, *_ in writer._pending_events[NAME]]
+    assert queued == [f"Failed {i}" for i in range(1, write.MAX_PENDING_EVENTS + 1)]
+    assert caplog.messages == [
+        f"event Failed on {NAME} dropped: 13 Events of this CR wait already (the API server "
+        "refuses Events): Failed 0"
+    ]
+
+
+def test_a_full_queue_drops_its_oldest_node_event_wherever_it_waits() -> None:
+    """A node Event gives way before any phase Event, even one queued earlier."""
+    cache, _api, writer, _clock, answers, _ = _event_queue()
+    answers.append(_refused())
+    reasons = ["Failed", "Running", "NodeDriverNotReady", "NodeDriversNotReady"]
+    reasons += ["Failed"] * (write.MAX_PENDING_EVENTS - 4)
+    _fill(writer, cache.crs[NAME], [*reasons, "Running", "Running"])
+    queued = [e["message"] for e, *_ in writer._pending_events[NAME]]
+    assert "NodeDriverNotReady 2" not in queued and "NodeDriversNotReady 3" not in queued
+    assert queued[:2] == ["Failed 0", "Running 1"]
+    assert queued[-2:] == [f"Running {len(reasons)}", f"Running {len(reasons) + 1}"]
+
+
+def test_an_event_refused_in_front_of_a_full_queue_is_the_one_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Tried at once (its CR's delay is over) and refused in front of a full queue of phase
+    Events, the new Event is the one dropped, logged once as dropped, not as "trying again"."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=1.0)
+    answers.append(_refused())
+    cr = cache.crs[NAME]
+    _fill(writer, cr, ["Failed"] * write.MAX_PENDING_EVENTS)
+    waiting = list(writer._pending_events[NAME])
+    writer._wake.clear()
+    clock[0] = 1.0
+    answers.append(_refused())
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._record(cr, "Normal", "Running", "newest")
+    assert caplog.messages == [
+        f"event Running on {NAME} dropped: 13 Events of this CR wait already (the API server "
+        "refuses Events): newest"
+    ]
+    assert writer._pending_events[NAME] == waiting
+    assert writer._wake == {}  # nothing of its own to wake for
+
+
+PER_CR_RECORDS = [
+    "_tokens", "deferred", "_recovering", "_failing", "_failures", "backing_off",
+    "_pending_events", "_event_backoff", "_wake", "awaiting_leader", "_broken", "_announced",
+    "_node_window", "_written", "_yielding", "_conflict_event_at", "_uids",
+]
+
+
+@pytest.mark.parametrize("gone", ["deleted", "created-again"])
+def test_a_cr_gone_leaves_no_per_cr_record_behind(gone: str) -> None:
+    """Every per-CR record of a deleted CR is dropped (CRs created and deleted for months do
+    not grow the reporter), and a CR created again under the name starts from nothing."""
+    cache, _api, writer, _ = setup()
+    other = "other.example.com"
+    for attr in PER_CR_RECORDS:
+        record = getattr(writer, attr)
+        for key in (NAME, other):
+            if isinstance(record, set):
+                record.add(key)
+            else:
+                record[key] = {"u1": 1} if attr == "_announced" else ("1", {})
+    writer._uids[NAME] = "u1"
+    if gone == "deleted":
+        del cache.crs[NAME]
+    else:
+        cache.crs[NAME]["metadata"]["uid"] = "u2"
+        cache.synced = False  # stop after the forgetting
+    writer.reconcile(NAME)
+    kept = {attr: NAME in getattr(writer, attr) for attr in PER_CR_RECORDS}
+    expected = dict.fromkeys(PER_CR_RECORDS, False)
+    if gone == "created-again":
+        expected.update(_uids=True)
+    assert kept == expected
+    assert writer._uids.get(NAME) in (None, "u2")
+    assert all(other in getattr(writer, attr) for attr in PER_CR_RECORDS)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "before", "after"),
+    [
+        ("Failed", "Progressing", False, True),
+        ("Failed", "Failed", False, False),
+        ("Failed", "Running", False, False),
+        ("Progressing", "Progressing", False, False),
+        ("Running", "Progressing", False, False),
+        ("Progressing", "Progressing", True, True),
+        ("Progressing", "Running", True, False),
+        ("Progressing", "Failed", True, False),
+    ],
+)
+def test_a_recovery_is_awaited_from_leaving_failed_until_running_or_failed_again(
+    old: str, new: str, before: bool, after: bool
+) -> None:
+    """Only a write out of Failed makes the next Running urgent, and that wait ends with the
+    Running (or a new failure); rollouts that never failed stay in the budget."""
+    _, _api, writer, _ = setup()
+    if before:
+        writer._recovering.add(NAME)
+    writer._track_recovery(NAME, {"phase": old}, {"phase": new})
+    assert (NAME in writer._recovering) == after
+
+
+def test_the_main_loop_comes_back_at_the_earliest_time_any_part_of_a_reconcile_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A held-back Event due in 5 s and a failed lookup asked again in 2 s: the CR is
+    reconciled again in 2 s, whichever asked first; the later request does not push it."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=5.0)
+    answers.append(_refused())
+    assert writer.reconcile(NAME)  # its Event is due at 5
+    assert writer.deferred == {NAME: 5.0}
+    retry_in = [2.0]
+
+    def lookup_labels(kind: str, name: str, namespace: str) -> None:
+        raise write.model.LookupFailed("503", retry_in=retry_in[0])
+
+    cache.lookup_labels = lookup_labels  # type: ignore[method-assign]
+    clock[0] = 1.0
+    writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 3.0
+    writer._wake_at(NAME, 4.0)
+    writer._wake_at(NAME, 2.5)
+    writer._wake_at(NAME, 9.0)
+    assert writer._wake == {NAME: 2.5}

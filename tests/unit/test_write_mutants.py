@@ -668,17 +668,19 @@ def test_a_refused_event_waits_for_its_delay_then_goes_out_unchanged() -> None:
     assert writer.metrics.events._value.get() == 1
 
 
-def test_events_refused_again_back_off_further_per_cr_up_to_the_tenth_step() -> None:
+@pytest.mark.parametrize("start", [0.0, 1e6])  # the monotonic clock's start is any value
+def test_events_refused_again_back_off_further_per_cr_up_to_the_tenth_step(start: float) -> None:
     """Each refusal in a row asks the backoff for the next step (0, 1, 2, ...; the step stops
     growing at 10), so a 500 storm is met with ever rarer attempts, one per delay."""
     _, api, writer, clock, answers, delays = _event_queue(delay=1.0)
+    clock[0] = start
     answers.extend(_refused() for _ in range(14))
     assert writer.reconcile(NAME)
     for _ in range(14):
         clock[0] = writer.deferred.pop(NAME)
         writer.reconcile(NAME)
     assert delays.asked == [*range(11), 10, 10, 10]
-    assert [t for t, _ in api.tries] == [float(t) for t in range(15)]
+    assert [t for t, _ in api.tries] == [start + t for t in range(15)]
     assert len(api.events) == 1 and NAME not in writer._event_backoff
 
 
@@ -715,16 +717,18 @@ def test_a_held_back_event_is_retried_at_most_a_minute_after_it_was_first_refuse
 ) -> None:
     """A delay longer than the minute left (Retry-After 120) wakes the main loop when the
     Event's minute is up, and it is then given up with a warning naming it, not tried."""
-    _cache, api, writer, clock, answers, _ = _event_queue(delay=120.0)
+    cache, api, writer, clock, answers, _ = _event_queue(delay=120.0)
     answers.append(_refused())
     assert writer.reconcile(NAME)
     assert writer.deferred[NAME] == write.EVENT_GIVE_UP_SECONDS
+    _fill(writer, cache.crs[NAME], ["NodeDriverNotReady", "Failed"])
     clock[0] = write.EVENT_GIVE_UP_SECONDS
     with caplog.at_level(logging.WARNING, logger=write.log.name):
         writer.reconcile(NAME)
     assert api.tries == [(0.0, "Failed")]
     assert caplog.messages == [
-        f"1 event(s) on {NAME} given up, 60 s after they were first refused: Failed"
+        f"3 event(s) on {NAME} given up, 60 s after they were first refused: "
+        "Failed, NodeDriverNotReady"
     ]
     assert NAME not in writer._pending_events and NAME not in writer._event_backoff
 
@@ -938,3 +942,15 @@ def test_the_main_loop_comes_back_at_the_earliest_time_any_part_of_a_reconcile_a
     writer._wake_at(NAME, 2.5)
     writer._wake_at(NAME, 9.0)
     assert writer._wake == {NAME: 2.5}
+
+
+def test_a_refused_event_waits_as_long_as_the_api_servers_retry_after_says() -> None:
+    """A 429/503 with Retry-After: the held-back Event is tried again when the API server
+    asked, not after the (shorter) backoff of its own."""
+    _cache, _api, writer, _clock, answers, _ = _event_queue()
+    writer.retry_backoff = write.Backoff(base=0.2, cap=30.0, max_attempts=0)
+    busy = ApiException(status=429, reason="Too Many Requests")
+    busy.headers = {"Retry-After": "7"}
+    answers.append(busy)
+    assert writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 7.0

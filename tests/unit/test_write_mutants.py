@@ -954,3 +954,22 @@ def test_a_refused_event_waits_as_long_as_the_api_servers_retry_after_says() -> 
     answers.append(busy)
     assert writer.reconcile(NAME)
     assert writer.deferred[NAME] == 7.0
+
+
+def test_an_event_refused_with_retry_after_zero_does_not_hold_back_the_ones_behind_it() -> None:
+    """Held back only while its delay runs: with none (Retry-After: 0) the Events queued
+    behind the refused one go out in the same pass."""
+    cache, api, writer, clock, answers, _ = _event_queue(delay=1.0)
+    cr = cache.crs[NAME]
+    answers.append(_refused())
+    writer._record(cr, "Warning", "Failed", "first")
+    clock[0] = 0.5
+    writer._record(cr, "Normal", "Running", "second")
+    clock[0] = 1.0
+    writer.retry_backoff = write.Backoff(base=0.2, cap=30.0, max_attempts=0)
+    now_busy = ApiException(status=503, reason="Service Unavailable")
+    now_busy.headers = {"Retry-After": "0"}
+    answers.append(now_busy)
+    writer._flush_events(NAME)
+    assert [e["message"] for _, e in api.events] == ["second"]
+    assert [e["message"] for e, *_ in writer._pending_events[NAME]] == ["first"]

@@ -975,3 +975,22 @@ def test_an_event_refused_with_retry_after_zero_does_not_hold_back_the_ones_behi
     writer._flush_events(NAME)
     assert [e["message"] for _, e in api.events] == ["second"]
     assert [e["message"] for e, *_ in writer._pending_events[NAME]] == ["first"]
+    clock[0] = write.EVENT_GIVE_UP_SECONDS  # its minute is up: given up like any other
+    writer._flush_events(NAME)
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+
+
+def test_a_failed_status_write_is_retried_at_its_own_time_not_at_a_held_back_events() -> None:
+    """The main loop comes back at the earliest time asked: a status write refused at 1 s is
+    tried again at 2 s, though the CR's held-back Event is only due at 10 s."""
+    cache, api, writer, clock, answers, delays = _event_queue(delay=10.0)
+    answers.append(_refused())
+    assert writer.reconcile(NAME)  # Failed written; its Event refused, due at 10
+    assert writer.deferred == {NAME: 10.0}
+    clock[0] = 1.0
+    delays.delay = 1.0
+    cache.crs[NAME] = {**cache.crs[NAME], "status": {}}  # the status must be written again
+    api.failures.append(_refused())
+    assert not writer.reconcile(NAME)
+    assert writer.backing_off == {NAME: 2.0}
+    assert writer.deferred == {NAME: 2.0}

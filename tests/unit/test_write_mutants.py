@@ -994,3 +994,54 @@ def test_a_failed_status_write_is_retried_at_its_own_time_not_at_a_held_back_eve
     assert not writer.reconcile(NAME)
     assert writer.backing_off == {NAME: 2.0}
     assert writer.deferred == {NAME: 2.0}
+
+
+class FailingLookupCache(FakeCache):
+    """Label look-ups of Secrets fail (a 403 or 500), each with its own retry time; the
+    caches list nothing; records the look-ups and the CR whose unreadable kinds are asked."""
+
+    def __init__(self, cr: dict[str, Any]) -> None:
+        super().__init__(cr)
+        self.looked_up: list[tuple[str, str]] = []
+        self.asked_for: list[Any] = []
+        self.retry = iter([7.0, 3.0, 5.0])
+
+    def unreadable_for(self, cr: Any) -> dict[str, str]:
+        self.asked_for.append(cr)
+        return {}
+
+    def lookup_labels(self, kind: str, name: str, namespace: str) -> Any:
+        self.looked_up.append((kind, name))
+        if kind == "Secret":
+            raise write.model.LookupFailed(f"reading {name}: 500", retry_in=next(self.retry))
+        return None
+
+
+def test_a_failed_label_lookup_makes_its_kind_unknown_and_asks_to_come_back() -> None:
+    """A Secret that cannot be read by name: the Secret kind is unreadable with the error,
+    no further Secret is looked up (its kind is unknown already), the other kinds still are,
+    and the CR is computed again when the look-up may be asked again."""
+    cache = FailingLookupCache(CR)
+    observed = build_observed(cache, CR)
+    assert cache.asked_for == [CR]
+    secrets = [n for k, n in cache.looked_up if k == "Secret"]
+    assert len(secrets) == 1
+    assert observed.unreadable == {"Secret": f"reading {secrets[0]}: 500"}
+    assert observed.recheck_in == 7.0
+    expected = {(e.kind, e.name) for e in write.model.expected_objects(observed.names)}
+    assert {(k, n) for k, names in observed.objects.items() for n in names} == expected
+    assert len(cache.looked_up) == len(expected) - sum(
+        1 for k, _ in expected if k == "Secret"
+    ) + 1
+
+
+def test_a_cr_created_again_is_logged_with_its_new_uid(caplog: pytest.LogCaptureFixture) -> None:
+    """Why the writer forgot what it knew of a CR: deleted and created again (new uid)."""
+    cache, _api, writer, _ = setup()
+    assert writer.reconcile(NAME)
+    cache.crs[NAME] = {**cache.crs[NAME], "metadata": {**cache.crs[NAME]["metadata"], "uid": "u2"}}
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer.reconcile(NAME)
+    assert f"{NAME}: created again (uid u2); what was known of the old one forgotten" in (
+        caplog.messages
+    )

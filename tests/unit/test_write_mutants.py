@@ -1045,3 +1045,18 @@ def test_a_cr_created_again_is_logged_with_its_new_uid(caplog: pytest.LogCapture
     assert f"{NAME}: created again (uid u2); what was known of the old one forgotten" in (
         caplog.messages
     )
+
+
+def test_node_events_after_a_conflict_are_about_the_cr_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 409, then the write from the fresh read: the node Events of that reconcile name the
+    CR as read again (its resourceVersion), not the stale copy the conflict refused."""
+    cache, _, writer, _ = setup()
+    api = MovingApi(cache, [ApiException(status=409)])
+    writer.api = api
+    pods = [write.status.BrokenPod("node-pod-1", "node-1", "NotReady")]
+    monkeypatch.setattr(write.status, "degraded_node_pods", lambda observed: pods)
+    assert writer.reconcile(NAME)
+    [node_event] = [e for _, e in api.events if e["reason"] == "NodeDriverNotReady"]
+    assert node_event["involvedObject"]["resourceVersion"] == "5"

@@ -114,6 +114,8 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_write_mutants.py",
         "tests/unit/test_reporter_write_timing.py",
         "tests/unit/test_reporter_node_events.py",
+        "tests/unit/test_reporter_conflict.py",
+        "tests/unit/test_reporter_event_queue.py",
     ),
 }
 

@@ -7,6 +7,7 @@ flaps), capped per CR and window so that a rack going down is not a storm.
 
 from __future__ import annotations
 
+import pytest
 from test_reporter_write import NAME, setup
 
 from reporter import status
@@ -51,8 +52,51 @@ def test_many_broken_nodes_at_once_are_capped_with_one_summary(monkeypatch):
     writer.reconcile(NAME)
     events = node_events(api)
     assert len(events) == MAX_NODE_EVENTS + 1
-    assert events[-1]["reason"] == "NodeDriversNotReady"
-    assert f"and {40 - MAX_NODE_EVENTS} more" in events[-1]["message"]
+    assert (events[-1]["type"], events[-1]["reason"], events[-1]["message"]) == (
+        "Warning",
+        "NodeDriversNotReady",
+        f"and {40 - MAX_NODE_EVENTS} more node driver pod(s) are not ready; see the Node "
+        "component of the status",
+    )
+
+
+def test_a_broken_pod_not_scheduled_on_any_node_says_so(monkeypatch):
+    """A node pod without a node (unschedulable) is named as not scheduled, not "on node "."""
+    _cache, api, writer, _ = setup()
+    pods = [status.BrokenPod("node-pod-1", "", "Unschedulable")]
+    monkeypatch.setattr(status, "degraded_node_pods", lambda observed: pods)
+    writer.reconcile(NAME)
+    assert [e["message"] for e in node_events(api)] == [
+        "Node driver pod node-pod-1 (not scheduled): Unschedulable; the driver serves on the "
+        "other nodes"
+    ]
+
+
+def test_a_pod_broken_for_longer_than_the_window_is_named_once(monkeypatch):
+    """The repeat window is for flapping pods: one that stays broken is not named again every
+    ``NODE_EVENT_REPEAT_SECONDS``."""
+    _cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    monkeypatch.setattr(status, "degraded_node_pods", lambda observed: broken(17))
+    for _ in range(4):
+        writer.reconcile(NAME)
+        clock[0] += NODE_EVENT_REPEAT_SECONDS
+    assert len(node_events(api)) == 1
+
+
+def test_a_cr_created_again_names_its_broken_nodes_again(monkeypatch):
+    """A CR deleted and created again (pulumi replace) is a new object: its broken node pods
+    are named on it, though the old CR named them a minute ago."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    monkeypatch.setattr(status, "degraded_node_pods", lambda observed: broken(17))
+    writer.reconcile(NAME)
+    clock[0] += 60
+    cache.crs[NAME] = {**cache.crs[NAME], "metadata": {**cache.crs[NAME]["metadata"], "uid": "u2"}}
+    writer.reconcile(NAME)
+    assert [e["involvedObject"]["uid"] for e in node_events(api)] == ["u1", "u2"]
 
 
 def test_a_non_leader_records_no_node_events(monkeypatch):
@@ -65,10 +109,11 @@ def test_a_non_leader_records_no_node_events(monkeypatch):
 # ------------------------------------------------ review of issue 16: bounded, not urgent
 
 
-def test_a_flapping_node_gets_one_event_per_repeat_interval(monkeypatch):
+@pytest.mark.parametrize("start", [100.0, 1e6])  # the monotonic clock's start is any value
+def test_a_flapping_node_gets_one_event_per_repeat_interval(monkeypatch, start):
     """One broken node flapping made an Event per flap."""
     _cache, api, writer, _ = setup()
-    clock = [100.0]
+    clock = [start]
     writer.monotonic = lambda: clock[0]
     now_broken = [broken(17)]
     monkeypatch.setattr(status, "degraded_node_pods", lambda observed: now_broken[0])
@@ -82,7 +127,7 @@ def test_a_flapping_node_gets_one_event_per_repeat_interval(monkeypatch):
         now_broken[0] = broken(17)
         writer.reconcile(NAME)
     assert len(node_events(api)) == 1
-    clock[0] = 100.0 + NODE_EVENT_REPEAT_SECONDS
+    clock[0] = start + NODE_EVENT_REPEAT_SECONDS
     now_broken[0] = []
     writer.reconcile(NAME)
     now_broken[0] = broken(17)
@@ -90,10 +135,11 @@ def test_a_flapping_node_gets_one_event_per_repeat_interval(monkeypatch):
     assert len(node_events(api)) == 2  # still flapping, named again after the interval
 
 
-def test_node_events_of_one_cr_are_bounded_per_window(monkeypatch):
+@pytest.mark.parametrize("start", [100.0, 1e6])
+def test_node_events_of_one_cr_are_bounded_per_window(monkeypatch, start):
     """50 broken nodes coming and going (pods replaced: new names) made 50 Events a time."""
     _cache, api, writer, _ = setup()
-    clock = [100.0]
+    clock = [start]
     writer.monotonic = lambda: clock[0]
     now_broken = [broken(*range(50))]
     monkeypatch.setattr(status, "degraded_node_pods", lambda observed: now_broken[0])
@@ -104,7 +150,7 @@ def test_node_events_of_one_cr_are_bounded_per_window(monkeypatch):
         now_broken[0] = broken(*range(batch * 100, batch * 100 + 50))
         writer.reconcile(NAME)
     assert len(node_events(api)) == MAX_NODE_EVENTS + 1  # the window's budget is spent
-    clock[0] = 100.0 + NODE_EVENT_REPEAT_SECONDS
+    clock[0] = start + NODE_EVENT_REPEAT_SECONDS
     now_broken[0] = broken(*range(900, 950))
     writer.reconcile(NAME)
     assert len(node_events(api)) == 2 * (MAX_NODE_EVENTS + 1)

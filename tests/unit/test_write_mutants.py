@@ -489,3 +489,574 @@ def test_an_error_without_an_http_status_is_logged_as_it_is(
     failed = f"{NAME}: writing status failed (1 time(s) in a row): ValueError: bad object; "
     assert any(m.startswith(failed) for m in caplog.messages), caplog.messages
     assert sleeps == []  # not retried
+
+
+# --------------------------------------------------------------------------- write conflicts
+
+
+def _other_writer_replaces_status(cache: FakeCache, phase: str) -> str:
+    """Another reporter writes the CR's status; returns the resourceVersion it left."""
+    cr = cache.crs[NAME]
+    rv = str(int(cr["metadata"]["resourceVersion"]) + 1)
+    status = {**(cr.get("status") or {}), "phase": phase, "message": f"theirs: {phase}"}
+    cache.crs[NAME] = {**cr, "metadata": {**cr["metadata"], "resourceVersion": rv},
+                       "status": status}
+    return rv
+
+
+def test_the_conflict_event_and_log_name_the_cr_the_other_phase_and_its_resource_version(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An administrator finds the second writer from this text: which CR, what the other
+    wrote, at which resourceVersion, and how long this reporter stays quiet."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    rv = _other_writer_replaces_status(cache, "Progressing")
+    clock[0] += 1
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
+        assert not writer.reconcile(NAME)
+    text = (
+        f"the status of {NAME} was replaced by another writer (phase 'Progressing' at "
+        f"resourceVersion {rv}): another stack's reporter, or a per-deployment reporter of the "
+        "layout before, serves this CR too; this reporter writes it again only after 60 s "
+        "without such changes"
+    )
+    assert caplog.messages == [f"{NAME}: {text}"]
+    (event,) = [e for _, e in api.events if e["reason"] == "StatusWriteConflict"]
+    assert event["type"] == "Warning"
+    assert event["message"] == text[0].upper() + text[1:]
+
+
+def test_a_lasting_conflict_is_evented_again_exactly_when_the_event_interval_has_passed() -> None:
+    """A write war that goes on is shown again as soon as the interval is up, not one
+    conflict later: the interval documented for the Event is the one kept."""
+    cache, api, writer, _ = setup()
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    clock[0] += 1
+    _other_writer_replaces_status(cache, "Progressing")
+    writer.reconcile(NAME)  # the first conflict: its Event
+    clock[0] += write.CONFLICT_EVENT_SECONDS
+    _other_writer_replaces_status(cache, "Running")  # still at it, exactly 600 s later
+    writer.reconcile(NAME)
+    conflicts = [e for _, e in api.events if e["reason"] == "StatusWriteConflict"]
+    assert len(conflicts) == 2
+    assert conflicts[1]["message"].startswith(
+        f"The status of {NAME} is still being replaced by another writer (phase 'Running' at "
+    )
+
+
+def test_while_yielding_the_writer_asks_to_be_woken_when_the_quiet_period_ends() -> None:
+    """Without a wake-up at the end of the quiet period, the reporter's own status would
+    only come back at the next resync or change, leaving the other writer's in place."""
+    cache, _api, writer, _ = setup()
+    writer.conflict_quiet = 30.0
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    clock[0] = 110.0
+    _other_writer_replaces_status(cache, "Progressing")
+    assert not writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 140.0  # 30 s after the replacement was seen
+    clock[0] = 120.0
+    _other_writer_replaces_status(cache, "Running")  # still writing: the period restarts
+    assert not writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 150.0
+    clock[0] = 130.0  # quiet since: still yielding, the wake-up stays where it was
+    assert not writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 150.0
+
+
+def test_the_quiet_period_ends_exactly_at_its_configured_length() -> None:
+    """At the end of the quiet period the reporter writes again; a status left as the
+    other writer left it is not waited on for one more round."""
+    cache, api, writer, _ = setup()
+    writer.conflict_quiet = 30.0
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    assert writer.reconcile(NAME)
+    written = len(api.patches)
+    _other_writer_replaces_status(cache, "Progressing")
+    assert not writer.reconcile(NAME)
+    clock[0] = 130.0
+    assert writer.reconcile(NAME)
+    assert len(api.patches) == written + 1
+
+
+def test_losing_leadership_logs_how_many_held_back_events_it_drops(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An Event that was never created leaves a trace in the log when leadership moves."""
+    _, api, writer, _ = setup()
+
+    def unavailable(namespace: str, event: dict[str, Any]) -> Any:
+        raise ApiException(status=503)
+
+    api.create_event = unavailable  # type: ignore[method-assign]
+    assert writer.reconcile(NAME)
+    assert sum(len(p) for p in writer._pending_events.values()) == 1
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer.not_leading()
+    assert "1 held back event(s) dropped: not leading" in caplog.messages
+    assert writer._pending_events == {}
+
+
+# --------------------------------------------------------------------------- held-back Events
+
+
+class Delays:
+    """``retry_backoff`` without jitter: ``delay`` s each time; records the attempt numbers."""
+
+    def __init__(self, delay: float = 1.0) -> None:
+        self.delay = delay
+        self.asked: list[int] = []
+
+    def wait_for(self, attempt: int, exc: BaseException | None = None) -> float:
+        self.asked.append(attempt)
+        return self.delay
+
+
+def _event_queue(delay: float = 1.0) -> tuple[Any, Any, Any, list[float], list[Any], Delays]:
+    """A writer on a hand-driven clock whose API answers Events from ``answers`` (an exception
+    is raised, anything else accepts; empty: accept), logging (time, reason) of each try."""
+    cache, api, writer, _ = setup()
+    clock = [0.0]
+    writer.monotonic = lambda: clock[0]
+    delays = writer.retry_backoff = Delays(delay)
+    answers: list[Any] = []
+    tries: list[tuple[float, str]] = []
+    original = api.create_event
+
+    def create_event(namespace: str, event: dict[str, Any]) -> Any:
+        tries.append((clock[0], event["reason"]))
+        answer = answers.pop(0) if answers else None
+        if isinstance(answer, BaseException):
+            raise answer
+        if callable(answer):
+            return answer()
+        return original(namespace, event)
+
+    api.create_event = create_event  # type: ignore[method-assign]
+    api.tries = tries
+    return cache, api, writer, clock, answers, delays
+
+
+def _refused() -> ApiException:
+    return ApiException(status=500, reason="Internal Server Error")
+
+
+def test_a_refused_event_waits_for_its_delay_then_goes_out_unchanged() -> None:
+    """One 500: the very Event (name, reason, message, involvedObject) is created at the CR's
+    first reconcile once the delay is over, not before, and the CR's queue is then empty."""
+    _cache, api, writer, clock, answers, delays = _event_queue(delay=5.0)
+    answers.append(_refused())
+    assert writer.reconcile(NAME)  # Failed written; its Event refused
+    assert api.events == []
+    assert writer.deferred[NAME] == 5.0  # the main loop comes back when it is due
+    [(held, attempts, since)] = writer._pending_events[NAME]
+    assert (held["reason"], attempts, since) == ("Failed", 1, 0.0)
+    clock[0] = 4.9
+    assert not writer.reconcile(NAME)
+    assert api.events == []
+    clock[0] = 5.0
+    assert not writer.reconcile(NAME)
+    assert api.events == [("pmem-csi", held)]
+    assert api.tries == [(0.0, "Failed"), (5.0, "Failed")]
+    assert delays.asked == [0]
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+    assert writer.metrics.events._value.get() == 1
+
+
+@pytest.mark.parametrize("start", [0.0, 1e6])  # the monotonic clock's start is any value
+def test_events_refused_again_back_off_further_per_cr_up_to_the_tenth_step(start: float) -> None:
+    """Each refusal in a row asks the backoff for the next step (0, 1, 2, ...; the step stops
+    growing at 10), so a 500 storm is met with ever rarer attempts, one per delay."""
+    _, api, writer, clock, answers, delays = _event_queue(delay=1.0)
+    clock[0] = start
+    answers.extend(_refused() for _ in range(14))
+    assert writer.reconcile(NAME)
+    for _ in range(14):
+        clock[0] = writer.deferred.pop(NAME)
+        writer.reconcile(NAME)
+    assert delays.asked == [*range(11), 10, 10, 10]
+    assert [t for t, _ in api.tries] == [start + t for t in range(15)]
+    assert len(api.events) == 1 and NAME not in writer._event_backoff
+
+
+def test_an_event_recorded_while_the_crs_events_back_off_waits_behind_the_held_one() -> None:
+    """A new Event of a CR whose Events back off is not tried at once (one attempt per delay),
+    and the queue goes out oldest first; the first refused again keeps the rest behind it."""
+    cache, api, writer, clock, answers, _ = _event_queue(delay=5.0)
+    cr = cache.crs[NAME]
+    answers.append(_refused())
+    writer._record(cr, "Warning", "Failed", "first")
+    clock[0] = 1.0
+    writer._record(cr, "Normal", "Running", "second")
+    writer._record(cr, "Warning", "NodeDriverNotReady", "third")
+    assert api.tries == [(0.0, "Failed")]
+    assert [(e["message"], n, s) for e, n, s in writer._pending_events[NAME]] == [
+        ("first", 1, 0.0),
+        ("second", 0, 1.0),
+        ("third", 0, 1.0),
+    ]
+    assert writer._wake == {NAME: 5.0}
+    clock[0] = 5.0
+    answers.append(_refused())
+    writer._flush_events(NAME)
+    assert api.tries[1:] == [(5.0, "Failed")]  # the others wait behind it
+    assert [e["message"] for e, *_ in writer._pending_events[NAME]] == ["first", "second", "third"]
+    clock[0] = writer._event_backoff[NAME][1]
+    writer._flush_events(NAME)
+    assert [e["message"] for _, e in api.events] == ["first", "second", "third"]
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+
+
+def test_a_held_back_event_is_retried_at_most_a_minute_after_it_was_first_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A delay longer than the minute left (Retry-After 120) wakes the main loop when the
+    Event's minute is up, and it is then given up with a warning naming it, not tried."""
+    cache, api, writer, clock, answers, _ = _event_queue(delay=120.0)
+    answers.append(_refused())
+    assert writer.reconcile(NAME)
+    assert writer.deferred[NAME] == write.EVENT_GIVE_UP_SECONDS
+    _fill(writer, cache.crs[NAME], ["NodeDriverNotReady", "Failed"])
+    clock[0] = write.EVENT_GIVE_UP_SECONDS
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
+        writer.reconcile(NAME)
+    assert api.tries == [(0.0, "Failed")]
+    assert caplog.messages == [
+        f"3 event(s) on {NAME} given up, 60 s after they were first refused: "
+        "Failed, NodeDriverNotReady"
+    ]
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+
+
+def test_an_attempt_that_ends_a_minute_after_the_event_was_held_back_gives_it_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The minute counts to the end of the attempt (a request that timed out): refused then,
+    the Event is given up with the number of attempts, not queued for a third."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=1.0)
+    cr = cache.crs[NAME]
+    answers.append(_refused())
+    writer._record(cr, "Warning", "Failed", "it broke")
+    clock[0] = 1.0
+
+    def slow_refusal() -> Any:
+        clock[0] = write.EVENT_GIVE_UP_SECONDS
+        raise _refused()
+
+    answers.append(slow_refusal)
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._flush_events(NAME)
+    assert NAME not in writer._pending_events
+    assert caplog.messages == [
+        f"event Failed on {NAME} not created: 500 Internal Server Error "
+        "(given up after 2 attempts)"
+    ]
+
+
+def test_a_refused_event_is_logged_with_its_attempt_error_and_delay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What an operator reads while Events are refused: which Event, which CR, which attempt,
+    the error, and when it is tried again."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=2.25)
+    answers.extend([_refused(), _refused()])
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._record(cache.crs[NAME], "Warning", "Failed", "it broke")
+        clock[0] = 2.25
+        writer._flush_events(NAME)
+    assert [m for m in caplog.messages if m.startswith("event ")] == [
+        f"event Failed on {NAME} not created yet (attempt 1): 500 Internal Server Error; "
+        "trying again in 2.2 s",
+        f"event Failed on {NAME} not created yet (attempt 2): 500 Internal Server Error; "
+        "trying again in 2.2 s",
+    ]
+
+
+def test_an_event_refused_for_good_is_logged_once_without_an_attempt_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A 403 (not transient) is not retried; one attempt is not called "given up after"."""
+    cache, _api, writer, _clock, answers, _ = _event_queue()
+    answers.append(ApiException(status=403, reason="Forbidden"))
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._record(cache.crs[NAME], "Warning", "Failed", "it broke")
+    assert caplog.messages == [f"event Failed on {NAME} not created: 403 Forbidden"]
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+
+
+def _fill(writer: Any, cr: Any, reasons: list[str]) -> None:
+    for i, reason in enumerate(reasons):
+        writer._record(cr, "Warning", reason, f"{reason} {i}")
+
+
+def test_a_queue_of_exactly_max_pending_events_drops_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """One reconcile's worth of Events (MAX_PENDING_EVENTS) all wait; nothing is dropped."""
+    cache, _api, writer, _clock, answers, _ = _event_queue()
+    answers.append(_refused())
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
+        _fill(writer, cache.crs[NAME], ["Failed"] * write.MAX_PENDING_EVENTS)
+    assert len(writer._pending_events[NAME]) == write.MAX_PENDING_EVENTS
+    assert caplog.messages == []
+
+
+def test_a_full_queue_without_node_events_drops_its_oldest_event_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No node Event to give up: the oldest Event makes room for the newest, logged with its
+    reason, its CR, the queue's size and its message."""
+    cache, _api, writer, _clock, answers, _ = _event_queue()
+    answers.append(_refused())
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
+        _fill(writer, cache.crs[NAME], ["Failed"] * (write.MAX_PENDING_EVENTS + 1))
+    queued = [e["message"] for e, *_ in writer._pending_events[NAME]]
+    assert queued == [f"Failed {i}" for i in range(1, write.MAX_PENDING_EVENTS + 1)]
+    assert caplog.messages == [
+        f"event Failed on {NAME} dropped: 13 Events of this CR wait already (the API server "
+        "refuses Events): Failed 0"
+    ]
+
+
+def test_a_full_queue_drops_its_oldest_node_event_wherever_it_waits() -> None:
+    """A node Event gives way before any phase Event, even one queued earlier."""
+    cache, _api, writer, _clock, answers, _ = _event_queue()
+    answers.append(_refused())
+    reasons = ["Failed", "Running", "NodeDriverNotReady", "NodeDriversNotReady"]
+    reasons += ["Failed"] * (write.MAX_PENDING_EVENTS - 4)
+    _fill(writer, cache.crs[NAME], [*reasons, "Running", "Running"])
+    queued = [e["message"] for e, *_ in writer._pending_events[NAME]]
+    assert "NodeDriverNotReady 2" not in queued and "NodeDriversNotReady 3" not in queued
+    assert queued[:2] == ["Failed 0", "Running 1"]
+    assert queued[-2:] == [f"Running {len(reasons)}", f"Running {len(reasons) + 1}"]
+
+
+def test_an_event_refused_in_front_of_a_full_queue_is_the_one_dropped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Tried at once (its CR's delay is over) and refused in front of a full queue of phase
+    Events, the new Event is the one dropped, logged once as dropped, not as "trying again"."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=1.0)
+    answers.append(_refused())
+    cr = cache.crs[NAME]
+    _fill(writer, cr, ["Failed"] * write.MAX_PENDING_EVENTS)
+    waiting = list(writer._pending_events[NAME])
+    writer._wake.clear()
+    clock[0] = 1.0
+    answers.append(_refused())
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._record(cr, "Normal", "Running", "newest")
+    assert caplog.messages == [
+        f"event Running on {NAME} dropped: 13 Events of this CR wait already (the API server "
+        "refuses Events): newest"
+    ]
+    assert writer._pending_events[NAME] == waiting
+    assert writer._wake == {}  # nothing of its own to wake for
+
+
+PER_CR_RECORDS = [
+    "_tokens", "deferred", "_recovering", "_failing", "_failures", "backing_off",
+    "_pending_events", "_event_backoff", "_wake", "awaiting_leader", "_broken", "_announced",
+    "_node_window", "_written", "_yielding", "_conflict_event_at", "_uids",
+]
+
+
+@pytest.mark.parametrize("gone", ["deleted", "created-again"])
+def test_a_cr_gone_leaves_no_per_cr_record_behind(gone: str) -> None:
+    """Every per-CR record of a deleted CR is dropped (CRs created and deleted for months do
+    not grow the reporter), and a CR created again under the name starts from nothing."""
+    cache, _api, writer, _ = setup()
+    other = "other.example.com"
+    for attr in PER_CR_RECORDS:
+        record = getattr(writer, attr)
+        for key in (NAME, other):
+            if isinstance(record, set):
+                record.add(key)
+            else:
+                record[key] = {"u1": 1} if attr == "_announced" else ("1", {})
+    writer._uids[NAME] = "u1"
+    if gone == "deleted":
+        del cache.crs[NAME]
+    else:
+        cache.crs[NAME]["metadata"]["uid"] = "u2"
+        cache.synced = False  # stop after the forgetting
+    writer.reconcile(NAME)
+    kept = {attr: NAME in getattr(writer, attr) for attr in PER_CR_RECORDS}
+    expected = dict.fromkeys(PER_CR_RECORDS, False)
+    if gone == "created-again":
+        expected.update(_uids=True)
+    assert kept == expected
+    assert writer._uids.get(NAME) in (None, "u2")
+    assert all(other in getattr(writer, attr) for attr in PER_CR_RECORDS)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "before", "after"),
+    [
+        ("Failed", "Progressing", False, True),
+        ("Failed", "Failed", False, False),
+        ("Failed", "Running", False, False),
+        ("Progressing", "Progressing", False, False),
+        ("Running", "Progressing", False, False),
+        ("Progressing", "Progressing", True, True),
+        ("Progressing", "Running", True, False),
+        ("Progressing", "Failed", True, False),
+    ],
+)
+def test_a_recovery_is_awaited_from_leaving_failed_until_running_or_failed_again(
+    old: str, new: str, before: bool, after: bool
+) -> None:
+    """Only a write out of Failed makes the next Running urgent, and that wait ends with the
+    Running (or a new failure); rollouts that never failed stay in the budget."""
+    _, _api, writer, _ = setup()
+    if before:
+        writer._recovering.add(NAME)
+    writer._track_recovery(NAME, {"phase": old}, {"phase": new})
+    assert (NAME in writer._recovering) == after
+
+
+def test_the_main_loop_comes_back_at_the_earliest_time_any_part_of_a_reconcile_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A held-back Event due in 5 s and a failed lookup asked again in 2 s: the CR is
+    reconciled again in 2 s, whichever asked first; the later request does not push it."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=5.0)
+    answers.append(_refused())
+    assert writer.reconcile(NAME)  # its Event is due at 5
+    assert writer.deferred == {NAME: 5.0}
+    retry_in = [2.0]
+
+    def lookup_labels(kind: str, name: str, namespace: str) -> None:
+        raise write.model.LookupFailed("503", retry_in=retry_in[0])
+
+    cache.lookup_labels = lookup_labels  # type: ignore[method-assign]
+    clock[0] = 1.0
+    writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 3.0
+    writer._wake_at(NAME, 4.0)
+    writer._wake_at(NAME, 2.5)
+    writer._wake_at(NAME, 9.0)
+    assert writer._wake == {NAME: 2.5}
+
+
+def test_a_refused_event_waits_as_long_as_the_api_servers_retry_after_says() -> None:
+    """A 429/503 with Retry-After: the held-back Event is tried again when the API server
+    asked, not after the (shorter) backoff of its own."""
+    _cache, _api, writer, _clock, answers, _ = _event_queue()
+    writer.retry_backoff = write.Backoff(base=0.2, cap=30.0, max_attempts=0)
+    busy = ApiException(status=429, reason="Too Many Requests")
+    busy.headers = {"Retry-After": "7"}
+    answers.append(busy)
+    assert writer.reconcile(NAME)
+    assert writer.deferred[NAME] == 7.0
+
+
+def test_an_event_refused_with_retry_after_zero_does_not_hold_back_the_ones_behind_it() -> None:
+    """Held back only while its delay runs: with none (Retry-After: 0) the Events queued
+    behind the refused one go out in the same pass."""
+    cache, api, writer, clock, answers, _ = _event_queue(delay=1.0)
+    cr = cache.crs[NAME]
+    answers.append(_refused())
+    writer._record(cr, "Warning", "Failed", "first")
+    clock[0] = 0.5
+    writer._record(cr, "Normal", "Running", "second")
+    clock[0] = 1.0
+    writer.retry_backoff = write.Backoff(base=0.2, cap=30.0, max_attempts=0)
+    now_busy = ApiException(status=503, reason="Service Unavailable")
+    now_busy.headers = {"Retry-After": "0"}
+    answers.append(now_busy)
+    writer._flush_events(NAME)
+    assert [e["message"] for _, e in api.events] == ["second"]
+    assert [e["message"] for e, *_ in writer._pending_events[NAME]] == ["first"]
+    clock[0] = write.EVENT_GIVE_UP_SECONDS  # its minute is up: given up like any other
+    writer._flush_events(NAME)
+    assert NAME not in writer._pending_events and NAME not in writer._event_backoff
+
+
+def test_a_failed_status_write_is_retried_at_its_own_time_not_at_a_held_back_events() -> None:
+    """The main loop comes back at the earliest time asked: a status write refused at 1 s is
+    tried again at 2 s, though the CR's held-back Event is only due at 10 s."""
+    cache, api, writer, clock, answers, delays = _event_queue(delay=10.0)
+    answers.append(_refused())
+    assert writer.reconcile(NAME)  # Failed written; its Event refused, due at 10
+    assert writer.deferred == {NAME: 10.0}
+    clock[0] = 1.0
+    delays.delay = 1.0
+    cache.crs[NAME] = {**cache.crs[NAME], "status": {}}  # the status must be written again
+    api.failures.append(_refused())
+    assert not writer.reconcile(NAME)
+    assert writer.backing_off == {NAME: 2.0}
+    assert writer.deferred == {NAME: 2.0}
+
+
+class FailingLookupCache(FakeCache):
+    """Label look-ups of Secrets fail (a 403 or 500), each with its own retry time; the
+    caches list nothing; records the look-ups and the CR whose unreadable kinds are asked."""
+
+    def __init__(self, cr: dict[str, Any]) -> None:
+        super().__init__(cr)
+        self.looked_up: list[tuple[str, str]] = []
+        self.asked_for: list[Any] = []
+        self.retry = iter([7.0, 3.0, 5.0])
+
+    def unreadable_for(self, cr: Any) -> dict[str, str]:
+        self.asked_for.append(cr)
+        return {}
+
+    def lookup_labels(self, kind: str, name: str, namespace: str) -> Any:
+        self.looked_up.append((kind, name))
+        if kind == "Secret":
+            raise write.model.LookupFailed(f"reading {name}: 500", retry_in=next(self.retry))
+        return None
+
+
+def test_a_failed_label_lookup_makes_its_kind_unknown_and_asks_to_come_back() -> None:
+    """A Secret that cannot be read by name: the Secret kind is unreadable with the error,
+    no further Secret is looked up (its kind is unknown already), the other kinds still are,
+    and the CR is computed again when the look-up may be asked again."""
+    cache = FailingLookupCache(CR)
+    observed = build_observed(cache, CR)
+    assert cache.asked_for == [CR]
+    secrets = [n for k, n in cache.looked_up if k == "Secret"]
+    assert len(secrets) == 1
+    assert observed.unreadable == {"Secret": f"reading {secrets[0]}: 500"}
+    assert observed.recheck_in == 7.0
+    expected = {(e.kind, e.name) for e in write.model.expected_objects(observed.names)}
+    assert {(k, n) for k, names in observed.objects.items() for n in names} == expected
+    assert len(cache.looked_up) == len(expected) - sum(
+        1 for k, _ in expected if k == "Secret"
+    ) + 1
+
+
+def test_a_cr_created_again_is_logged_with_its_new_uid(caplog: pytest.LogCaptureFixture) -> None:
+    """Why the writer forgot what it knew of a CR: deleted and created again (new uid)."""
+    cache, _api, writer, _ = setup()
+    assert writer.reconcile(NAME)
+    cache.crs[NAME] = {**cache.crs[NAME], "metadata": {**cache.crs[NAME]["metadata"], "uid": "u2"}}
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer.reconcile(NAME)
+    assert f"{NAME}: created again (uid u2); what was known of the old one forgotten" in (
+        caplog.messages
+    )
+
+
+def test_node_events_after_a_conflict_are_about_the_cr_read_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 409, then the write from the fresh read: the node Events of that reconcile name the
+    CR as read again (its resourceVersion), not the stale copy the conflict refused."""
+    cache, _, writer, _ = setup()
+    api = MovingApi(cache, [ApiException(status=409)])
+    writer.api = api
+    pods = [write.status.BrokenPod("node-pod-1", "node-1", "NotReady")]
+    monkeypatch.setattr(write.status, "degraded_node_pods", lambda observed: pods)
+    assert writer.reconcile(NAME)
+    [node_event] = [e for _, e in api.events if e["reason"] == "NodeDriverNotReady"]
+    assert node_event["involvedObject"]["resourceVersion"] == "5"

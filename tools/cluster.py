@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -201,39 +202,79 @@ def start_component(name: str) -> subprocess.Popen[bytes]:
 def dead_components() -> list[str]:
     """The components kwokctl started whose process is gone (by its pid file).
 
-    A PID that now names another program (reused) or a zombie counts as gone: the process's
-    own name is read from ``/proc/PID/cmdline``.
+    A zombie, or a PID that now names another program or another cluster's component
+    (reused), counts as gone: ``/proc/PID/cmdline`` must start with this cluster's
+    ``bin/<name>`` (kwokctl links each binary there).
     """
     dead = []
     for pid_file in sorted(_component_pids_dir().glob("*.pid")):
         name = pid_file.stem
         try:
-            argv0 = Path(f"/proc/{int(pid_file.read_text().strip())}/cmdline").read_bytes()
+            cmdline = Path(f"/proc/{int(pid_file.read_text().strip())}/cmdline").read_bytes()
         except (OSError, ValueError):
             dead.append(name)
             continue
-        if os.path.basename(argv0.split(b"\0", 1)[0].decode(errors="replace")) != name:
+        if cmdline.split(b"\0", 1)[0].decode(errors="replace") != str(cluster_dir() / "bin" / name):
             dead.append(name)
     return dead
 
 
-def _controllers_working() -> bool:
-    """kube-controller-manager is past its start-up check (its service-account controller has
-    made ``default/default``) and kube-scheduler holds its Lease."""
+def _lease_renewed_since(coordination: object, name: str, since: datetime) -> bool:
+    lease = coordination.read_namespaced_lease(name, "kube-system", _request_timeout=10)
+    renewed = lease.spec and lease.spec.holder_identity and lease.spec.renew_time
+    return bool(renewed) and lease.spec.renew_time > since
+
+
+def _controllers_working(restarted: dict[str, datetime]) -> bool:
+    """The controllers work, judged by what a live process made.
+
+    At a creation (fresh etcd): kube-controller-manager is past its start-up check once its
+    service-account controller has made ``default/default``, and kube-scheduler holds its
+    Lease. A controller started again here must have renewed its Lease since (the old
+    ServiceAccount and Lease holder outlive the process that made them). A busy API server
+    (429, 5xx, no answer) means "not yet", not an error.
+    """
+    import urllib3
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = _core_api()
+    coordination = client.CoordinationV1Api(core.api_client)
+    try:
+        core.read_namespaced_service_account("default", "default", _request_timeout=10)
+        scheduler = coordination.read_namespaced_lease(
+            "kube-scheduler", "kube-system", _request_timeout=10
+        )
+        return bool(scheduler.spec and scheduler.spec.holder_identity) and all(
+            _lease_renewed_since(coordination, name, since)
+            for name, since in restarted.items()
+            if name in LEADER_ELECTED_CONTROLLERS
+        )
+    except ApiException as err:
+        if err.status == 404 or err.status == 429 or err.status >= 500:
+            return False
+        raise
+    except urllib3.exceptions.HTTPError:
+        return False
+    finally:
+        core.api_client.close()
+
+
+def _forget_lease(name: str) -> None:
+    """Delete the Lease a dead controller held: its successor need not wait it out (60 s)."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     core = _core_api()
     try:
-        core.read_namespaced_service_account("default", "default")
-        lease = client.CoordinationV1Api(core.api_client).read_namespaced_lease(
-            "kube-scheduler", "kube-system"
+        client.CoordinationV1Api(core.api_client).delete_namespaced_lease(
+            name, "kube-system", _request_timeout=10
         )
     except ApiException as err:
-        if err.status == 404:
-            return False
-        raise
-    return bool(lease.spec and lease.spec.holder_identity)
+        if err.status != 404:
+            raise
+    finally:
+        core.api_client.close()
 
 
 def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
@@ -241,6 +282,7 @@ def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
     that exited (:func:`start_component`), at most :data:`MAX_COMPONENT_RESTARTS` times."""
     deadline = time.monotonic() + timeout
     restarts = 0
+    restarted: dict[str, datetime] = {}
     while True:
         dead = dead_components()
         if dead:
@@ -253,20 +295,23 @@ def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
             restarts += 1
             _log(
                 f"{', '.join(dead)} not running (exited at start? see "
-                f"{logs / (dead[0] + '.log')}); starting it again"
+                f"{', '.join(str(logs / f'{name}.log') for name in dead)}); starting it again"
             )
             # Under the creation lock: a component that is down left its port free, and a
             # cluster created meanwhile (kwokctl takes the first free port) could take it.
             with one_create_at_a_time():
                 for name in dead:
+                    if name in LEADER_ELECTED_CONTROLLERS:
+                        _forget_lease(name)
+                    restarted[name] = datetime.now(UTC)
                     start_component(name)
-            continue
-        if _controllers_working():
+        elif _controllers_working(restarted):
             return
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"kube-controller-manager / kube-scheduler not working after {timeout:.0f}s "
-                "(no default/default ServiceAccount or no kube-scheduler Lease holder)"
+                "(no default/default ServiceAccount, no kube-scheduler Lease holder, or no "
+                "Lease renewed by a controller started again)"
             )
         time.sleep(0.5)
 

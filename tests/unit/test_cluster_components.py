@@ -25,10 +25,16 @@ def pids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+def _binary(name: str) -> str:
+    return str(cluster.cluster_dir() / "bin" / name)
+
+
 @pytest.fixture
-def controller_manager() -> Iterator[subprocess.Popen[bytes]]:
-    """A process whose program name is kube-controller-manager (``exec -a``)."""
-    proc = subprocess.Popen(["bash", "-c", "exec -a kube-controller-manager sleep 600"])
+def controller_manager(pids: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A process whose program is this cluster's kube-controller-manager (``exec -a``)."""
+    proc = subprocess.Popen(
+        ["bash", "-c", f"exec -a {_binary('kube-controller-manager')} sleep 600"]
+    )
     try:
         yield proc
     finally:
@@ -38,7 +44,7 @@ def controller_manager() -> Iterator[subprocess.Popen[bytes]]:
 
 def _wait_exec(proc: subprocess.Popen[bytes]) -> None:
     while Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")[0] != (
-        b"kube-controller-manager"
+        _binary("kube-controller-manager").encode()
     ):
         time.sleep(0.01)
 
@@ -54,11 +60,25 @@ def test_a_component_is_dead_when_its_process_is_gone_reused_or_unreadable(
     gone.wait()
     (pids / "etcd.pid").write_text(str(gone.pid))
     (pids / "kwok-controller.pid").write_text("not a pid")
-    assert cluster.dead_components() == ["etcd", "kube-scheduler", "kwok-controller"]
+    # Another cluster's kube-apiserver under a PID reused for this one's: not this cluster's.
+    other = subprocess.Popen(["bash", "-c", "exec -a /elsewhere/bin/kube-apiserver sleep 600"])
+    try:
+        while b"/elsewhere" not in Path(f"/proc/{other.pid}/cmdline").read_bytes():
+            time.sleep(0.01)
+        (pids / "kube-apiserver.pid").write_text(str(other.pid))
+        assert cluster.dead_components() == [
+            "etcd",
+            "kube-apiserver",
+            "kube-scheduler",
+            "kwok-controller",
+        ]
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_a_zombie_component_is_dead(pids: Path) -> None:
-    proc = subprocess.Popen(["bash", "-c", "exec -a kube-scheduler sleep 0"])
+    proc = subprocess.Popen(["bash", "-c", f"exec -a {_binary('kube-scheduler')} sleep 0"])
     (pids / "kube-scheduler.pid").write_text(str(proc.pid))
     try:
         while Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] != "Z":
@@ -73,7 +93,8 @@ def _fake_cluster(
 ) -> list[str]:
     started: list[str] = []
     monkeypatch.setattr(cluster, "dead_components", lambda: dead.pop(0) if dead else [])
-    monkeypatch.setattr(cluster, "_controllers_working", lambda: working.pop(0))
+    monkeypatch.setattr(cluster, "_controllers_working", lambda restarted: working.pop(0))
+    monkeypatch.setattr(cluster, "_forget_lease", lambda name: started.append(f"lease {name}"))
     monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
 
     def start_component(name: str) -> None:
@@ -91,7 +112,8 @@ def test_an_exited_controller_manager_is_started_again_then_awaited(
     monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
     started = _fake_cluster(monkeypatch, [["kube-controller-manager"], []], [False, True])
     cluster.ensure_controllers()
-    assert started == ["kube-controller-manager"]
+    # Its Lease is deleted first: the successor need not wait for the dead holder's to expire.
+    assert started == ["lease kube-controller-manager", "kube-controller-manager"]
 
 
 def test_a_component_that_keeps_exiting_is_an_error_naming_it_and_its_log(
@@ -103,7 +125,14 @@ def test_a_component_that_keeps_exiting_is_an_error_naming_it_and_its_log(
     with pytest.raises(RuntimeError, match=r"kube-controller-manager exited again after 3") as err:
         cluster.ensure_controllers()
     assert "kube-controller-manager.log" in str(err.value)
-    assert started == ["kube-controller-manager"] * cluster.MAX_COMPONENT_RESTARTS
+    assert (
+        started
+        == [
+            "lease kube-controller-manager",
+            "kube-controller-manager",
+        ]
+        * cluster.MAX_COMPONENT_RESTARTS
+    )
 
 
 def test_controllers_that_never_work_time_out_naming_what_is_missing(
@@ -112,7 +141,7 @@ def test_controllers_that_never_work_time_out_naming_what_is_missing(
     clock = iter(range(0, 10_000, 100))
     monkeypatch.setattr(cluster.time, "monotonic", lambda: float(next(clock)))
     _fake_cluster(monkeypatch, [], [False] * 100)
-    with pytest.raises(TimeoutError, match="kube-scheduler Lease holder"):
+    with pytest.raises(TimeoutError, match="no kube-scheduler Lease holder"):
         cluster.ensure_controllers(timeout=250)
 
 

@@ -879,6 +879,16 @@ def _refusal(status: Mapping[str, Any], secret: bool) -> tuple[list[str], str]:
     return fields, reason[:300]
 
 
+def _same_field(changed: str, refused: str) -> bool:
+    """Whether a changed path and a field the API server refused are one, or one holds the
+    other: ``a.b`` holds ``a.b.c`` and the list entry's ``a.b[0].c`` (the API server names list
+    entries with ``[``; a changed list is one path)."""
+    return any(
+        inner == outer or inner.startswith((outer + ".", outer + "["))
+        for inner, outer in ((changed, refused), (refused, changed))
+    )
+
+
 def patch_rejections(
     reader: Any, stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]
 ) -> list[Rejection]:
@@ -916,11 +926,7 @@ def patch_rejections(
                 continue  # refused without the patches too: not theirs to answer for
             fields, reason = _refusal(body, secret=kind == "Secret")
             changed = changed_paths(obj, patched)
-            named = [
-                c
-                for c in changed
-                if any(c == f or c.startswith(f + ".") or f.startswith(c + ".") for f in fields)
-            ]
+            named = [c for c in changed if any(_same_field(c, f) for f in fields)]
             ns = meta.get("namespace")
             out.append(
                 Rejection(

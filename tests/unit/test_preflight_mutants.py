@@ -502,6 +502,34 @@ def test_a_refusal_names_only_the_changed_fields_the_api_server_names() -> None:
     assert rejection.fields == ("spec.podManagementPolicy",)
 
 
+class RefusesTwoFields(RefusesEverything):
+    """Refuses the patched object naming a scalar field and a field inside a list entry."""
+
+    def dry_apply(self, path: str, obj: Any, manager: str) -> tuple[int, dict[str, Any]]:
+        self.calls.append(path)
+        if obj.get("spec", {}).get("minReadySeconds"):
+            causes = [
+                {"reason": "FieldValueForbidden", "field": f, "message": "no"}
+                for f in ("spec.minReadySeconds", "spec.template.spec.containers[0].image")
+            ]
+            return 422, {"kind": "Status", "reason": "Invalid", "details": {"causes": causes}}
+        return 200, obj
+
+
+def test_a_refused_field_inside_a_changed_list_is_named_with_the_others() -> None:
+    """The API server names a list entry's field with ``[``; the changed list counts as
+    refused too, so the administrator learns of both changes in one run, not one per run."""
+    ops = [
+        {"op": "add", "path": "/spec/minReadySeconds", "value": 5},
+        {"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "x:1"},
+    ]
+    s = stack({"patches": [{"kind": "StatefulSet", "jsonPatch": ops}]})
+    (rejection,) = preflight.patch_rejections(
+        RefusesTwoFields(""), s, _lives(s.deployments[0])
+    )
+    assert set(rejection.fields) == {"spec.minReadySeconds", "spec.template.spec.containers"}
+
+
 def test_the_namespace_is_not_dry_run_with_the_deployments_patches() -> None:
     """The namespace is registered apart from the deployment's objects (and may not be this
     stack's): a patch selecting a Namespace never dry-runs the live namespace."""

@@ -690,6 +690,9 @@ class StatusWriter:
         pending = self._pending_events.setdefault(name, [])
         failures, due = self._event_backoff.get(name, (0, 0.0))
         now = self.monotonic()
+        # A retried Event is the oldest of its CR's (it left the head of the queue); a new one
+        # tried while older ones still wait is the newest, and waits behind them if refused.
+        retried = since is not None or not pending
         since = now if since is None else since
         if now < due:
             self._enqueue(name, pending, [event, attempts, since])
@@ -707,7 +710,7 @@ class StatusWriter:
                 delay = self.retry_backoff.wait_for(min(failures, 10), exc)
                 due = self.monotonic() + delay
                 self._event_backoff[name] = (failures + 1, due)
-                if self._enqueue(name, pending, [event, attempts, since], first=True):
+                if self._enqueue(name, pending, [event, attempts, since], first=retried):
                     self._wake_at(name, min(due, since + EVENT_GIVE_UP_SECONDS))
                     log.info(
                         "event %s on %s not created yet (attempt %d): %s; trying again in "
@@ -758,7 +761,7 @@ class StatusWriter:
 
     def _enqueue(self, name: str, pending: list[list[Any]], entry: list[Any], *,
                  first: bool = False) -> bool:
-        """Queue ``entry`` (at the head when ``first``: the one just tried, oldest of all);
+        """Queue ``entry`` (at the head when ``first``: a retried Event, oldest of all);
         a full queue drops its oldest node Event, or else its oldest Event, to make room, so
         that a phase or StatusWriteConflict Event never waits behind node Events it lost to.
         Every drop is logged. False when ``entry`` itself was dropped."""

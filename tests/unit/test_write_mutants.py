@@ -838,27 +838,26 @@ def test_a_full_queue_drops_its_oldest_node_event_wherever_it_waits() -> None:
     assert queued[-2:] == [f"Running {len(reasons)}", f"Running {len(reasons) + 1}"]
 
 
-def test_an_event_refused_in_front_of_a_full_queue_is_the_one_dropped(
+def test_a_new_event_refused_while_a_full_queue_waits_joins_its_end_and_the_oldest_goes(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Tried at once (its CR's delay is over) and refused in front of a full queue of phase
-    Events, the new Event is the one dropped, logged once as dropped, not as "trying again"."""
+    """Tried at once (its CR's delay is over) and refused while a full queue of older phase
+    Events waits, the new Event goes to the end of the queue, and the oldest Event is the one
+    dropped (the queue's rule), never the newest."""
     cache, _api, writer, clock, answers, _ = _event_queue(delay=1.0)
     answers.append(_refused())
     cr = cache.crs[NAME]
     _fill(writer, cr, ["Failed"] * write.MAX_PENDING_EVENTS)
-    waiting = list(writer._pending_events[NAME])
-    writer._wake.clear()
     clock[0] = 1.0
     answers.append(_refused())
-    with caplog.at_level(logging.INFO, logger=write.log.name):
+    with caplog.at_level(logging.WARNING, logger=write.log.name):
         writer._record(cr, "Normal", "Running", "newest")
     assert caplog.messages == [
-        f"event Running on {NAME} dropped: 13 Events of this CR wait already (the API server "
-        "refuses Events): newest"
+        f"event Failed on {NAME} dropped: {write.MAX_PENDING_EVENTS} Events of this CR wait "
+        "already (the API server refuses Events): Failed 0"
     ]
-    assert writer._pending_events[NAME] == waiting
-    assert writer._wake == {}  # nothing of its own to wake for
+    queued = [entry[0]["message"] for entry in writer._pending_events[NAME]]
+    assert queued == [f"Failed {i}" for i in range(1, write.MAX_PENDING_EVENTS)] + ["newest"]
 
 
 PER_CR_RECORDS = [

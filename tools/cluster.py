@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -219,10 +219,17 @@ def dead_components() -> list[str]:
     return dead
 
 
+# kube-controller-manager takes its Lease, then gives the API server 10 s to be healthy; a
+# Lease renewed this long after it was taken shows a process past that check.
+PAST_START_CHECK = timedelta(seconds=11)
+
+
 def _lease_renewed_since(coordination: object, name: str, since: datetime) -> bool:
     lease = coordination.read_namespaced_lease(name, "kube-system", _request_timeout=10)
-    renewed = lease.spec and lease.spec.holder_identity and lease.spec.renew_time
-    return bool(renewed) and lease.spec.renew_time > since
+    spec = lease.spec
+    if not (spec and spec.holder_identity and spec.renew_time and spec.acquire_time):
+        return False
+    return spec.acquire_time > since and spec.renew_time - spec.acquire_time >= PAST_START_CHECK
 
 
 def _controllers_working(restarted: dict[str, datetime]) -> bool:
@@ -266,13 +273,18 @@ def _forget_lease(name: str) -> None:
     from kubernetes.client.exceptions import ApiException
 
     core = _core_api()
+    import urllib3
+
     try:
         client.CoordinationV1Api(core.api_client).delete_namespaced_lease(
             name, "kube-system", _request_timeout=10
         )
     except ApiException as err:
-        if err.status != 404:
+        # Gone already, or a busy API server: the successor then waits the Lease out.
+        if err.status not in (404, 429) and err.status < 500:
             raise
+    except urllib3.exceptions.HTTPError:
+        pass
     finally:
         core.api_client.close()
 
@@ -300,6 +312,7 @@ def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
             # Under the creation lock: a component that is down left its port free, and a
             # cluster created meanwhile (kwokctl takes the first free port) could take it.
             with one_create_at_a_time():
+                dead = dead_components()  # again under the lock: another start may have been
                 for name in dead:
                     if name in LEADER_ELECTED_CONTROLLERS:
                         _forget_lease(name)

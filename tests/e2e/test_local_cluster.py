@@ -242,8 +242,6 @@ def test_a_controller_manager_that_exited_is_started_again_by_the_next_start(
         wait_for(has_default_account, 120, "default ServiceAccount in a new namespace")
     finally:
         # The worker's later modules share this cluster: never leave it without controllers.
-        if cluster.dead_components():
-            with cluster.one_create_at_a_time():
-                cluster.start_component("kube-controller-manager")
+        cluster.ensure_controllers()
         with contextlib.suppress(ApiException):
             core.delete_namespace(name)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import subprocess
 import time
+import types
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -110,7 +112,9 @@ def test_an_exited_controller_manager_is_started_again_then_awaited(
     pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
-    started = _fake_cluster(monkeypatch, [["kube-controller-manager"], []], [False, True])
+    # Each round reads the pid files twice: before and again under the creation lock.
+    dead = [["kube-controller-manager"], ["kube-controller-manager"], []]
+    started = _fake_cluster(monkeypatch, dead, [False, True])
     cluster.ensure_controllers()
     # Its Lease is deleted first: the successor need not wait for the dead holder's to expire.
     assert started == ["lease kube-controller-manager", "kube-controller-manager"]
@@ -120,7 +124,7 @@ def test_a_component_that_keeps_exiting_is_an_error_naming_it_and_its_log(
     pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
-    dead = [["kube-controller-manager"]] * (cluster.MAX_COMPONENT_RESTARTS + 1)
+    dead = [["kube-controller-manager"]] * (2 * cluster.MAX_COMPONENT_RESTARTS + 1)
     started = _fake_cluster(monkeypatch, dead, [])
     with pytest.raises(RuntimeError, match=r"kube-controller-manager exited again after 3") as err:
         cluster.ensure_controllers()
@@ -195,3 +199,50 @@ def test_a_component_is_started_with_kwokctls_command_line_log_and_pid_file(
     log = (pids.parent / "logs" / "kube-scheduler.log").read_text()
     assert log == f"{toolchain.PROJECT_DIR}\nstarted\n"
     assert not (pids / "etcd.pid").exists()
+
+
+def test_a_component_restarted_meanwhile_by_another_start_is_not_started_twice(
+    pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Dead when first read, running again once the lock is held: nothing is started."""
+    monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
+    started = _fake_cluster(monkeypatch, [["kube-controller-manager"], [], []], [True])
+    cluster.ensure_controllers()
+    assert started == []
+
+
+class _Leases:
+    """CoordinationV1Api's read of one Lease, or an error."""
+
+    def __init__(self, spec: object) -> None:
+        self.spec = spec
+
+    def read_namespaced_lease(self, name: str, namespace: str, **kw: object) -> object:
+        if isinstance(self.spec, Exception):
+            raise self.spec
+        return types.SimpleNamespace(spec=self.spec)
+
+
+def _lease(acquired: float, renewed: float) -> object:
+    base = datetime(2026, 12, 2, tzinfo=UTC)
+    return types.SimpleNamespace(
+        holder_identity="vm_1",
+        acquire_time=base + timedelta(seconds=acquired),
+        renew_time=base + timedelta(seconds=renewed),
+    )
+
+
+@pytest.mark.parametrize(
+    ("acquired", "renewed", "working"),
+    [
+        (-30, 5, False),  # taken before the restart: the dead process's Lease
+        (1, 5, False),  # taken since, but not yet past the 10 s start-up check
+        (1, 12, True),  # taken since and renewed 11 s later: past the check
+    ],
+)
+def test_a_restarted_controller_counts_once_its_new_lease_outlived_the_start_check(
+    acquired: float, renewed: float, working: bool
+) -> None:
+    since = datetime(2026, 12, 2, tzinfo=UTC)
+    leases = _Leases(_lease(acquired, renewed))
+    assert cluster._lease_renewed_since(leases, "kube-controller-manager", since) is working

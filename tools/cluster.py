@@ -269,12 +269,11 @@ def _controllers_working(restarted: dict[str, datetime]) -> bool:
 
 def _forget_lease(name: str) -> None:
     """Delete the Lease a dead controller held: its successor need not wait it out (60 s)."""
+    import urllib3
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
     core = _core_api()
-    import urllib3
-
     try:
         client.CoordinationV1Api(core.api_client).delete_namespaced_lease(
             name, "kube-system", _request_timeout=10
@@ -312,7 +311,7 @@ def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
             # Under the creation lock: a component that is down left its port free, and a
             # cluster created meanwhile (kwokctl takes the first free port) could take it.
             with one_create_at_a_time():
-                dead = dead_components()  # again under the lock: another start may have been
+                dead = dead_components()  # again: another start may have restarted them
                 for name in dead:
                     if name in LEADER_ELECTED_CONTROLLERS:
                         _forget_lease(name)

@@ -196,7 +196,32 @@ def start_component(name: str) -> subprocess.Popen[bytes]:
             start_new_session=True,  # like kwokctl: detached from the caller's session
         )
     (_component_pids_dir() / f"{name}.pid").write_text(str(proc.pid))
+    # The caller holds the creation lock while the component's ports are free: keep it until
+    # they are this process's again (or the process gave up), or a cluster created meanwhile
+    # could take them.
+    ports = [p["port"] for p in component.get("ports", [])]
+    deadline = time.monotonic() + PORTS_TIMEOUT
+    while proc.poll() is None and not all(map(_listening, ports)):
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     return proc
+
+
+PORTS_TIMEOUT = 30.0
+
+
+def _listening(port: int) -> bool:
+    """A socket of this network namespace listens on TCP ``port`` (read, not connected to)."""
+    suffix = f":{port:04X}"
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text(encoding="ascii").splitlines()[1:]
+        except OSError:
+            continue
+        if any(r.split()[1].endswith(suffix) and r.split()[3] == "0A" for r in rows):
+            return True
+    return False
 
 
 def dead_components() -> list[str]:

@@ -8,6 +8,7 @@ forever. The start finds such a component by its pid file and has kwokctl start 
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 import types
 from collections.abc import Iterator
@@ -246,3 +247,32 @@ def test_a_restarted_controller_counts_once_its_new_lease_outlived_the_start_che
     since = datetime(2026, 12, 2, tzinfo=UTC)
     leases = _Leases(_lease(acquired, renewed))
     assert cluster._lease_renewed_since(leases, "kube-controller-manager", since) is working
+
+
+def test_a_started_component_is_awaited_until_its_ports_listen(pids: Path) -> None:
+    """The creation lock is held while a component's port is free: start_component returns
+    once the new process listens there, so no cluster created meanwhile can take the port."""
+    import socket
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    assert not cluster._listening(port)
+    (pids.parent / "logs").mkdir()
+    script = (
+        "import socket, time; time.sleep(1); s = socket.socket(); "
+        f"s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(60)"
+    )
+    (pids.parent / "kwok.yaml").write_text(
+        "kind: KwokctlConfiguration\ncomponents:\n"
+        f"- name: kube-scheduler\n  binary: {sys.executable}\n"
+        f"  args: ['-c', {script!r}]\n  ports: [{{name: https, port: {port}}}]\n"
+    )
+    proc = cluster.start_component("kube-scheduler")
+    try:
+        assert proc.poll() is None
+        assert cluster._listening(port)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -137,9 +137,9 @@ def _patched(before: dict, patch: dict) -> dict:
         ),
         (
             "StatefulSet",
-            {"metadata": {"annotations": {DIGEST: None}}},
+            {"metadata": {"annotations": {DIGEST: "d2"}}},
             [
-                f"metadata.annotations[{DIGEST}] cannot be patched ('d1' -> None): the status "
+                f"metadata.annotations[{DIGEST}] cannot be patched ('d1' -> 'd2'): the status "
                 "reporter reads it to tell which spec the workload has rolled out"
             ],
         ),
@@ -433,3 +433,83 @@ def test_the_transform_counts_each_object_an_entry_patched() -> None:
     assert ps.apply("custom:thing", {"metadata": {}}) is None
     assert ps.matches == {0: 2}
     assert ps.unmatched() == [f"{WHERE}[1]", f"{WHERE}[2]"]
+
+
+def test_a_label_prefix_loses_only_a_trailing_dot() -> None:
+    """``where`` given as ``...patches.`` still labels entries ``...patches[j]``."""
+    assert PatchSet.from_config([{"kind": "X", "mergePatch": {}}], "a.patches.").entries[
+        0
+    ].label == ("a.patches[0]")
+    assert PatchSet.from_config([{"kind": "X", "mergePatch": {}}], ".p ").entries[0].label == (
+        ".p [0]"
+    )
+
+
+def test_only_an_entry_with_apiversion_skips_the_ambiguity_check() -> None:
+    """An entry naming its apiVersion does not hide a later, ambiguous entry."""
+    objs = [{"apiVersion": "v2", "kind": "Job"}, {"apiVersion": "v1", "kind": "Job"}]
+    ps = patchset(
+        {"kind": "Job", "apiVersion": "v1", "mergePatch": {}},
+        {"kind": "Job", "mergePatch": {}},
+    )
+    with pytest.raises(PatchError, match=r"\[1\]: kind 'Job' selects objects of several"):
+        ps.dry_run(objs)
+
+
+def test_every_entry_that_breaks_a_fixed_field_is_named() -> None:
+    """Two entries renaming one object: both lines, not only the last."""
+    ps = patchset(
+        {"kind": "ConfigMap", "mergePatch": {"metadata": {"name": "b"}}},
+        {"kind": "ConfigMap", "mergePatch": {"metadata": {"name": "c"}}},
+    )
+    with pytest.raises(PatchError) as err:
+        ps.dry_run([{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}])
+    assert str(err.value) == (
+        "patches cannot be applied:\n"
+        f"  {WHERE}[0]: metadata.name cannot be patched ('a' -> 'b')\n"
+        f"  {WHERE}[1]: metadata.name cannot be patched ('b' -> 'c')"
+    )
+
+
+def test_selectors_read_secret_metadata_and_missing_metadata() -> None:
+    """Metadata wrapped as a secret by the SDK is still matched by name; an object without
+    metadata matches no named entry."""
+    from pulumi.runtime.rpc import wrap_rpc_secret
+
+    ps = patchset({"kind": "Job", "name": "n", "mergePatch": {"spec": {"a": 1}}})
+    props = {"kind": "Job", "metadata": wrap_rpc_secret({"name": "n"})}
+    assert ps.apply("kubernetes:batch/v1:Job", props) == {**props, "spec": {"a": 1}}
+    assert ps.entries[0].selects("Job", props)  # called directly, without the transform
+    assert not ps.entries[0].selects("Job", {"metadata": wrap_rpc_secret({"name": "m"})})
+    assert ps.apply("kubernetes:batch/v1:Job", {"kind": "Job"}) is None
+    assert ps.apply("kubernetes:batch/v1:Job", {"kind": "Job", "metadata": "n"}) is None
+
+
+def test_a_kind_that_is_not_a_string_selects_nothing() -> None:
+    """Props with a non-string kind (and no Kubernetes type token) are no object of any kind."""
+    from pmem_components.patches import kind_of
+
+    assert kind_of("pmem-csi:index:X", {"kind": 1}) is None
+
+
+def test_merge_patch_shares_no_nested_list_with_the_patch() -> None:
+    """The entry's patch is applied to many objects: editing one result must not edit it."""
+    from pmem_components.patches import merge_patch
+
+    patch = {"a": [{"b": 1}]}
+    result = merge_patch({}, patch)
+    result["a"][0]["b"] = 2
+    assert patch == {"a": [{"b": 1}]}
+
+
+def test_the_transform_keeps_the_resource_options() -> None:
+    """Patching props must not drop the resource's options (parent, provider, protect...)."""
+    import pulumi
+
+    ps = patchset({"kind": "Job", "mergePatch": {"spec": {"a": 1}}})
+    opts = pulumi.ResourceOptions(protect=True)
+    args = pulumi.ResourceTransformArgs(
+        custom=True, type_="kubernetes:batch/v1:Job", name="j", props={"kind": "Job"}, opts=opts
+    )
+    result = ps.transform(args)
+    assert result is not None and result.opts is opts

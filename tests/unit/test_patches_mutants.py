@@ -4,10 +4,12 @@ test_patches.py.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from test_patches import WHERE, patchset
 
-from pmem_components.patches import PatchError, changed_paths
+from pmem_components.patches import PatchError, PatchSet, changed_paths
 
 
 def test_the_late_check_names_every_entry_that_selected_nothing_in_one_line() -> None:
@@ -17,9 +19,7 @@ def test_the_late_check_names_every_entry_that_selected_nothing_in_one_line() ->
     )
     with pytest.raises(PatchError) as err:
         ps.check_all_matched()
-    assert str(err.value) == (
-        f"patch entries selected no object: {WHERE}[0], {WHERE}[1]"
-    )
+    assert str(err.value) == (f"patch entries selected no object: {WHERE}[0], {WHERE}[1]")
 
 
 def _apply_error(ops: list[dict], obj: dict) -> str:
@@ -90,3 +90,426 @@ def test_changed_paths_names_each_changed_leaf_once_and_lists_whole() -> None:
     assert changed_paths(before, before) == []
     assert changed_paths({"a": 1}, {"a": 2}, "metadata") == ["metadata.a"]
     assert changed_paths(1, 2, "x") == ["x"]
+
+
+# --- fixed fields: what a patch may not change --------------------------------------------------
+
+DIGEST = "pmem-csi.intel.com/deployment-spec-digest"
+
+
+def _workload(kind: str = "DaemonSet") -> dict:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": "w", "namespace": "pmem-csi", "annotations": {DIGEST: "d1"}},
+        "spec": {
+            "selector": {"matchLabels": {"app": "w"}},
+            "template": {"metadata": {"labels": {"app": "w", "extra": "1"}}},
+        },
+    }
+
+
+def _patched(before: dict, patch: dict) -> dict:
+    from pmem_components.patches import merge_patch
+
+    return merge_patch(before, patch)
+
+
+@pytest.mark.parametrize(
+    ("kind", "patch", "problems"),
+    [
+        ("DaemonSet", {"spec": {"template": {"spec": {"x": 1}}}}, []),
+        (
+            "DaemonSet",
+            {"metadata": {"name": "other", "namespace": "kube-system"}},
+            [
+                "metadata.name cannot be patched ('w' -> 'other')",
+                "metadata.namespace cannot be patched ('pmem-csi' -> 'kube-system')",
+            ],
+        ),
+        (
+            "ConfigMap",
+            {"apiVersion": "v2", "kind": "Other"},
+            [
+                "apiVersion cannot be patched ('apps/v1' -> 'v2')",
+                "kind cannot be patched ('ConfigMap' -> 'Other')",
+            ],
+        ),
+        (
+            "StatefulSet",
+            {"metadata": {"annotations": {DIGEST: "d2"}}},
+            [
+                f"metadata.annotations[{DIGEST}] cannot be patched ('d1' -> 'd2'): the status "
+                "reporter reads it to tell which spec the workload has rolled out"
+            ],
+        ),
+        # Only the kinds the program stamps carry the digest.
+        ("Deployment", {"metadata": {"annotations": {DIGEST: "d2"}}}, []),
+        (
+            "DaemonSet",
+            {"spec": {"selector": {"matchLabels": {"app": "x"}}}},
+            ["spec.selector cannot be patched on a DaemonSet (immutable)"],
+        ),
+        (
+            "ReplicaSet",
+            {"spec": {"template": {"metadata": {"labels": {"app": "y"}}}}},
+            ["spec.template.metadata.labels must keep matching spec.selector"],
+        ),
+        (
+            "Deployment",
+            {"spec": {"template": {"metadata": {"labels": None}}}},
+            ["spec.template.metadata.labels must keep matching spec.selector"],
+        ),
+        ("Deployment", {"spec": {"template": {"metadata": {"labels": {"extra": None}}}}}, []),
+        # Not a workload: its spec.selector is nobody's business here (a Service's is mutable).
+        ("Service", {"spec": {"selector": {"matchLabels": {"app": "x"}}}}, []),
+    ],
+)
+def test_a_patch_may_not_change_identity_digest_or_selector_of_a_workload(
+    kind: str, patch: dict, problems: list[str]
+) -> None:
+    """Identity and selector are immutable in the API, the digest drives the reporter: the
+    dry run says which one a patch broke, with old and new value, and lets the rest pass."""
+    from pmem_components.patches import fixed_field_changes
+
+    before = _workload(kind)
+    assert fixed_field_changes(before, _patched(before, patch)) == problems
+
+
+def test_selector_checks_tolerate_odd_shapes() -> None:
+    """A selector without matchLabels (matchExpressions only) or labels that are not a mapping
+    are judged by what can be compared, never crash the dry run."""
+    from pmem_components.patches import fixed_field_changes
+
+    before = _workload()
+    before["spec"]["selector"] = {"matchExpressions": []}
+    after = _patched(before, {"spec": {"template": {"metadata": {"labels": None}}}})
+    assert fixed_field_changes(before, after) == []
+    before = _workload()
+    after = copy.deepcopy(before)
+    after["spec"]["template"]["metadata"]["labels"] = ["app"]
+    assert fixed_field_changes(before, after) == [
+        "spec.template.metadata.labels must keep matching spec.selector"
+    ]
+    before["spec"]["selector"] = "app=w"
+    assert fixed_field_changes(before, copy.deepcopy(before)) == []
+
+
+# --- apiVersion of a resource being registered -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("type_", "props", "expected"),
+    [
+        ("kubernetes:apps/v1:DaemonSet", {}, "apps/v1"),
+        ("kubernetes:core/v1:Secret", {}, "v1"),
+        ("kubernetes:core/v1/beta:Secret", {}, "v1/beta"),
+        ("kubernetes:storage.k8s.io/v1:CSIDriver", {"apiVersion": ""}, "storage.k8s.io/v1"),
+        ("kubernetes:apps/v1:DaemonSet", {"apiVersion": 1}, "apps/v1"),
+        ("kubernetes:apps/v1:DaemonSet", {"apiVersion": "apps/v2"}, "apps/v2"),
+        ("pulumi:providers:kubernetes", {}, None),
+        ("kubernetes:v1:Secret", {}, None),
+        ("kubernetes:apps/v1", {}, None),
+        ("kubernetes:apps/v1:DaemonSet:x", {}, None),
+        ("other:apps/v1:DaemonSet", {}, None),
+        (
+            "pmem-csi:index:Deployment",
+            {"apiVersion": "pmem-csi.intel.com/v1beta1"},
+            "pmem-csi.intel.com/v1beta1",
+        ),
+    ],
+)
+def test_api_version_comes_from_props_then_the_type_token(
+    type_: str, props: dict, expected: str | None
+) -> None:
+    """An entry's apiVersion selector compares against this: the props' own value, else the
+    Kubernetes type token (core/v1 is plain v1), else none."""
+    from pmem_components.patches import api_version_of
+
+    assert api_version_of(type_, props) == expected
+
+
+# --- malformed entries: the exact line an administrator reads -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"mergePatch": {}}, "[0].kind: must be a non-empty string"),
+        ({"kind": "", "mergePatch": {}}, "[0].kind: must be a non-empty string"),
+        ({"kind": 3, "mergePatch": {}}, "[0].kind: must be a non-empty string"),
+        (
+            {"kind": "X", "apiVersion": "", "mergePatch": {}},
+            "[0].apiVersion: must be a non-empty string like apps/v1",
+        ),
+        (
+            {"kind": "X", "apiVersion": 1, "mergePatch": {}},
+            "[0].apiVersion: must be a non-empty string like apps/v1",
+        ),
+        ({"kind": "X"}, "[0]: set exactly one of mergePatch and jsonPatch"),
+        (
+            {"kind": "X", "mergePatch": {}, "jsonPatch": []},
+            "[0]: set exactly one of mergePatch and jsonPatch",
+        ),
+        ({"kind": "X", "mergePatch": "a: 1"}, "[0].mergePatch: must be an object"),
+        ({"kind": "X", "jsonPatch": "add /a"}, "[0].jsonPatch: must be a list of operations"),
+        ({"kind": "X", "jsonPatch": b"add"}, "[0].jsonPatch: must be a list of operations"),
+        ({"kind": "X", "jsonPatch": {"op": "add"}}, "[0].jsonPatch: must be a list of operations"),
+        ({"kind": "X", "jsonPatch": [1]}, "[0].jsonPatch: each operation must be an object"),
+        (
+            {"kind": "X", "jsonPatch": [{"op": "frobnicate", "path": "/a"}]},
+            "[0].jsonPatch: Unknown operation 'frobnicate'",
+        ),
+    ],
+)
+def test_each_malformed_entry_gets_one_exact_line(entry: dict, message: str) -> None:
+    """The preview fails with the config path of the entry and what is wrong, one line each."""
+    with pytest.raises(PatchError) as err:
+        patchset(entry)
+    assert str(err.value) == f"invalid patches:\n  {WHERE}{message}"
+
+
+def test_all_malformed_entries_are_reported_together() -> None:
+    """One preview names every broken entry, not just the first."""
+    with pytest.raises(PatchError) as err:
+        patchset({"kind": "X", "mergePatch": {}}, {"kind": ""}, {"kind": "Y"})
+    assert str(err.value) == (
+        "invalid patches:\n"
+        f"  {WHERE}[1].kind: must be a non-empty string\n"
+        f"  {WHERE}[2]: set exactly one of mergePatch and jsonPatch"
+    )
+
+
+def test_an_entry_keeps_its_selectors_and_a_private_copy_of_its_patch() -> None:
+    """camelCase and snake_case keys both work (a null key falls through to the other
+    spelling); the entry keeps name, namespace and apiVersion, and later edits of the config
+    object do not change what is applied."""
+    merge = {"spec": {"a": {"b": 1}}}
+    ops = [{"op": "add", "path": "/spec/x", "value": {"y": 1}}]
+    ps = patchset(
+        {
+            "kind": "X",
+            "name": "n",
+            "namespace": "ns",
+            "api_version": None,
+            "apiVersion": "apps/v1",
+            "merge_patch": None,
+            "mergePatch": merge,
+        },
+        {"kind": "Y", "api_version": "v1", "json_patch": ops},
+    )
+    merge["spec"]["a"]["b"] = 2
+    ops[0]["value"]["y"] = 2
+    first, second = ps.entries
+    assert (first.label, first.kind, first.name, first.namespace, first.api_version) == (
+        f"{WHERE}[0]",
+        "X",
+        "n",
+        "ns",
+        "apps/v1",
+    )
+    assert first.merge_patch == {"spec": {"a": {"b": 1}}} and first.json_patch is None
+    assert (second.name, second.namespace, second.api_version, second.merge_patch) == (
+        None,
+        None,
+        "v1",
+        None,
+    )
+    assert second.json_patch == [{"op": "add", "path": "/spec/x", "value": {"y": 1}}]
+    # Applying twice gives the same result: the entry's own operations are never consumed.
+    out = second.apply({"spec": {}})
+    out["spec"]["x"]["y"] = 3
+    assert second.apply({"spec": {}}) == {"spec": {"x": {"y": 1}}}
+
+
+def test_a_config_model_is_read_by_attribute() -> None:
+    """pmem_components.config.Patch models carry snake_case attributes."""
+
+    class Model:
+        kind = "Secret"
+        api_version = "v1"
+        name = "s"
+        namespace = None
+        merge_patch = None
+        json_patch = [{"op": "remove", "path": "/data/x"}]  # noqa: RUF012
+
+    entry = PatchSet.from_config([Model()], WHERE).entries[0]
+    assert (entry.kind, entry.api_version, entry.name, entry.namespace) == (
+        "Secret",
+        "v1",
+        "s",
+        None,
+    )
+    assert entry.apply({"data": {"x": "1", "y": "2"}}) == {"data": {"y": "2"}}
+
+
+# --- applying one entry ---------------------------------------------------------------------------
+
+
+def test_a_patch_that_leaves_no_object_or_hits_a_leaf_is_refused_by_name() -> None:
+    """A JSON patch replacing the whole document by a list, or walking into a string, is a
+    PatchError naming entry and object (never a bare library exception); the input stays."""
+    ds = {"kind": "DaemonSet", "metadata": {"name": "d"}, "spec": {"s": "x"}}
+    keep = copy.deepcopy(ds)
+    whole = patchset(
+        {"kind": "DaemonSet", "jsonPatch": [{"op": "replace", "path": "", "value": [1]}]}
+    )
+    with pytest.raises(PatchError) as err:
+        whole.entries[0].apply(ds)
+    assert str(err.value) == f"{WHERE}[0]: patch replaced DaemonSet 'd' by a non-object"
+    merged = patchset({"kind": "DaemonSet", "mergePatch": {"spec": {"s": None}}})
+    assert merged.entries[0].apply(ds) == {
+        "kind": "DaemonSet",
+        "metadata": {"name": "d"},
+        "spec": {},
+    }
+    assert ds == keep
+
+
+# --- the dry run's lines --------------------------------------------------------------------------
+
+
+def test_dry_run_names_every_selector_of_an_entry_that_selects_nothing() -> None:
+    """The line repeats the entry's selectors (only those set) so the typo is visible."""
+    ps = patchset(
+        {
+            "kind": "DaemonSet",
+            "apiVersion": "apps/v2",
+            "name": "n",
+            "namespace": "ns",
+            "mergePatch": {},
+        },
+        {"kind": "Job", "mergePatch": {}},
+        {"kind": "Job", "mergePatch": {}},
+    )
+    with pytest.raises(PatchError) as err:
+        ps.dry_run([{"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "n"}}])
+    assert str(err.value) == (
+        "patches cannot be applied:\n"
+        f"  {WHERE}[0]: selects no object (kind='DaemonSet', apiVersion='apps/v2', name='n', "
+        "namespace='ns')\n"
+        f"  {WHERE}[1]: selects no object (kind='Job')\n"
+        f"  {WHERE}[2]: selects no object (kind='Job')"
+    )
+
+
+def test_dry_run_reports_a_broken_patch_once_and_an_ambiguous_kind_with_its_versions() -> None:
+    """An entry failing on several objects is one line; a kind seen under two apiVersions
+    names both, sorted; an entry with apiVersion set is never called ambiguous."""
+    objs = [
+        {"apiVersion": "v2", "kind": "Job", "metadata": {"name": "a"}},
+        {"apiVersion": "v1", "kind": "Job", "metadata": {"name": "a"}},
+    ]
+    ps = patchset(
+        {"kind": "Job", "jsonPatch": [{"op": "remove", "path": "/spec"}]},
+        {"kind": "Job", "apiVersion": "v1", "mergePatch": {}},
+    )
+    with pytest.raises(PatchError) as err:
+        ps.dry_run(objs)
+    assert str(err.value) == (
+        "patches cannot be applied:\n"
+        f"  {WHERE}[0]: kind 'Job' selects objects of several apiVersions (v1, v2); "
+        "add apiVersion to choose\n"
+        f"  {WHERE}[0]: cannot apply jsonPatch to Job 'a': "
+        "can't remove a non-existent object 'spec'"
+    )
+    patchset({"kind": "Job", "apiVersion": "v1", "mergePatch": {}}).dry_run(objs)
+
+
+# --- the transform's bookkeeping ------------------------------------------------------------------
+
+
+def test_the_transform_counts_each_object_an_entry_patched() -> None:
+    """unmatched() relies on these counts; an object no entry selects is passed through."""
+    ps = patchset(
+        {"kind": "Job", "mergePatch": {"spec": {"a": 1}}},
+        {"kind": "Pod", "mergePatch": {}},
+        {"kind": "Job", "apiVersion": "batch/v2", "mergePatch": {}},
+    )
+    job = {"kind": "Job", "metadata": {"name": "j"}}
+    assert ps.apply("kubernetes:batch/v1:Job", job) == {**job, "spec": {"a": 1}}
+    assert ps.apply("kubernetes:batch/v1:Job", job) == {**job, "spec": {"a": 1}}
+    assert ps.apply("kubernetes:batch/v1:CronJob", {"kind": "Job"}) is None
+    assert ps.apply("custom:thing", {"metadata": {}}) is None
+    assert ps.matches == {0: 2}
+    assert ps.unmatched() == [f"{WHERE}[1]", f"{WHERE}[2]"]
+
+
+def test_a_label_prefix_loses_only_a_trailing_dot() -> None:
+    """``where`` given as ``...patches.`` still labels entries ``...patches[j]``."""
+    assert PatchSet.from_config([{"kind": "X", "mergePatch": {}}], "a.patches.").entries[
+        0
+    ].label == ("a.patches[0]")
+    assert PatchSet.from_config([{"kind": "X", "mergePatch": {}}], ".p ").entries[0].label == (
+        ".p [0]"
+    )
+
+
+def test_only_an_entry_with_apiversion_skips_the_ambiguity_check() -> None:
+    """An entry naming its apiVersion does not hide a later, ambiguous entry."""
+    objs = [{"apiVersion": "v2", "kind": "Job"}, {"apiVersion": "v1", "kind": "Job"}]
+    ps = patchset(
+        {"kind": "Job", "apiVersion": "v1", "mergePatch": {}},
+        {"kind": "Job", "mergePatch": {}},
+    )
+    with pytest.raises(PatchError, match=r"\[1\]: kind 'Job' selects objects of several"):
+        ps.dry_run(objs)
+
+
+def test_every_entry_that_breaks_a_fixed_field_is_named() -> None:
+    """Two entries renaming one object: both lines, not only the last."""
+    ps = patchset(
+        {"kind": "ConfigMap", "mergePatch": {"metadata": {"name": "b"}}},
+        {"kind": "ConfigMap", "mergePatch": {"metadata": {"name": "c"}}},
+    )
+    with pytest.raises(PatchError) as err:
+        ps.dry_run([{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}}])
+    assert str(err.value) == (
+        "patches cannot be applied:\n"
+        f"  {WHERE}[0]: metadata.name cannot be patched ('a' -> 'b')\n"
+        f"  {WHERE}[1]: metadata.name cannot be patched ('b' -> 'c')"
+    )
+
+
+def test_selectors_read_secret_metadata_and_missing_metadata() -> None:
+    """Metadata wrapped as a secret by the SDK is still matched by name; an object without
+    metadata matches no named entry."""
+    from pulumi.runtime.rpc import wrap_rpc_secret
+
+    ps = patchset({"kind": "Job", "name": "n", "mergePatch": {"spec": {"a": 1}}})
+    props = {"kind": "Job", "metadata": wrap_rpc_secret({"name": "n"})}
+    assert ps.apply("kubernetes:batch/v1:Job", props) == {**props, "spec": {"a": 1}}
+    assert ps.entries[0].selects("Job", props)  # called directly, without the transform
+    assert not ps.entries[0].selects("Job", {"metadata": wrap_rpc_secret({"name": "m"})})
+    assert ps.apply("kubernetes:batch/v1:Job", {"kind": "Job"}) is None
+    assert ps.apply("kubernetes:batch/v1:Job", {"kind": "Job", "metadata": "n"}) is None
+
+
+def test_a_kind_that_is_not_a_string_selects_nothing() -> None:
+    """Props with a non-string kind (and no Kubernetes type token) are no object of any kind."""
+    from pmem_components.patches import kind_of
+
+    assert kind_of("pmem-csi:index:X", {"kind": 1}) is None
+
+
+def test_merge_patch_shares_no_nested_list_with_the_patch() -> None:
+    """The entry's patch is applied to many objects: editing one result must not edit it."""
+    from pmem_components.patches import merge_patch
+
+    patch = {"a": [{"b": 1}]}
+    result = merge_patch({}, patch)
+    result["a"][0]["b"] = 2
+    assert patch == {"a": [{"b": 1}]}
+
+
+def test_the_transform_keeps_the_resource_options() -> None:
+    """Patching props must not drop the resource's options (parent, provider, protect...)."""
+    import pulumi
+
+    ps = patchset({"kind": "Job", "mergePatch": {"spec": {"a": 1}}})
+    opts = pulumi.ResourceOptions(protect=True)
+    args = pulumi.ResourceTransformArgs(
+        custom=True, type_="kubernetes:batch/v1:Job", name="j", props={"kind": "Job"}, opts=opts
+    )
+    result = ps.transform(args)
+    assert result is not None and result.opts is opts

@@ -64,8 +64,10 @@ def _alive(pid: int) -> bool:
 class ControlPlane:
     """The local cluster's component processes, as kwokctl started them."""
 
-    def __init__(self, directory: Path | None = None) -> None:
-        self.dir = directory or cluster_dir()
+    def __init__(self) -> None:
+        # This session's cluster: start() goes through cluster.start_component, which reads
+        # the same directory.
+        self.dir = cluster_dir()
         docs = yaml.safe_load_all((self.dir / "kwok.yaml").read_text(encoding="utf-8"))
         config = next(d for d in docs if d and d.get("kind") == "KwokctlConfiguration")
         self._components = {c["name"]: c for c in config["components"]}

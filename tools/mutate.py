@@ -71,6 +71,9 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
     "pmem_components/config.py": (
         "tests/unit/test_config.py",
         "tests/unit/test_bad_input.py",
+        "tests/unit/test_config_checks.py",
+        "tests/unit/test_config_sections.py",
+        "tests/unit/test_config_messages.py",
     ),
     "pmem_components/patches.py": (
         "tests/unit/test_patches.py",

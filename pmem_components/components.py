@@ -12,13 +12,21 @@ and dependencies. They are also usable as a library by other Pulumi programs::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 
-from pmem_components import awaiting, cert_resource, names, registry, takeover_transform
+from pmem_components import (
+    awaiting,
+    cert_resource,
+    names,
+    registry,
+    secretmutable,
+    takeover_transform,
+)
 from pmem_components.config import (
     ConfigError,
     DeploymentConfig,
@@ -244,6 +252,45 @@ def default_provider_settings() -> Any:
     return kubetarget.ProviderSettings.from_stack_config(runtime_config.get_config)
 
 
+def kubernetes_provider(opts: pulumi.ResourceOptions | None) -> pulumi.ProviderResource | None:
+    """The Kubernetes provider given in ``opts`` (``provider``, ``providers``, or inherited from
+    ``parent``), as the SDK picks it for the component's children; None: the default provider."""
+    if opts is None:
+        return None
+    if opts.provider is not None and opts.provider.package == "kubernetes":
+        return opts.provider
+    providers = opts.providers
+    if isinstance(providers, Mapping):
+        if providers.get("kubernetes") is not None:
+            return providers["kubernetes"]
+    elif providers:
+        for provider in providers:
+            if provider.package == "kubernetes":
+                return provider
+    if opts.parent is not None:
+        return opts.parent.get_provider("kubernetes:core/v1:Secret")
+    return None
+
+
+def secret_mutability_problems(
+    cfg: DeploymentConfig, opts: pulumi.ResourceOptions | None
+) -> list[str]:
+    """The component's own check of :mod:`pmem_components.secretmutable` (library use and the
+    served component; the stack program checks all its deployments first): for generated
+    certificates deployed through the default provider, whose setting is the stack config's.
+    An explicit provider's setting is not checked: the SDK does not give it back (its
+    ``enable_secret_mutable`` output resolves to None, whatever it was given), so the docs
+    ask library users to set it (docs/day2.md).
+    """
+    if cfg.certificates.provided or kubernetes_provider(opts) is not None:
+        return []
+    from pulumi.runtime import config as runtime_config
+
+    return secretmutable.problems(
+        [cfg], runtime_config.get_config(secretmutable.KEY), os.environ, this_project=False
+    )
+
+
 def stack_id() -> str:
     """``<organization>/<project>/<stack>``: the value of ``names.STACK_ANNOTATION`` on what
     this stack owns. It names the owner; what proves ownership is the stack's state (see
@@ -255,9 +302,7 @@ def stack_id() -> str:
 
 def _urn(types: Sequence[str], name: str) -> str:
     """The URN of a resource whose type chain (parents first) is ``types``."""
-    return (
-        f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{'$'.join(types)}::{name}"
-    )
+    return f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::{'$'.join(types)}::{name}"
 
 
 def _annotate(obj: dict[str, Any], annotations: dict[str, str]) -> dict[str, Any]:
@@ -300,9 +345,8 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         if args.validate:
             problems = deployment_problems(cfg, args.index)
             if not problems:
-                problems = certificate_problems(cfg, args.index)[0] + check_patches(
-                    cfg, args.index
-                )
+                problems = certificate_problems(cfg, args.index)[0] + check_patches(cfg, args.index)
+            problems += secret_mutability_problems(cfg, opts)
             if problems:
                 raise ConfigError(problems)
         # Await settings first, so a user patch can still change one object's annotation.

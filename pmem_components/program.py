@@ -20,7 +20,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from pmem_components import names
+from pmem_components import names, secretmutable
 from pmem_components.config import (
     CONFIG_NAMESPACE,
     STACK_KEYS,
@@ -61,66 +61,14 @@ def read_config() -> StackConfig:
 
     problems = [p for i, d in enumerate(stack.deployments) for p in check_patches(d, i)]
     problems += reporter_problems(stack)
-    problems += secret_mutability_problems(
-        stack, runtime_config.get_config(SECRET_MUTABLE_KEY), os.environ
+    problems += secretmutable.problems(
+        [d for d in stack.deployments if not d.certificates.provided],
+        runtime_config.get_config(secretmutable.KEY),
+        os.environ,
     )
     if problems:
         raise ConfigError(problems)
     return stack
-
-
-# The Kubernetes provider's setting that makes a change of a Secret's data an update in place;
-# off, the provider replaces the Secret (delete, then create: the name is fixed). Pulumi.yaml
-# sets it for every stack of this project.
-SECRET_MUTABLE_KEY = "kubernetes:enableSecretMutable"
-SECRET_MUTABLE_ENV = "PULUMI_K8S_ENABLE_SECRET_MUTABLE"
-
-
-def secret_mutability_problems(
-    stack: StackConfig, setting: str | None, env: Mapping[str, str]
-) -> list[str]:
-    """Generated certificates change (renewal, CA change stages) while the driver runs; each
-    change must update the Secrets in place. With ``enableSecretMutable`` off the provider
-    deletes and re-creates them instead: for a moment they do not exist (a pod starting then
-    fails to mount them, an interrupted run leaves them missing). The provider reads the
-    setting, else the environment variable, as here (pulumi-kubernetes ``Configure``)."""
-    if not any(not d.certificates.provided for d in stack.deployments):
-        return []
-    why = (
-        "certificate renewal updates the driver's Secrets, and without it the Kubernetes "
-        "provider deletes and re-creates them (the driver is without certificates meanwhile)"
-    )
-    set_true = f"pulumi config set {SECRET_MUTABLE_KEY} true"
-    if setting is not None:
-        if setting == "true":
-            return []
-        ignored = (
-            f" ({SECRET_MUTABLE_ENV} in the environment does not count while the config "
-            "sets it)"
-            if SECRET_MUTABLE_ENV in env
-            else ""
-        )
-        return [
-            f"{SECRET_MUTABLE_KEY}: is {setting!r}, but must be true{ignored}: {why}. "
-            f"Pulumi.yaml sets it true for this project: remove the stack's own setting "
-            f"(pulumi config rm {SECRET_MUTABLE_KEY}), or, if your Pulumi.yaml sets it "
-            f"otherwise, set it true ({set_true})"
-        ]
-    if SECRET_MUTABLE_ENV in env:
-        if env[SECRET_MUTABLE_ENV] == "true":
-            return []
-        return [
-            f"{SECRET_MUTABLE_KEY}: is not set, and {SECRET_MUTABLE_ENV} is "
-            f"{env[SECRET_MUTABLE_ENV]!r} in the environment (the provider reads it then), "
-            f"but it must be true: {why}; unset {SECRET_MUTABLE_ENV} and set the config "
-            f"({set_true}), or set the variable to true"
-        ]
-    return [
-        f"{SECRET_MUTABLE_KEY}: is not set (the provider's default is false), but must be "
-        f"true: {why}. This project's Pulumi.yaml sets it; a project file without it (an "
-        f"older copy, a program of your own) needs it: {set_true} (or "
-        f"{SECRET_MUTABLE_ENV}=true in the environment)"
-    ]
 
 
 def reporter_problems(stack: StackConfig) -> list[str]:

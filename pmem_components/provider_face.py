@@ -348,6 +348,9 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         cfg = deployment_config(name, args)
+        problems = components.secret_mutability_problems(cfg, opts)
+        if problems:
+            raise ArgsError(name, problems)
         retain = args.get("retain_namespace")
         super().__init__(
             name,

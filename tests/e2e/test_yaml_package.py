@@ -66,6 +66,9 @@ def program(deployments: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         "name": "pmem-yaml",
         "runtime": "yaml",
+        # As docs/yaml-and-other-languages.md says a project needs: certificate renewal
+        # updates the Secrets in place (the component refuses the default provider without).
+        "config": {"kubernetes:enableSecretMutable": {"value": True}},
         "resources": {
             name: {"type": "pmem-csi:index:PmemCsiDeployment", "properties": props}
             for name, props in deployments.items()
@@ -243,6 +246,16 @@ def test_a_yaml_program_deploys_checks_repairs_and_removes_the_driver(cli: Cli, 
     assert "patches[0]: set exactly one of mergePatch and jsonPatch" in out, out
     assert "pmem-csi:deployments" not in out, out  # named as YAML has it, not as a config key
     assert kubectl(cli, "get", "namespace", "yaml-b") is None
+    # The component reads the YAML stack's own config (the engine passes it to the provider's
+    # Construct): without enableSecretMutable, generated certificates are refused.
+    mutable = yaml.safe_load(good)
+    del mutable["config"]
+    (cli.cwd / "Pulumi.yaml").write_text(yaml.safe_dump(mutable, sort_keys=False))
+    failed = cli.run("preview", check=False)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0, out
+    assert "kubernetes:enableSecretMutable: is not set (the provider's default is false)" in out
+    assert kubectl(cli, "get", "namespace", "yaml-a") is None
     (cli.cwd / "Pulumi.yaml").write_text(good)
 
     # ---- up: both drivers, the patch applied.

@@ -239,17 +239,17 @@ def test_the_secret_check_accepts_adjacent_generations_and_catches_a_real_mismat
 
 
 def test_the_project_makes_secret_data_mutable_and_the_program_insists() -> None:
-    from pmem_components import program
+    from pmem_components import secretmutable
 
     project = yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())
     assert project["config"]["kubernetes:enableSecretMutable"] == {"value": True}
     stack = load_config({"deployments": [{}]})
-    assert program.secret_mutability_problems(stack, "true", {}) == []
+    assert secretmutable.problems(stack.deployments, "true", {}) == []
     assert (
-        program.secret_mutability_problems(stack, None, {program.SECRET_MUTABLE_ENV: "true"}) == []
+        secretmutable.problems(stack.deployments, None, {secretmutable.ENV: "true"}) == []
     )
-    for setting, env in ((None, {}), ("false", {program.SECRET_MUTABLE_ENV: "true"})):
-        (problem,) = program.secret_mutability_problems(stack, setting, env)
+    for setting, env in ((None, {}), ("false", {secretmutable.ENV: "true"})):
+        (problem,) = secretmutable.problems(stack.deployments, setting, env)
         assert problem.startswith("kubernetes:enableSecretMutable: ")
 
 

@@ -363,13 +363,13 @@ def test_an_expired_old_ca_beside_a_valid_one_is_a_warning_and_the_reporter_veri
 
 
 def test_the_secret_mutable_refusal_advises_what_fits_where_the_value_comes_from() -> None:
-    from pmem_components import program
+    from pmem_components import secretmutable
 
     stack = load_config({"deployments": [{}]})
-    key, env = program.SECRET_MUTABLE_KEY, program.SECRET_MUTABLE_ENV
+    key, env = secretmutable.KEY, secretmutable.ENV
 
     def one(setting: str | None, environ: dict[str, str]) -> str:
-        (problem,) = program.secret_mutability_problems(stack, setting, environ)
+        (problem,) = secretmutable.problems(stack.deployments, setting, environ)
         assert problem.startswith(f"{key}: ")
         return problem
 

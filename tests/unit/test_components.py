@@ -7,17 +7,18 @@ graph the program builds: types, names, inputs, secrecy of outputs and stack out
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import pulumi
 import pytest
 from certutil import good_set
+from pulumi.runtime import config as runtime_config
 from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
 from pulumi_mocks import RecordingMocks
 
-from pmem_components import names
+from pmem_components import names, secretmutable
 from pmem_components.config import ConfigError, StackConfig, load_config
 from pmem_components.manifests import bundle, node
 from pmem_components.manifests.crd import load_crd
@@ -45,10 +46,14 @@ class Mocks(RecordingMocks):
 
 
 @pytest.fixture
-def mocks() -> Mocks:
+def mocks() -> Iterator[Mocks]:
+    """Pulumi mocks, and the stack config every stack of this project has (Pulumi.yaml):
+    ``kubernetes:enableSecretMutable``, which the component asks of the default provider."""
     m = Mocks()
     pulumi.runtime.set_mocks(m, project="pmem-csi-pulumi", stack="unit", preview=False)
-    return m
+    token = runtime_config.CONFIG.set({secretmutable.KEY: "true"})
+    yield m
+    runtime_config.CONFIG.reset(token)
 
 
 def stack(*deployments: dict[str, Any], manage_crd: bool = True) -> StackConfig:
@@ -356,7 +361,9 @@ def _test_valid_patches_register_a_transform(mocks: Mocks) -> Any:
     return settle(outputs, check)
 
 
-def test_patch_transform_is_on_the_top_component(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_patch_transform_is_on_the_top_component(
+    monkeypatch: pytest.MonkeyPatch, mocks: Mocks
+) -> None:
     """The transform reaches the component's options (the engine applies it to children)."""
     from pmem_components import components
 
@@ -369,7 +376,6 @@ def test_patch_transform_is_on_the_top_component(monkeypatch: pytest.MonkeyPatch
         original(self, t, name, props, opts, *a)
 
     monkeypatch.setattr(pulumi.ComponentResource, "__init__", spy)
-    pulumi.runtime.set_mocks(Mocks(), preview=False)
     patch = {"kind": "DaemonSet", "mergePatch": {"spec": {"minReadySeconds": 5}}}
     dep = stack({"patches": [patch]}).deployments[0]
 

@@ -26,10 +26,10 @@ from pmem_components.names import (
     DeploymentNames,
 )
 from reporter.health import HealthServer
-from reporter.kubeapi import KubeconfigError, RawApi, load_api_client
+from reporter.kubeapi import CONNECTION_POOL_SIZE, KubeconfigError, RawApi, load_api_client
 from reporter.leader import LeaderElector
 from reporter.metrics import Metrics
-from reporter.observe import Observer
+from reporter.observe import Observer, most_watches
 from reporter.schedule import ReconcileLoop
 from reporter.write import CONFLICT_QUIET_SECONDS, KubeStatusApi, StatusWriter
 
@@ -304,7 +304,10 @@ class Reporter:
         else:
             lease = DEFAULT_LEASE
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
-        self.raw = RawApi(load_api_client(args.kubeconfig))
+        # A connection per watch, kept for the next watch, and one each for the Lease, the
+        # status writes and the Events, with room to spare.
+        pool = CONNECTION_POOL_SIZE + most_watches(len(args.deployment or ()))
+        self.raw = RawApi(load_api_client(args.kubeconfig, pool))
         self.metrics = Metrics()
         self.observer = Observer(
             self.raw,

@@ -397,16 +397,20 @@ class RawApi:
 CONNECTION_POOL_SIZE = 32
 
 
-def configure(configuration: client.Configuration) -> client.Configuration:
+def configure(
+    configuration: client.Configuration, pool_size: int = CONNECTION_POOL_SIZE
+) -> client.Configuration:
     """No hidden client retries, and TCP keepalive, on every connection of the reporter.
 
     urllib3 retries failed reads of idempotent requests three times by default; on top of
     our own timeouts that would let a Lease renewal take several times its deadline.
     """
     configuration.retries = False
-    # One connection per open watch (13 kinds) plus the Lease, the status writer and Events;
-    # urllib3's default pool of 10 dropped the surplus, with a warning for each, on shutdown.
-    configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
+    # One connection per open watch plus the Lease, the status writer and Events. A smaller
+    # pool drops the surplus each time a watch ends (its connection is not reused: a new TLS
+    # handshake for the next watch), with a warning for each: 8,010 in 5 minutes at 100
+    # deployments with the 32 the pool had for every layout (BENCHMARKS.md section 6).
+    configuration.connection_pool_maxsize = pool_size
     configuration.socket_options = tcp_keepalive_socket_options(
         KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT
     )
@@ -439,8 +443,11 @@ def _first_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
-def load_api_client(kubeconfig: str | None) -> client.ApiClient:
-    """An ApiClient from an explicit kubeconfig, else in-cluster config, else $KUBECONFIG.
+def load_api_client(
+    kubeconfig: str | None, pool_size: int = CONNECTION_POOL_SIZE
+) -> client.ApiClient:
+    """An ApiClient from an explicit kubeconfig, else in-cluster config, else $KUBECONFIG,
+    keeping up to ``pool_size`` connections (see :func:`configure`).
 
     Integration tests run the reporter as a subprocess with a token-based kubeconfig for its
     ServiceAccount, so an explicit path always wins over the in-cluster environment.
@@ -459,19 +466,19 @@ def load_api_client(kubeconfig: str | None) -> client.ApiClient:
         try:
             configuration = client.Configuration()
             config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-            return client.ApiClient(configure(configuration))
+            return client.ApiClient(configure(configuration, pool_size))
         except Exception as exc:  # ConfigException, YAML errors, wrongly shaped documents
             raise KubeconfigError(f"invalid kubeconfig {kubeconfig}: {_first_line(exc)}") from exc
     try:
         configuration = client.Configuration()
         config.load_incluster_config(client_configuration=configuration)
-        return client.ApiClient(configure(configuration))
+        return client.ApiClient(configure(configuration, pool_size))
     except config.ConfigException:
         pass
     try:
         configuration = client.Configuration()
         config.load_kube_config(client_configuration=configuration)
-        return client.ApiClient(configure(configuration))
+        return client.ApiClient(configure(configuration, pool_size))
     except Exception as exc:
         raise KubeconfigError(
             "not running in a cluster and no usable kubeconfig ($KUBECONFIG or ~/.kube/config): "

@@ -120,6 +120,15 @@ CLUSTER_KINDS: tuple[Resource, ...] = tuple(
     resource_for(kind) for kind, api in model.API_RESOURCES.items() if not api.namespaced
 )
 
+
+def most_watches(deployments: int) -> int:
+    """An upper bound of the watches the Observer opens for ``deployments`` named CRs, in any
+    layout (the HTTP connection pool is sized by it): the every-CR layout's informers, plus
+    per deployment each kind once (per namespace or by name) and its second Secret."""
+    every_cr = 1 + len(CLUSTER_KINDS) + len(NAMESPACED_KINDS) + 1
+    return every_cr + deployments * (len(model.API_RESOURCES) + 2)
+
+
 # (informer, event type, new object or None, old object or None). Event type "SETTLED" (no
 # objects) says the informer listed, or failed with 401/403, for the first time since a
 # (re)start: CRs depending on it can be computed now. "UNSERVED" (no objects) says the API

@@ -120,6 +120,17 @@ CLUSTER_KINDS: tuple[Resource, ...] = tuple(
     resource_for(kind) for kind, api in model.API_RESOURCES.items() if not api.namespaced
 )
 
+# Lists in flight at once, per process: each informer's first list, and its relists after an
+# error or a 410. Unbounded, the stack reporter at 100 deployments in 100 namespaces sent 800
+# lists together; on the loaded 2-core machine the API server answered none of them within
+# the list timeout, and they failed and were sent again together, for 8 minutes and more
+# (BENCHMARKS.md section 6). Queued behind the slots they are answered one batch after the
+# other; watches (resumed from a resourceVersion, served from the watch cache) are not held.
+LIST_CONCURRENCY = 8
+LIST_SLOTS = threading.BoundedSemaphore(LIST_CONCURRENCY)
+# How often a list waiting for a slot looks whether its informer was stopped meanwhile.
+LIST_SLOT_POLL = 1.0
+
 
 def most_watches(deployments: int) -> int:
     """An upper bound of the watches the Observer opens for ``deployments`` named CRs, in any
@@ -193,8 +204,10 @@ class Informer:
         clock: Callable[[], float] = time.monotonic,
         owner: str | None = None,
         new_grant_seconds: float = 0.0,
+        list_slots: threading.Semaphore = LIST_SLOTS,
     ) -> None:
         self.api = api
+        self.list_slots = list_slots
         self.res = res
         self.on_change = on_change
         self.metrics = metrics
@@ -300,14 +313,26 @@ class Informer:
     # --- list and watch -----------------------------------------------------------------
 
     def relist(self) -> None:
-        """Replace the cache by a fresh list, reporting the difference as changes."""
-        items, rv = self.api.list(
-            self.res,
-            self.namespace,
-            self.label_selector,
-            self.field_selector,
-            transform=self.transform,
-        )
+        """Replace the cache by a fresh list, reporting the difference as changes.
+
+        The list waits for one of the process's list slots (``LIST_CONCURRENCY``); a stopped
+        informer gives up waiting and lists nothing.
+        """
+        while not self.list_slots.acquire(timeout=LIST_SLOT_POLL):
+            if self._stop.is_set():
+                return
+        try:
+            if self._stop.is_set():
+                return
+            items, rv = self.api.list(
+                self.res,
+                self.namespace,
+                self.label_selector,
+                self.field_selector,
+                transform=self.transform,
+            )
+        finally:
+            self.list_slots.release()
         fresh: dict[str, dict[str, Obj]] = {}
         for obj in items:
             ns, name = obj_key(obj)

@@ -260,13 +260,10 @@ def kubernetes_provider(opts: pulumi.ResourceOptions | None) -> pulumi.ProviderR
     if opts.provider is not None and opts.provider.package == "kubernetes":
         return opts.provider
     providers = opts.providers
-    if isinstance(providers, Mapping):
-        if providers.get("kubernetes") is not None:
-            return providers["kubernetes"]
-    elif providers:
-        for provider in providers:
-            if provider.package == "kubernetes":
-                return provider
+    # A map is read as the SDK reads it: by each provider's package, whatever its key.
+    for provider in providers.values() if isinstance(providers, Mapping) else providers or ():
+        if provider is not None and provider.package == "kubernetes":
+            return provider
     if opts.parent is not None:
         return opts.parent.get_provider("kubernetes:core/v1:Secret")
     return None
@@ -342,13 +339,16 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         if args is None:
             raise TypeError("PmemCsiDeployment needs args (PmemCsiDeploymentArgs)")
         cfg = args.config
+        problems = []
         if args.validate:
             problems = deployment_problems(cfg, args.index)
             if not problems:
                 problems = certificate_problems(cfg, args.index)[0] + check_patches(cfg, args.index)
-            problems += secret_mutability_problems(cfg, opts)
-            if problems:
-                raise ConfigError(problems)
+        # Not one of the checks ``validate=False`` skips (the config's own rules, done by the
+        # program already): it is about the provider the children deploy through.
+        problems += secret_mutability_problems(cfg, opts)
+        if problems:
+            raise ConfigError(problems)
         # Await settings first, so a user patch can still change one object's annotation.
         transforms = [awaiting.transform(cfg)]
         if cfg.patches:

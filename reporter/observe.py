@@ -135,9 +135,11 @@ LIST_SLOT_POLL = 1.0
 def most_watches(deployments: int) -> int:
     """An upper bound of the watches the Observer opens for ``deployments`` named CRs, in any
     layout (the HTTP connection pool is sized by it): the every-CR layout's informers, plus
-    per deployment each kind once (per namespace or by name) and its second Secret."""
+    per deployment its CR by name, each kind once (per namespace or by name) and its two
+    Secrets by name (the named layout without ``--shared-watches``; the shared layout opens
+    fewer)."""
     every_cr = 1 + len(CLUSTER_KINDS) + len(NAMESPACED_KINDS) + 1
-    return every_cr + deployments * (len(model.API_RESOURCES) + 2)
+    return every_cr + deployments * (1 + len(model.API_RESOURCES) + 2)
 
 
 # (informer, event type, new object or None, old object or None). Event type "SETTLED" (no
@@ -222,6 +224,8 @@ class Informer:
         # for a namespace whose grant may still be on its way (NEW_GRANT_SECONDS).
         self.new_grant_seconds = new_grant_seconds
         self._run_started = float("-inf")
+        # The stop event given to run() (the Observer's), seen by a list waiting for a slot.
+        self._run_stop: threading.Event | None = None
         self.transform = _transform_for(res)
         self.resource_version: str | None = None
         self.restarts = 0
@@ -316,13 +320,17 @@ class Informer:
         """Replace the cache by a fresh list, reporting the difference as changes.
 
         The list waits for one of the process's list slots (``LIST_CONCURRENCY``); a stopped
-        informer gives up waiting and lists nothing.
+        informer gives up waiting and lists nothing. The wait does not count against a new
+        namespace's grace for 401/403 (``new_grant_seconds``): that grace is for the Role to
+        arrive, counted from the first request sent.
         """
+        waiting_since = self.clock()
         while not self.list_slots.acquire(timeout=LIST_SLOT_POLL):
-            if self._stop.is_set():
+            if self.stopped(self._run_stop):
                 return
+        self._run_started += self.clock() - waiting_since
         try:
-            if self._stop.is_set():
+            if self.stopped(self._run_stop):
                 return
             items, rv = self.api.list(
                 self.res,
@@ -495,6 +503,13 @@ class Informer:
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Loop until stopped: errors back off and resume from the last resourceVersion."""
+        self._run_stop = stop  # for a list waiting for a slot (``relist``)
+        try:
+            self._run(stop)
+        finally:
+            self._run_stop = None
+
+    def _run(self, stop: threading.Event | None) -> None:
         failures = 0
         first = True
         self._run_started = self.clock()

@@ -6,11 +6,28 @@ certificate resource gets fixed placeholder outputs, since mocks do not run prov
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pulumi
+from pulumi.runtime import config as runtime_config
+
+from pmem_components import secretmutable
 
 CERTIFICATES_TYPE_SUFFIX = "dynamic/pmem-csi:Certificates"
+
+
+@contextmanager
+def project_config() -> Iterator[None]:
+    """The stack config every stack of this project has (Pulumi.yaml):
+    ``kubernetes:enableSecretMutable`` true, which the component asks of the default provider
+    (``pmem_components.secretmutable``) whatever ``validate`` says."""
+    token = runtime_config.CONFIG.set({secretmutable.KEY: "true"})
+    try:
+        yield
+    finally:
+        runtime_config.CONFIG.reset(token)
 
 
 class RecordingMocks(pulumi.runtime.Mocks):

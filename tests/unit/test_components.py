@@ -14,11 +14,10 @@ from typing import Any
 import pulumi
 import pytest
 from certutil import good_set
-from pulumi.runtime import config as runtime_config
 from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret
-from pulumi_mocks import RecordingMocks
+from pulumi_mocks import RecordingMocks, project_config
 
-from pmem_components import names, secretmutable
+from pmem_components import names
 from pmem_components.config import ConfigError, StackConfig, load_config
 from pmem_components.manifests import bundle, node
 from pmem_components.manifests.crd import load_crd
@@ -51,9 +50,8 @@ def mocks() -> Iterator[Mocks]:
     ``kubernetes:enableSecretMutable``, which the component asks of the default provider."""
     m = Mocks()
     pulumi.runtime.set_mocks(m, project="pmem-csi-pulumi", stack="unit", preview=False)
-    token = runtime_config.CONFIG.set({secretmutable.KEY: "true"})
-    yield m
-    runtime_config.CONFIG.reset(token)
+    with project_config():
+        yield m
 
 
 def stack(*deployments: dict[str, Any], manage_crd: bool = True) -> StackConfig:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pulumi
 import pytest
-from pulumi_mocks import RecordingMocks
+from pulumi_mocks import RecordingMocks, project_config
 
 from pmem_components.config import load_config
 
@@ -53,7 +53,8 @@ def retained(monkeypatch: pytest.MonkeyPatch, config: dict[str, Any]) -> dict[st
     def body() -> None:
         deploy(stack)
 
-    body()
+    with project_config():
+        body()
     return seen
 
 

@@ -10,8 +10,16 @@ from __future__ import annotations
 
 import threading
 
+from kubernetes.client.exceptions import ApiException
+
 from reporter.metrics import Metrics
-from reporter.observe import LIST_CONCURRENCY, POD, Informer
+from reporter.observe import (
+    LIST_CONCURRENCY,
+    NEW_GRANT_RETRY,
+    NEW_GRANT_SECONDS,
+    POD,
+    Informer,
+)
 
 # A hang guard only: every wait below ends as soon as the condition holds.
 GUARD = 60.0
@@ -74,3 +82,95 @@ def test_a_stopped_informer_gives_up_waiting_for_a_slot() -> None:
     assert not inf.synced
     slots.release()
     assert slots.acquire(blocking=False)  # the slot was not kept
+
+
+def test_an_informer_whose_observer_stops_gives_up_waiting_for_a_slot() -> None:
+    """The Observer's stop event (given to ``run``, as at shutdown) ends a wait for a slot as
+    the informer's own stop does: no list, no watch after the shutdown (review of e9b1739)."""
+    slots = threading.BoundedSemaphore(1)
+    slots.acquire()  # every slot taken
+    stop = threading.Event()
+
+    class _StopWhileWaiting:
+        """A slot set that is full; the Observer stops while the informer waits for it."""
+
+        calls = 0
+
+        def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+            stop.set()
+            self.calls += 1
+            if self.calls > 3:  # the slot frees up: a wait that ignored the stop lists now
+                slots.release()
+            return slots.acquire(blocking=False)
+
+        def release(self) -> None:
+            slots.release()
+
+    lists: list[str | None] = []
+
+    class _RecordingApi:
+        def list(self, res, namespace=None, *a, **k):
+            lists.append(namespace)  # run() would swallow a raise here
+            return [], "1"
+
+        def watch(self, *a, **k):
+            return iter(())
+
+    inf = Informer(
+        _RecordingApi(),
+        POD,
+        lambda *a: None,
+        Metrics(),
+        namespace="ns",
+        list_slots=_StopWhileWaiting(),
+    )
+    inf.run(stop)
+    assert lists == [] and not inf.synced
+
+
+def test_a_new_namespace_grace_is_not_spent_waiting_for_a_list_slot() -> None:
+    """An informer started for a namespace added while running (new_grant_seconds) whose
+    first list waits for a slot longer than NEW_GRANT_SECONDS (hundreds of lists queued when
+    many deployments are added or moved at once): its first 403 -- the Role still on its way
+    -- is believed at once (error set, "could not be read"), the grace never applied."""
+    clock = [100.0]
+    stop = threading.Event()
+
+    class BusySlots:
+        """Every slot taken by other informers' lists for NEW_GRANT_SECONDS + 5 s."""
+
+        def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+            clock[0] += NEW_GRANT_SECONDS + 5
+            return True
+
+        def release(self) -> None:
+            pass
+
+    class Api:
+        def list(self, *a, **kw):
+            raise ApiException(status=403, reason="Forbidden")  # the Role is on its way
+
+        def watch(self, *a, **kw):
+            raise AssertionError("no watch expected")
+
+    inf = Informer(
+        Api(),
+        POD,
+        lambda *_: None,
+        Metrics(),
+        namespace="new-ns",
+        label_selector="a=b",
+        clock=lambda: clock[0],
+        new_grant_seconds=NEW_GRANT_SECONDS,
+        list_slots=BusySlots(),  # type: ignore[arg-type]
+    )
+    seen: list = []
+
+    def wait(t: float) -> bool:
+        seen.append((t, inf.error))
+        stop.set()
+        return True
+
+    inf._stop.wait = wait  # type: ignore[method-assign]
+    inf.run(stop)
+    assert seen == [(NEW_GRANT_RETRY, None)]  # retried within the grace, not reported

@@ -8,26 +8,30 @@ that reporter's shared layout needs a constant number of watches.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import pulumi
 import pytest
 from kubernetes.client.exceptions import ApiException
+from pulumi_mocks import project_config
 from test_components import Mocks, run, settle, stack
 from test_reporter_observe import FakeApi, NoStartInformer, cr
 
 from pmem_components.program import deploy, reporter_problems
+from reporter.kubeapi import CONNECTION_POOL_SIZE
 from reporter.metrics import Metrics
-from reporter.observe import Observer
+from reporter.observe import Observer, most_watches
 
 IMAGE = "registry.example/pmem-csi-reporter:1"
 
 
 @pytest.fixture
-def mocks() -> Mocks:
+def mocks() -> Iterator[Mocks]:
     m = Mocks()
     pulumi.runtime.set_mocks(m, project="pmem-csi-pulumi", stack="unit", preview=False)
-    return m
+    with project_config():
+        yield m
 
 
 def dep(name: str, namespace: str, **reporter: Any) -> dict[str, Any]:
@@ -357,3 +361,36 @@ def test_the_connection_pool_keeps_a_connection_for_every_watch_of_the_stack_rep
         with pytest.raises(RuntimeError, match="stop here"):
             Reporter(args)
         assert pools[-1] >= started_watches(count, per_namespace=1) + 3, count
+
+
+class _Counting(NoStartInformer):
+    started: ClassVar[list] = []
+
+    def start(self, stop=None):
+        type(self).started.append(self)
+
+
+def _named_layout_watches(n: int) -> int:
+    """Informers the named layout (``--deployment`` without ``--shared-watches``) starts for
+    ``n`` CRs, each in its own driver namespace."""
+    _Counting.started = []
+    names = [f"d{i}.example.org" for i in range(n)]
+    observer = Observer(FakeApi([], []), Metrics(), deployments=names, informer_factory=_Counting)
+    observer.start()
+    for i, inf in enumerate(observer.cr_informers):
+        name = inf.field_selector.split("=", 1)[1]
+        inf._handle({"type": "ADDED", "object": cr(name, str(i + 1), ns=f"drv{i}")})
+    return len(_Counting.started)
+
+
+@pytest.mark.parametrize("n", [13, 100])
+def test_most_watches_bounds_the_named_layout_too(n: int) -> None:
+    """most_watches claims an upper bound "in any layout"; the named layout opens 13 per CR
+    (its CR by name, 7 per namespace, 2 Secrets and 3 cluster-scoped objects by name)."""
+    assert most_watches(n) >= _named_layout_watches(n)
+
+
+def test_the_pool_holds_every_named_layout_watch_at_100_deployments() -> None:
+    """The reporter's pool (CONNECTION_POOL_SIZE + most_watches) for 100 named CRs without
+    --shared-watches: 1,244, for 1,300 watches plus the Lease and the reconcile loop."""
+    assert CONNECTION_POOL_SIZE + most_watches(100) >= _named_layout_watches(100) + 2

@@ -169,3 +169,30 @@ def test_a_provider_inherited_from_the_parent_counts_as_explicit(
 
     _run(program)
     assert sum(r.typ == "kubernetes:core/v1:Secret" for r in mocks.resources) == 2
+
+
+def test_validate_false_does_not_switch_off_the_secret_mutable_rule(
+    mocks: RecordingMocks,
+) -> None:
+    """docs/day2.md: library use through the default provider is refused without
+    kubernetes:enableSecretMutable. ``validate=False`` (documented as "the program has done
+    that already": cross-field rules, certificates, patches) silently skips it."""
+    args = components.PmemCsiDeploymentArgs(DeploymentConfig(), validate=False)
+    with pytest.raises(ConfigError):
+        _run(lambda: components.PmemCsiDeployment("lib", args))
+
+
+def test_a_providers_map_is_read_as_the_sdk_reads_it(
+    mocks: RecordingMocks,
+) -> None:
+    """ResourceOptions.merge (done by the component before super().__init__) re-keys a
+    providers map by each provider's package, so the children deploy through this explicit
+    provider; kubernetes_provider() looks the map up by its key and calls it the default."""
+
+    def program() -> None:
+        provider = k8s.Provider("other", enable_secret_mutable=True)
+        components.PmemCsiDeployment(
+            "lib", DeploymentConfig(), pulumi.ResourceOptions(providers={"k8s": provider})
+        )
+
+    _run(program)

@@ -742,7 +742,15 @@ def _check_await(value: Any, path: tuple[str | int, ...], problems: list[str]) -
             f"{key_path((*path, 'timeout'))}: must be a positive duration such as 90s, 20m or "
             f"1h30m (got {_show(timeout)})"
         )
-    if timeout is not None and settings.get("enabled") in (False, "false"):
+    try:
+        # Read by the model itself ("off", "No" and "0" are false there, as false is), so that
+        # the rule and the model never disagree; a value the model refuses has its own error
+        # (from the model), and a second one about the timeout would mislead.
+        given = {k: settings[k] for k in ("enabled",) if k in settings}
+        awaited = Await.model_validate(given).enabled
+    except ValidationError:
+        awaited = True
+    if timeout is not None and not awaited:
         problems.append(
             f"{key_path((*path, 'timeout'))}: is only valid with await.enabled true "
             "(nothing is awaited)"

@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from pmem_components.config import ConfigError, load_config, parse_adopt
+from pmem_components.config import (
+    ConfigError,
+    _quiet,
+    _show,
+    key_path,
+    load_config,
+    parse_adopt,
+    string_fix,
+    sub_path,
+)
 
 KEY = "pmem-csi:adopt"
 ADOPT_SHAPE = (
@@ -140,3 +149,135 @@ def test_every_bad_entry_is_reported_at_once_through_load_config() -> None:
         f"{KEY}[2]: 'a.b' is not a valid Namespace name",
         f"{KEY}[3]: {ENTRY_SHAPE} (got 7)",
     ]
+
+
+# --------------------------------------------------------------------------- key_path, sub_path
+
+
+@pytest.mark.parametrize(
+    ("loc", "expected"),
+    [
+        ((), "pmem-csi:"),
+        (("manageCrd",), "pmem-csi:manageCrd"),
+        (("deployments", 0, "nodeSelector"), "pmem-csi:deployments[0].nodeSelector"),
+        (("a", "b", "c"), "pmem-csi:a.b.c"),
+        ((0, "a"), "pmem-csi:[0].a"),
+        (("_x", "Z9_-"), "pmem-csi:_x.Z9_-"),
+        (("labels", "interrupt-gate"), "pmem-csi:labels.interrupt-gate"),
+        (("labels", "a/b"), 'pmem-csi:labels["a/b"]'),
+        (("labels", "app.kubernetes.io/name"), 'pmem-csi:labels["app.kubernetes.io/name"]'),
+        (("labels", "9a"), 'pmem-csi:labels["9a"]'),
+        (("labels", "-a"), 'pmem-csi:labels["-a"]'),
+        (("labels", ""), 'pmem-csi:labels[""]'),
+        (("a b",), 'pmem-csi:["a b"]'),
+        (("deployments", 1, 2, "x"), "pmem-csi:deployments[1][2].x"),
+    ],
+)
+def test_key_path_is_the_config_key_as_pulumi_config_set_path_takes_it(
+    loc: tuple[str | int, ...], expected: str
+) -> None:
+    """The namespace, then plain names joined by dots (no dot before the first), ``[i]`` for
+    list items, ``["..."]`` for a key the path syntax would misread; upper and lower case
+    letters, digits (not first), ``_`` and ``-`` are plain."""
+    assert key_path(loc) == expected
+
+
+def test_sub_path_continues_a_path_so_a_first_name_gets_its_dot() -> None:
+    """Appended to a key that is already written out (patchtypes' labels), a name is
+    ``.name``; ``first`` drops that dot for a path that starts here."""
+    assert sub_path(("spec", 0, "x.y")) == '.spec[0]["x.y"]'
+    assert sub_path((0, "nodeSelector", "interrupt-gate")) == "[0].nodeSelector.interrupt-gate"
+    assert sub_path(("spec", "template"), first=True) == "spec.template"
+    assert sub_path(()) == ""
+
+
+# --------------------------------------------------------------------------- _show
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("x", '"x"'),
+        ("", '""'),
+        ("None", '"None"'),
+        (None, "null"),
+        (True, "true"),
+        (False, "false"),
+        (0, "0"),
+        (-1.5, "-1.5"),
+        ([1, "a"], "[1, 'a']"),
+        ({}, "{}"),
+    ],
+)
+def test_a_value_is_shown_as_yaml_writes_it(value: Any, shown: str) -> None:
+    """Strings quoted, null and booleans as YAML spells them (not None/True), the rest as
+    Python shows it."""
+    assert _show(value) == shown
+
+
+def test_a_long_value_is_cut_to_sixty_characters_ending_in_dots() -> None:
+    sixty = ["a" * 56]  # ['aaa...'] is 60 characters: shown whole
+    assert len(repr(sixty)) == 60
+    assert _show(sixty) == repr(sixty)
+    longer = ["a" * 57]  # 61 characters: cut to 57 and "..."
+    assert _show(longer) == "['" + "a" * 55 + "..."
+    assert len(_show(longer)) == 60
+
+
+# --------------------------------------------------------------------------- string_fix
+
+FIX_KEY = "pmem-csi:deployments[0].labels.a"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(1, "1"), (-5, "-5"), (1.5, "1.5"), (True, "true"), (False, "false")]
+)
+def test_string_fix_says_how_to_quote_the_value_in_the_file_or_the_command(
+    value: Any, text: str
+) -> None:
+    """The value as YAML wrote it, quoted; the command names the key and passes the value
+    after ``--`` so that a negative number is not read as an option."""
+    assert string_fix(FIX_KEY, value) == (
+        f'quote it ("{text}") in Pulumi.<stack>.yaml, or set it with '
+        f"pulumi config set --type string --path '{FIX_KEY}' -- {text}"
+    )
+
+
+def test_string_fix_without_the_exact_key_gives_no_command() -> None:
+    """``exact=False``: the key is not the value's own (a value inside a patch), so no
+    command could name it."""
+    assert string_fix(FIX_KEY, 7, exact=False) == 'quote it ("7") in Pulumi.<stack>.yaml'
+
+
+def test_string_fix_never_shows_a_secret_value() -> None:
+    assert string_fix(FIX_KEY, 12345, secret=True) == (
+        "quote it in Pulumi.<stack>.yaml, or set it with "
+        f"pulumi config set --type string --path '{FIX_KEY}' -- <value>"
+    )
+    assert string_fix(FIX_KEY, 12345, exact=False, secret=True) == (
+        "quote it in Pulumi.<stack>.yaml"
+    )
+
+
+# --------------------------------------------------------------------------- _quiet
+
+
+@pytest.mark.parametrize(
+    ("loc", "quiet"),
+    [
+        (("certificates", "registryKey"), True),
+        (("certificates", "nodeControllerKey"), True),
+        (("certificates", "caCert"), True),
+        (("certificates", "registryCert"), True),
+        (("certificates", "nodeControllerCert"), True),
+        (("caCert", "x"), True),
+        (("certificates", "rotation"), False),
+        (("labels", 0), False),
+        ((), False),
+    ],
+)
+def test_a_key_is_quiet_when_any_part_is_a_secret_or_a_certificate(
+    loc: tuple[str | int, ...], quiet: bool
+) -> None:
+    """Quiet keys never have their value shown: keys are secret, certificates too long."""
+    assert _quiet(loc) is quiet

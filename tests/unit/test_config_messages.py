@@ -9,10 +9,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from pmem_components.config import (
     ConfigError,
+    DeploymentConfig,
+    _describe,
+    _join_alternatives,
+    _pydantic_problems,
     _quiet,
+    _real_loc,
     _show,
     key_path,
     load_config,
@@ -281,3 +287,283 @@ def test_a_key_is_quiet_when_any_part_is_a_secret_or_a_certificate(
 ) -> None:
     """Quiet keys never have their value shown: keys are secret, certificates too long."""
     assert _quiet(loc) is quiet
+
+
+# --------------------------------------------------------------------------- _describe
+
+
+def err(kind: str, **fields: Any) -> dict[str, Any]:
+    """One pydantic error as ``ValidationError.errors()`` gives it, at a plain key."""
+    return {"type": kind, "loc": ("logLevel",), "input": "v", **fields}
+
+
+@pytest.mark.parametrize(
+    ("error", "described"),
+    [
+        (err("missing"), "is required"),
+        (err("extra_forbidden"), "is not a known setting"),
+        (
+            err("literal_error", ctx={"expected": "'lvm' or 'direct'"}),
+            'must be one of lvm, direct (got "v")',
+        ),
+        (
+            err("literal_error", ctx={"expected": "'a', 'b' or 'c'"}),
+            'must be one of a, b, c (got "v")',
+        ),
+        (err("int_type"), 'must be an integer (got "v")'),
+        (err("int_parsing"), 'must be an integer (got "v")'),
+        (err("int_from_float"), 'must be an integer (got "v")'),
+        (err("bool_type"), 'must be true or false (got "v")'),
+        (err("bool_parsing"), 'must be true or false (got "v")'),
+        (err("string_type"), 'must be a string (got "v")'),
+        (err("dict_type"), 'must be a mapping (got "v")'),
+        (err("model_type"), 'must be a mapping (got "v")'),
+        (err("model_attributes_type"), 'must be a mapping (got "v")'),
+        (err("list_type"), 'must be a list (got "v")'),
+        (err("greater_than_equal", ctx={"ge": 1}), 'must be at least 1 (got "v")'),
+        (err("less_than_equal", ctx={"le": 100}), 'must be at most 100 (got "v")'),
+        (err("string_too_short"), "must not be empty"),
+        (
+            err("url_parsing", msg="Input should be a valid URL"),
+            'Input should be a valid URL (got "v")',
+        ),
+        (err("url_parsing"), 'is invalid (got "v")'),
+    ],
+)
+def test_each_pydantic_error_type_has_its_own_words(error: dict[str, Any], described: str) -> None:
+    """Our wording per pydantic error type, the value shown after it; a type without words
+    of its own keeps pydantic's message (or "is invalid" without one)."""
+    assert _describe(error) == described
+
+
+def test_an_error_without_input_shows_null() -> None:
+    assert _describe({"type": "int_type", "loc": ("logLevel",)}) == "must be an integer (got null)"
+
+
+def test_an_error_with_a_null_context_is_described() -> None:
+    """pydantic leaves ``ctx`` out or None for most types; neither is a crash."""
+    assert _describe(err("int_type", ctx=None)) == 'must be an integer (got "v")'
+
+
+@pytest.mark.parametrize(
+    ("kind", "ctx", "described"),
+    [
+        ("int_type", None, "must be an integer"),
+        ("string_type", None, "must be a string"),
+        ("literal_error", {"expected": "'a' or 'b'"}, "must be one of a, b"),
+        ("greater_than_equal", {"ge": 1}, "must be at least 1"),
+        ("value_error", None, "Value error, bad"),
+    ],
+)
+def test_the_value_of_a_secret_or_certificate_is_never_shown(
+    kind: str, ctx: dict[str, Any] | None, described: str
+) -> None:
+    error = {
+        "type": kind,
+        "loc": ("certificates", "registryKey"),
+        "input": "S3CRET",
+        "ctx": ctx,
+        "msg": "Value error, bad",
+    }
+    assert _describe(error) == described
+
+
+def test_load_config_words_pydantic_errors_at_their_keys() -> None:
+    """Through the public entry: the words above, each at its config key, in the order of
+    the model's fields."""
+    dep = {
+        "deviceMode": "foo",
+        "logLevel": 1.5,
+        "createNamespace": "perhaps",
+        "nodeSelector": ["x"],
+        "patches": "x",
+        "reporter": {"replicas": 11, "image": "", "other": 1},
+        "certificates": {"validityDays": 0},
+    }
+    assert config_problems({"deployments": [dep]}) == [
+        'pmem-csi:deployments[0].createNamespace: must be true or false (got "perhaps")',
+        'pmem-csi:deployments[0].deviceMode: must be one of lvm, direct (got "foo")',
+        "pmem-csi:deployments[0].logLevel: must be an integer (got 1.5)",
+        "pmem-csi:deployments[0].nodeSelector: must be a mapping (got ['x'])",
+        "pmem-csi:deployments[0].certificates.validityDays: must be at least 1 (got 0)",
+        'pmem-csi:deployments[0].patches: must be a list (got "x")',
+        "pmem-csi:deployments[0].reporter.image: must not be empty",
+        "pmem-csi:deployments[0].reporter.replicas: must be at most 10 (got 11)",
+        "pmem-csi:deployments[0].reporter.other: is not a known setting",
+    ]
+
+
+# --------------------------------------------------------------------------- _real_loc
+
+
+@pytest.mark.parametrize(
+    ("loc", "data", "expected"),
+    [
+        # pydantic's union member tags are dropped and returned.
+        (("limits", "cpu", "str"), {"limits": {"cpu": [1]}}, (("limits", "cpu"), {"str"})),
+        (("limits", "cpu", "int"), {"limits": {"cpu": [1]}}, (("limits", "cpu"), {"int"})),
+        (("a", "function-after[...]"), {"a": [1]}, (("a",), {"function-after[...]"})),
+        # A key of the input named like a tag is a key: walked along the input, kept.
+        (("labels", "str"), {"labels": {"str": 5}}, (("labels", "str"), set())),
+        (("labels", "int"), {"labels": {"int": 5}}, (("labels", "int"), set())),
+        ((0, "str"), [{"str": 1}], ((0, "str"), set())),
+        ((1, "str"), [{}, {"str": 1}], ((1, "str"), set())),
+        # A tag in the middle is dropped and the walk goes on after it.
+        (("x", "str", "y"), {"x": {"y": 1}}, (("x", "y"), {"str"})),
+        # Past the input (a key it does not have, an index past its end): kept as it is.
+        (("kind",), {}, (("kind",), set())),
+        (("patches", 0, "kind"), {"patches": [{}]}, (("patches", 0, "kind"), set())),
+        ((1, "a"), ["x"], ((1, "a"), set())),
+        (("a", "b"), {"a": "x"}, (("a", "b"), set())),
+        (("a", "b", "str"), {}, (("a", "b"), {"str"})),
+        (("a",), None, (("a",), set())),
+    ],
+)
+def test_real_loc_drops_union_tags_but_not_keys_of_the_input(
+    loc: tuple[Any, ...], data: Any, expected: tuple[tuple[str | int, ...], set[str]]
+) -> None:
+    assert _real_loc(loc, data) == expected
+
+
+# --------------------------------------------------------------------------- _pydantic_problems
+
+
+def dep_problems(dep: dict[str, Any]) -> list[str]:
+    """`_pydantic_problems` of one deployment as `load_config` calls it."""
+    with pytest.raises(ValidationError) as info:
+        DeploymentConfig.model_validate(dep)
+    return _pydantic_problems(info.value, ("deployments", 3), dep)
+
+
+def test_each_problem_is_named_by_its_full_key_after_the_prefix() -> None:
+    assert dep_problems({"logLevel": "x", "reporter": {"replicas": 0}}) == [
+        'pmem-csi:deployments[3].logLevel: must be an integer (got "x")',
+        "pmem-csi:deployments[3].reporter.replicas: must be at least 1 (got 0)",
+    ]
+
+
+@pytest.mark.parametrize(("value", "text"), [(5, "5"), (-5, "-5"), (1.5, "1.5"), (True, "true")])
+def test_a_number_or_boolean_where_a_string_belongs_says_how_to_store_a_string(
+    value: Any, text: str
+) -> None:
+    key = "pmem-csi:deployments[3].labels.str"  # a label key named like a union tag
+    assert dep_problems({"labels": {"str": value}}) == [
+        f'{key}: must be a string (got {text}); quote it ("{text}") in Pulumi.<stack>.yaml, '
+        f"or set it with pulumi config set --type string --path '{key}' -- {text}"
+    ]
+
+
+def test_the_string_fix_through_load_config() -> None:
+    key = "pmem-csi:deployments[0].name"
+    assert config_problems({"deployments": [{"name": 5}]}) == [
+        f'{key}: must be a string (got 5); quote it ("5") in Pulumi.<stack>.yaml, '
+        f"or set it with pulumi config set --type string --path '{key}' -- 5"
+    ]
+
+
+def test_a_list_where_a_string_belongs_gets_no_string_fix() -> None:
+    """Quoting helps only a scalar that YAML read as a number or boolean."""
+    assert dep_problems({"labels": {"a": [1]}}) == [
+        "pmem-csi:deployments[3].labels.a: must be a string (got [1])"
+    ]
+
+
+def test_a_number_where_a_number_is_wrong_gets_no_string_fix() -> None:
+    assert dep_problems({"logLevel": 1.5, "pmemPercentage": 0}) == [
+        "pmem-csi:deployments[3].logLevel: must be an integer (got 1.5)",
+        "pmem-csi:deployments[3].pmemPercentage: must be at least 1 (got 0)",
+    ]
+
+
+def test_a_number_for_a_secret_gets_neither_its_value_nor_a_string_fix() -> None:
+    """The fix would show the value; a key's value is never shown."""
+    problems = dep_problems({"certificates": {"registryKey": 12345, "caCert": 7}})
+    assert problems == [
+        "pmem-csi:deployments[3].certificates.caCert: must be a string",
+        "pmem-csi:deployments[3].certificates.registryKey: must be a string",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [([1], "[1]"), (1.5, "1.5"), (None, "null"), ({"a": 1}, "{'a': 1}")]
+)
+def test_a_value_that_fits_no_member_of_a_union_is_one_problem(value: Any, shown: str) -> None:
+    """``str | int``: both members fail; one line says both, the value once, and no string
+    fix (a number is fine there, only not this one)."""
+    assert dep_problems({"controllerResources": {"limits": {"cpu": value}}}) == [
+        "pmem-csi:deployments[3].controllerResources.limits.cpu: "
+        f"must be a string or an integer (got {shown})"
+    ]
+
+
+def test_a_union_key_named_like_a_tag_keeps_its_name() -> None:
+    assert dep_problems({"controllerResources": {"limits": {"str": [1], "int": [2]}}}) == [
+        "pmem-csi:deployments[3].controllerResources.limits.str: "
+        "must be a string or an integer (got [1])",
+        "pmem-csi:deployments[3].controllerResources.limits.int: "
+        "must be a string or an integer (got [2])",
+    ]
+
+
+def test_the_same_words_twice_for_one_key_are_said_once() -> None:
+    """Two union members that fail with the same words give one sentence, not "x or x"."""
+    exc = ValidationError.from_exception_data(
+        "StackConfig",
+        [
+            {"type": "missing", "loc": ("a", "str"), "input": {}},
+            {"type": "missing", "loc": ("a", "int"), "input": {}},
+            {"type": "missing", "loc": ("b",), "input": {}},
+        ],
+    )
+    assert _pydantic_problems(exc, ()) == ["pmem-csi:a: is required", "pmem-csi:b: is required"]
+
+
+def test_stack_level_problems_have_no_prefix() -> None:
+    assert config_problems({"manageCrd": "maybe", "retainCrd": 1.5, "preflight": [1]}) == [
+        'pmem-csi:manageCrd: must be true or false (got "maybe")',
+        "pmem-csi:retainCrd: must be true or false (got 1.5)",
+        "pmem-csi:preflight: must be true or false (got [1])",
+    ]
+
+
+# --------------------------------------------------------------------------- _join_alternatives
+
+
+def test_a_single_text_is_kept_as_it_is() -> None:
+    assert _join_alternatives(["must be a string (got 1)"]) == "must be a string (got 1)"
+    assert _join_alternatives(["is required"]) == "is required"
+
+
+def test_alternatives_share_one_must_be_and_one_shown_value() -> None:
+    texts = ["must be a string (got [1])", "must be an integer (got [1])"]
+    assert _join_alternatives(texts) == "must be a string or an integer (got [1])"
+
+
+def test_three_alternatives_are_all_joined() -> None:
+    texts = ["must be a string (got x)", "must be an integer (got x)", "must be a list (got x)"]
+    assert _join_alternatives(texts) == "must be a string or an integer or a list (got x)"
+
+
+def test_alternatives_without_a_shown_value_are_joined() -> None:
+    """Quiet keys show no value."""
+    texts = ["must be a string", "must be an integer"]
+    assert _join_alternatives(texts) == "must be a string or an integer"
+
+
+def test_an_alternative_in_other_words_is_joined_as_it_is() -> None:
+    texts = ["must be a string (got 1)", "is not a Kubernetes quantity (got 1)"]
+    assert _join_alternatives(texts) == "must be a string or is not a Kubernetes quantity (got 1)"
+
+
+@pytest.mark.parametrize(
+    ("texts", "joined"),
+    [
+        (["must be a (got 1)", "must be b"], "must be a (got 1) or b"),
+        (["must be a", "must be b (got 1)"], "must be a or b (got 1)"),
+        (["must be a (got 1)", "must be b (got 2)"], "must be a (got 1) or b (got 2)"),
+    ],
+)
+def test_a_shown_value_not_common_to_all_alternatives_stays_with_its_own(
+    texts: list[str], joined: str
+) -> None:
+    assert _join_alternatives(texts) == joined

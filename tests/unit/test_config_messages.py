@@ -55,6 +55,7 @@ def test_an_unset_adopt_consents_to_nothing() -> None:
 
 @pytest.mark.parametrize("value", [True, False])
 def test_a_boolean_adopt_is_taken_as_it_is(value: bool) -> None:
+    """A YAML boolean: true consents to every object, false to none."""
     assert parse_adopt(value, KEY) == (value, [])
 
 
@@ -75,7 +76,8 @@ def test_the_strings_true_and_false_in_any_case_are_the_booleans(raw: str, expec
     assert parse_adopt(raw, KEY) == (expected, [])
 
 
-def test_the_string_true_through_load_config_adopts_everything() -> None:
+def test_the_string_forms_through_load_config_are_the_booleans() -> None:
+    """`load_config` passes the string form on: the stack's ``adopt`` is the boolean."""
     assert load_config({"adopt": "true"}).adopt is True
     assert load_config({"adopt": "False"}).adopt is False
 
@@ -93,10 +95,12 @@ def test_anything_but_a_boolean_or_a_list_is_one_problem_naming_the_key_and_valu
 
 
 def test_an_adopt_value_of_the_wrong_type_is_reported_by_load_config() -> None:
+    """`load_config` names the key as ``pmem-csi:adopt``, the path `pulumi config set` takes."""
     assert config_problems({"adopt": "yes"}) == [f'{KEY}: {ADOPT_SHAPE} (got "yes")']
 
 
 def test_an_empty_list_adopts_nothing() -> None:
+    """An empty list is a valid consent to no object, not a problem."""
     assert parse_adopt([], KEY) == ((), [])
 
 
@@ -145,10 +149,12 @@ def test_an_entry_that_is_not_kind_and_name_is_a_problem_naming_its_index(
 def test_a_name_that_is_not_valid_for_its_kind_is_a_problem(
     item: str, name: str, kind: str
 ) -> None:
+    """A right kind with a name no such object can have would never match a preflight ref."""
     assert parse_adopt([item], KEY) == ((), [f"{KEY}[0]: {name!r} is not a valid {kind} name"])
 
 
 def test_every_bad_entry_is_reported_at_once_through_load_config() -> None:
+    """Validation never stops at the first mistake: each entry is checked, in order."""
     raw = {"adopt": ["Namespace pmem-csi", "Pod x", "Namespace a.b", 7]}
     assert config_problems(raw) == [
         f'{KEY}[1]: {ENTRY_SHAPE} (got "Pod x")',
@@ -222,6 +228,7 @@ def test_a_value_is_shown_as_yaml_writes_it(value: Any, shown: str) -> None:
 
 
 def test_a_long_value_is_cut_to_sixty_characters_ending_in_dots() -> None:
+    """A message line stays readable: 60 characters at most, the cut marked."""
     sixty = ["a" * 56]  # ['aaa...'] is 60 characters: shown whole
     assert len(repr(sixty)) == 60
     assert _show(sixty) == repr(sixty)
@@ -256,6 +263,7 @@ def test_string_fix_without_the_exact_key_gives_no_command() -> None:
 
 
 def test_string_fix_never_shows_a_secret_value() -> None:
+    """``secret``: a private key's value is neither quoted nor put into the command."""
     assert string_fix(FIX_KEY, 12345, secret=True) == (
         "quote it in Pulumi.<stack>.yaml, or set it with "
         f"pulumi config set --type string --path '{FIX_KEY}' -- <value>"
@@ -337,6 +345,7 @@ def test_each_pydantic_error_type_has_its_own_words(error: dict[str, Any], descr
 
 
 def test_an_error_without_input_shows_null() -> None:
+    """An error without ``input`` shows the value as YAML's null, not as Python's None."""
     assert _describe({"type": "int_type", "loc": ("logLevel",)}) == "must be an integer (got null)"
 
 
@@ -358,6 +367,7 @@ def test_an_error_with_a_null_context_is_described() -> None:
 def test_the_value_of_a_secret_or_certificate_is_never_shown(
     kind: str, ctx: dict[str, Any] | None, described: str
 ) -> None:
+    """Keys are secret and certificates too long: their errors carry no ``(got ...)``."""
     error = {
         "type": kind,
         "loc": ("certificates", "registryKey"),
@@ -422,6 +432,7 @@ def test_load_config_words_pydantic_errors_at_their_keys() -> None:
 def test_real_loc_drops_union_tags_but_not_keys_of_the_input(
     loc: tuple[Any, ...], data: Any, expected: tuple[tuple[str | int, ...], set[str]]
 ) -> None:
+    """A config key named "str" or "int" must not vanish from the message's key path."""
     assert _real_loc(loc, data) == expected
 
 
@@ -436,6 +447,7 @@ def dep_problems(dep: dict[str, Any]) -> list[str]:
 
 
 def test_each_problem_is_named_by_its_full_key_after_the_prefix() -> None:
+    """The prefix (the deployment's place in the stack) comes before each error's own path."""
     assert dep_problems({"logLevel": "x", "reporter": {"replicas": 0}}) == [
         'pmem-csi:deployments[3].logLevel: must be an integer (got "x")',
         "pmem-csi:deployments[3].reporter.replicas: must be at least 1 (got 0)",
@@ -446,6 +458,7 @@ def test_each_problem_is_named_by_its_full_key_after_the_prefix() -> None:
 def test_a_number_or_boolean_where_a_string_belongs_says_how_to_store_a_string(
     value: Any, text: str
 ) -> None:
+    """YAML and `pulumi config set --path` store 5 and true as a number and a boolean."""
     key = "pmem-csi:deployments[3].labels.str"  # a label key named like a union tag
     assert dep_problems({"labels": {"str": value}}) == [
         f'{key}: must be a string (got {text}); quote it ("{text}") in Pulumi.<stack>.yaml, '
@@ -454,6 +467,7 @@ def test_a_number_or_boolean_where_a_string_belongs_says_how_to_store_a_string(
 
 
 def test_the_string_fix_through_load_config() -> None:
+    """The public entry gives the same fix, at the deployment's own index."""
     key = "pmem-csi:deployments[0].name"
     assert config_problems({"deployments": [{"name": 5}]}) == [
         f'{key}: must be a string (got 5); quote it ("5") in Pulumi.<stack>.yaml, '
@@ -469,6 +483,7 @@ def test_a_list_where_a_string_belongs_gets_no_string_fix() -> None:
 
 
 def test_a_number_where_a_number_is_wrong_gets_no_string_fix() -> None:
+    """Only a string setting gets the quoting hint; a wrong number is not fixed by quoting."""
     assert dep_problems({"logLevel": 1.5, "pmemPercentage": 0}) == [
         "pmem-csi:deployments[3].logLevel: must be an integer (got 1.5)",
         "pmem-csi:deployments[3].pmemPercentage: must be at least 1 (got 0)",
@@ -497,6 +512,7 @@ def test_a_value_that_fits_no_member_of_a_union_is_one_problem(value: Any, shown
 
 
 def test_a_union_key_named_like_a_tag_keeps_its_name() -> None:
+    """The tags after the key are dropped, the key named "str" or "int" is not."""
     assert dep_problems({"controllerResources": {"limits": {"str": [1], "int": [2]}}}) == [
         "pmem-csi:deployments[3].controllerResources.limits.str: "
         "must be a string or an integer (got [1])",
@@ -519,6 +535,7 @@ def test_the_same_words_twice_for_one_key_are_said_once() -> None:
 
 
 def test_stack_level_problems_have_no_prefix() -> None:
+    """Top-level settings are named right after the namespace, one problem each."""
     assert config_problems({"manageCrd": "maybe", "retainCrd": 1.5, "preflight": [1]}) == [
         'pmem-csi:manageCrd: must be true or false (got "maybe")',
         "pmem-csi:retainCrd: must be true or false (got 1.5)",
@@ -530,16 +547,19 @@ def test_stack_level_problems_have_no_prefix() -> None:
 
 
 def test_a_single_text_is_kept_as_it_is() -> None:
+    """One alternative: nothing to join, the text is the message."""
     assert _join_alternatives(["must be a string (got 1)"]) == "must be a string (got 1)"
     assert _join_alternatives(["is required"]) == "is required"
 
 
 def test_alternatives_share_one_must_be_and_one_shown_value() -> None:
+    """One sentence, "must be a string or an integer (got x)", reads better than two."""
     texts = ["must be a string (got [1])", "must be an integer (got [1])"]
     assert _join_alternatives(texts) == "must be a string or an integer (got [1])"
 
 
 def test_three_alternatives_are_all_joined() -> None:
+    """Every alternative after the first loses its "must be ", none is dropped."""
     texts = ["must be a string (got x)", "must be an integer (got x)", "must be a list (got x)"]
     assert _join_alternatives(texts) == "must be a string or an integer or a list (got x)"
 
@@ -551,6 +571,7 @@ def test_alternatives_without_a_shown_value_are_joined() -> None:
 
 
 def test_an_alternative_in_other_words_is_joined_as_it_is() -> None:
+    """Only a leading "must be " is dropped from a later alternative."""
     texts = ["must be a string (got 1)", "is not a Kubernetes quantity (got 1)"]
     assert _join_alternatives(texts) == "must be a string or is not a Kubernetes quantity (got 1)"
 
@@ -566,4 +587,5 @@ def test_an_alternative_in_other_words_is_joined_as_it_is() -> None:
 def test_a_shown_value_not_common_to_all_alternatives_stays_with_its_own(
     texts: list[str], joined: str
 ) -> None:
+    """The shown value is factored out only when every alternative ends with the first one's."""
     assert _join_alternatives(texts) == joined

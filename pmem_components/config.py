@@ -546,11 +546,13 @@ def _check_labels(
         return
     for key, value in labels.items():
         here = key_path((*path, str(key)))
-        prefix, _, name = str(key).rpartition("/")
+        prefix, slash, name = str(key).rpartition("/")
+        # With a slash, the prefix must be a DNS subdomain: an empty one ("/abc") is no prefix
+        # the API server takes.
         if (
             not _LABEL_NAME.match(name)
             or len(name) > 63
-            or (prefix and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253))
+            or (slash and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253))
         ):
             problems.append(f"{here}: is not a valid label key")
         if reserved and key in RESERVED_LABEL_KEYS:
@@ -670,7 +672,13 @@ def _check_patches(patches: Any, path: tuple[str | int, ...], problems: list[str
 
 def _check_reporter(reporter: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
     reporter = _dict_or_empty(reporter)
-    if reporter.get("enabled") is True and reporter.get("image") is None:
+    try:
+        # On as the model reads it ("true", "on", 1 are true there), so that the rule and the
+        # model never disagree; an image is left out, for this rule is about enabled alone.
+        enabled = Reporter.model_validate({"enabled": reporter.get("enabled")}).enabled
+    except ValidationError:
+        return  # not a boolean: the model's own error says so
+    if enabled and reporter.get("image") is None:
         problems.append(
             f"{key_path((*path, 'image'))}: is required when reporter.enabled is true: there is "
             "no public reporter image; build it with `make image`, push it (see docs/reporter.md, "

@@ -546,11 +546,13 @@ def _check_labels(
         return
     for key, value in labels.items():
         here = key_path((*path, str(key)))
-        prefix, _, name = str(key).rpartition("/")
+        prefix, slash, name = str(key).rpartition("/")
+        # With a slash, the prefix must be a DNS subdomain: an empty one ("/abc") is no prefix
+        # the API server takes.
         if (
             not _LABEL_NAME.match(name)
             or len(name) > 63
-            or (prefix and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253))
+            or (slash and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253))
         ):
             problems.append(f"{here}: is not a valid label key")
         if reserved and key in RESERVED_LABEL_KEYS:
@@ -670,7 +672,13 @@ def _check_patches(patches: Any, path: tuple[str | int, ...], problems: list[str
 
 def _check_reporter(reporter: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
     reporter = _dict_or_empty(reporter)
-    if reporter.get("enabled") is True and reporter.get("image") is None:
+    try:
+        # On as the model reads it ("true", "on", 1 are true there), so that the rule and the
+        # model never disagree; an image is left out, for this rule is about enabled alone.
+        enabled = Reporter.model_validate({"enabled": reporter.get("enabled")}).enabled
+    except ValidationError:
+        return  # not a boolean: the model's own error says so
+    if enabled and reporter.get("image") is None:
         problems.append(
             f"{key_path((*path, 'image'))}: is required when reporter.enabled is true: there is "
             "no public reporter image; build it with `make image`, push it (see docs/reporter.md, "
@@ -742,7 +750,15 @@ def _check_await(value: Any, path: tuple[str | int, ...], problems: list[str]) -
             f"{key_path((*path, 'timeout'))}: must be a positive duration such as 90s, 20m or "
             f"1h30m (got {_show(timeout)})"
         )
-    if timeout is not None and settings.get("enabled") in (False, "false"):
+    try:
+        # Read by the model itself ("off", "No" and "0" are false there, as false is), so that
+        # the rule and the model never disagree; a value the model refuses has its own error
+        # (from the model), and a second one about the timeout would mislead.
+        given = {k: settings[k] for k in ("enabled",) if k in settings}
+        awaited = Await.model_validate(given).enabled
+    except ValidationError:
+        awaited = True
+    if timeout is not None and not awaited:
         problems.append(
             f"{key_path((*path, 'timeout'))}: is only valid with await.enabled true "
             "(nothing is awaited)"

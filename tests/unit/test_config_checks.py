@@ -644,3 +644,35 @@ def test_every_kind_of_problem_is_raised_together_in_one_error() -> None:
         '"Deployment pmem-csi.intel.com" (got "maybe")',
         'pmem-csi:manageCrd: must be true or false (got "maybe")',
     ]
+
+
+@pytest.mark.parametrize(
+    ("entry", "key"),
+    [
+        ({"labels": {"team": "x\n"}}, "labels.team"),
+        ({"labels": {"team\n": "x"}}, "labels"),
+        ({"labels": {"a.com\n/team": "x"}}, "labels"),
+        ({"nodeSelector": {"team": "x\n"}}, "nodeSelector.team"),
+        ({"nodeResources": {"requests": {"memory": "1\n"}}}, "nodeResources.requests.memory"),
+        ({"name": "pmem.example.com\n"}, "name"),
+        ({"renamedFrom": "old.example.com\n", "allowReinstall": True}, "renamedFrom"),
+        ({"namespace": "pmem\n"}, "namespace"),
+        ({"await": {"timeout": "90s\n"}}, "await.timeout"),
+    ],
+)
+def test_a_value_with_a_trailing_newline_is_refused(entry: dict[str, Any], key: str) -> None:
+    """Python's ``$`` also matches before a final newline, so ``^...$`` with ``match`` let
+    ``"x\\n"`` through each syntax check, and Kubernetes (or the provider) refused it in the
+    middle of ``pulumi up``: found by the review of the config tests (issue 17)."""
+    with pytest.raises(ConfigError) as err:
+        load_config({"deployments": [entry]})
+    assert any(p.startswith(f"pmem-csi:deployments[0].{key}") for p in err.value.problems), (
+        err.value.problems
+    )
+
+
+def test_an_adopt_entry_with_a_trailing_newline_is_refused() -> None:
+    """The same for ``pmem-csi:adopt`` refs: ``Namespace pmem\\n`` names no namespace."""
+    with pytest.raises(ConfigError) as err:
+        load_config({"adopt": ["Namespace pmem\n"]})
+    assert any(p.startswith("pmem-csi:adopt") for p in err.value.problems), err.value.problems

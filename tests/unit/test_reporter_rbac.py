@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from pmem_components.manifests.reporter import LIMITS, REQUESTS, build_reporter_objects
+from pmem_components.manifests.reporter import (
+    LIMITS,
+    MEMORY_PER_NAMESPACE_MIB,
+    REQUESTS,
+    build_reporter_objects,
+)
 from pmem_components.names import DeploymentNames
 
 NAMES = DeploymentNames("pmem-csi.intel.com")
@@ -165,7 +170,11 @@ def test_deployment_serves_every_deployment_with_shared_watches():
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
-    assert c["resources"] == {"requests": REQUESTS, "limits": LIMITS}
+    # Two driver namespaces: the memory of one more namespace's watches on top.
+    assert c["resources"] == {
+        "requests": {"cpu": "100m", "memory": "130Mi"},
+        "limits": {"memory": "386Mi"},
+    }
     selector = spec["selector"]["matchLabels"]
     labels = spec["template"]["metadata"]["labels"]
     assert all(labels[k] == v for k, v in selector.items())
@@ -192,3 +201,24 @@ def test_driver_in_default_namespace_gets_events_rule_in_its_role():
     (role,) = [o for o in objs if o["kind"] == "Role"]
     assert verbs_for(role["rules"], "", "events") == [(["create"], None)]
     assert verbs_for(role["rules"], "", "secrets") == [(["list", "watch"], None)]
+
+
+def _resources(served: list) -> dict:
+    (dep,) = [o for o in all_objects(served) if o["kind"] == "Deployment"]
+    return dep["spec"]["template"]["spec"]["containers"][0]["resources"]
+
+
+def test_the_reporters_memory_grows_with_its_driver_namespaces_not_with_deployments() -> None:
+    """BENCHMARKS.md section 6: 62 MiB RSS with one driver namespace, 214 MiB with 100 (8
+    watches each, ~190 KiB a watch), while a fixed 128Mi request left a 100-namespace reporter
+    using more than it requested (the first pod evicted under memory pressure)."""
+    one = [(NAMES, "drv"), (OTHER, "drv")]  # two deployments, one namespace
+    assert _resources(one) == {"requests": REQUESTS, "limits": LIMITS}
+    hundred = [(DeploymentNames(f"d{i}.example.org"), f"ns{i}") for i in range(100)]
+    res = _resources(hundred)
+    assert res == {
+        "requests": {"cpu": "100m", "memory": f"{128 + 99 * MEMORY_PER_NAMESPACE_MIB}Mi"},
+        "limits": {"memory": f"{384 + 99 * MEMORY_PER_NAMESPACE_MIB}Mi"},
+    }
+    assert int(res["requests"]["memory"].removesuffix("Mi")) >= 214  # the measured RSS
+

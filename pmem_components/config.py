@@ -181,6 +181,14 @@ class Certificates(_Model):
     # read (preflight off): it moves the change to its next stage once, for that hash only.
     rolled_out: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
 
+    @field_validator(
+        "ca_cert", "registry_cert", "registry_key", "node_controller_cert", "node_controller_key"
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: str | None) -> str | None:
+        # "" (a template that rendered nothing) is unset, as _check_certificates reads it.
+        return value or None
+
     @property
     def provided(self) -> bool:
         return self.ca_cert is not None
@@ -413,7 +421,8 @@ def sub_path(loc: Iterable[str | int], *, first: bool = False) -> str:
 
 def _show(value: Any) -> str:
     if isinstance(value, str):
-        return f'"{value}"'
+        # A newline or tab is shown escaped, as YAML would write it: "x\n" is seen.
+        return '"' + value.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + '"'
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -671,8 +680,19 @@ def _check_patches(patches: Any, path: tuple[str | int, ...], problems: list[str
                 problems.append(f"{key_path((*op_path, 'from'))}: is required for {op['op']}")
 
 
+def _check_trimmed(value: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
+    """An image or a path with whitespace around it (a newline from a template): the API
+    server refuses such an image in the middle of ``pulumi up``, and a path so written is
+    not the kubelet's."""
+    if isinstance(value, str) and value != value.strip():
+        problems.append(
+            f"{key_path(path)}: must not begin or end with whitespace (got {_show(value)})"
+        )
+
+
 def _check_reporter(reporter: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
     reporter = _dict_or_empty(reporter)
+    _check_trimmed(reporter.get("image"), (*path, "image"), problems)
     try:
         # On as the model reads it ("true", "on", 1 are true there), so that the rule and the
         # model never disagree; an image is left out, for this rule is about enabled alone.
@@ -729,6 +749,8 @@ def _check_deployment(raw: Mapping[str, Any], path: tuple[str | int, ...]) -> li
             f"{key_path((*path, 'kubeletDir'))}: must be an absolute path "
             f"(got {_show(kubelet_dir)})"
         )
+    for key in ("image", "provisionerImage", "nodeRegistrarImage", "kubeletDir"):
+        _check_trimmed(raw.get(key), (*path, key), problems)
     _check_labels(raw.get("labels"), (*path, "labels"), problems, reserved=True)
     _check_labels(raw.get("nodeSelector"), (*path, "nodeSelector"), problems, reserved=False)
     for res in ("controllerResources", "nodeResources"):

@@ -226,6 +226,8 @@ class Informer:
         self._run_started = float("-inf")
         # The stop event given to run() (the Observer's), seen by a list waiting for a slot.
         self._run_stop: threading.Event | None = None
+        # Whether this run sent its first list yet (the grace counts from that one).
+        self._sent_in_run = False
         self.transform = _transform_for(res)
         self.resource_version: str | None = None
         self.restarts = 0
@@ -328,7 +330,9 @@ class Informer:
         while not self.list_slots.acquire(timeout=LIST_SLOT_POLL):
             if self.stopped(self._run_stop):
                 return
-        self._run_started += self.clock() - waiting_since
+        if not self._sent_in_run:
+            self._run_started += self.clock() - waiting_since
+            self._sent_in_run = True
         try:
             if self.stopped(self._run_stop):
                 return
@@ -497,7 +501,7 @@ class Informer:
         """List if there is no resourceVersion to resume from, then watch once."""
         if self.resource_version is None:
             self.relist()
-        if self._stop.is_set():
+        if self.stopped(self._run_stop):
             return  # no new watch for a stopped informer
         self.watch_once()
 
@@ -513,6 +517,7 @@ class Informer:
         failures = 0
         first = True
         self._run_started = self.clock()
+        self._sent_in_run = False
         while not self.stopped(stop):
             if not first:
                 self.restarts += 1

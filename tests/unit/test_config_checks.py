@@ -472,12 +472,12 @@ def test_the_validator_gets_each_certificate_field_and_the_handshake_choice(
     )
     c.certificate_problems(DeploymentConfig(certificates=full), 0)
     c.certificate_problems(DeploymentConfig(certificates=full), 0, handshake=False)
-    # Built in code, a set may be partial (deployment_problems reports that); "" is unset.
-    c.certificate_problems(DeploymentConfig(certificates=Certificates(ca_cert="")), 0)
+    # Built in code, a set may be partial (deployment_problems reports that): unset is "".
+    c.certificate_problems(DeploymentConfig(certificates=Certificates(ca_cert="ca")), 0)
     assert calls == [
         (("ca", "rc", "rk", "nc", "nk"), {"handshake": True}),
         (("ca", "rc", "rk", "nc", "nk"), {"handshake": False}),
-        (("", "", "", "", ""), {"handshake": True}),
+        (("ca", "", "", "", ""), {"handshake": True}),
     ]
 
 
@@ -676,3 +676,47 @@ def test_an_adopt_entry_with_a_trailing_newline_is_refused() -> None:
     with pytest.raises(ConfigError) as err:
         load_config({"adopt": ["Namespace pmem\n"]})
     assert any(p.startswith("pmem-csi:adopt") for p in err.value.problems), err.value.problems
+
+
+@pytest.mark.parametrize(
+    ("entry", "key"),
+    [
+        ({"image": "intel/pmem-csi-driver:v1.0.0\n"}, "image"),
+        ({"provisionerImage": "k8s.gcr.io/sig-storage/csi-provisioner:v3\n"}, "provisionerImage"),
+        ({"reporter": {"image": "registry.example/reporter:1\n"}}, "reporter.image"),
+        ({"kubeletDir": "/var/lib/kubelet\n"}, "kubeletDir"),
+    ],
+)
+def test_other_values_with_a_trailing_newline_are_refused_too(
+    entry: dict[str, Any], key: str
+) -> None:
+    """The hole 748420f closed for the regex checks is open for the values without one: the
+    API server refuses a container image with trailing whitespace ("must not have leading or
+    trailing whitespace") in the middle of ``pulumi up``, after the namespace, RBAC and
+    Secrets went in; a kubeletDir ending in a newline gives hostPaths and a
+    --kubelet-registration-path that are not the kubelet's (the driver never registers)."""
+    with pytest.raises(ConfigError) as err:
+        load_config({"deployments": [entry]})
+    assert any(p.startswith(f"pmem-csi:deployments[0].{key}") for p in err.value.problems)
+
+
+def test_a_refused_value_with_a_newline_is_shown_so_that_the_newline_is_seen() -> None:
+    """748420f refuses "pmem.example.com\\n", but the message shows the value with the raw
+    newline: ``(got "pmem.example.com`` then ``")`` on the next line, a name that looks valid.
+    (The adopt check uses repr and shows ``'pmem\\n'``; patchtypes shows ``"1Gi\\n"``.)"""
+    with pytest.raises(ConfigError) as err:
+        load_config({"deployments": [{"name": "pmem.example.com\n"}]})
+    (problem,) = err.value.problems
+    assert "\n" not in problem, problem
+
+
+def test_empty_certificate_values_are_unset_for_the_model_as_for_the_check() -> None:
+    """_check_certificates counts "" as unset (test_config_sections.py::
+    test_empty_strings_count_as_unset: "it counts as unset, not as a field to check"), but
+    Certificates.provided is ``ca_cert is not None``: five empty values (a template that
+    rendered none) pass the all-or-none rule and then fail five PEM parses, each naming a
+    field as "not a PEM-encoded ..." though none was given; caCert "" alone gets errors for
+    four fields the user never set instead of the all-or-none message."""
+    fields = ("caCert", "registryCert", "registryKey", "nodeControllerCert", "nodeControllerKey")
+    stack = load_config({"deployments": [{"certificates": dict.fromkeys(fields, "")}]})
+    assert stack.deployments[0].certificates.provided is False

@@ -9,6 +9,7 @@ minutes without a status (BENCHMARKS.md section 6).
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
@@ -174,3 +175,94 @@ def test_a_new_namespace_grace_is_not_spent_waiting_for_a_list_slot() -> None:
     inf._stop.wait = wait  # type: ignore[method-assign]
     inf.run(stop)
     assert seen == [(NEW_GRANT_RETRY, None)]  # retried within the grace, not reported
+
+
+def test_the_new_namespace_grace_is_not_renewed_by_every_later_wait_for_a_list_slot() -> None:
+    """Informer.relist: the 401/403 grace of a new namespace "is for the Role to arrive,
+    counted from the first request sent". Every list waits 20 s for a slot (the slots busy
+    with other informers' lists, as when many deployments are added at once) and the Role
+    never comes (a real 403): the second request goes out 21 s after the first, past the 15 s
+    grace, so its 403 must be believed. On main every retry's slot wait is added to
+    ``_run_started`` again, so the 403 stays hidden for about 15 retries, ~5 minutes of wall
+    clock here (and 15 x the slot wait in general: unbounded by NEW_GRANT_SECONDS)."""
+    clock = [100.0]
+    stop = threading.Event()
+    slot_wait = NEW_GRANT_SECONDS + 5
+
+    class BusySlots:
+        def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+            clock[0] += slot_wait
+            return True
+
+        def release(self) -> None:
+            pass
+
+    sent: list[float] = []
+
+    class Api:
+        def list(self, *a: Any, **kw: Any) -> Any:
+            sent.append(clock[0])
+            raise ApiException(status=403, reason="Forbidden")
+
+        def watch(self, *a: Any, **kw: Any) -> Any:
+            raise AssertionError("no watch expected")
+
+    inf = Informer(
+        Api(),
+        POD,
+        lambda *_: None,
+        Metrics(),
+        namespace="new-ns",
+        label_selector="a=b",
+        clock=lambda: clock[0],
+        new_grant_seconds=NEW_GRANT_SECONDS,
+        list_slots=BusySlots(),  # type: ignore[arg-type]
+    )
+    graced: list[float] = []
+
+    def wait(t: float) -> bool:
+        if inf.error is None and t == NEW_GRANT_RETRY:
+            graced.append(clock[0])
+        clock[0] += t
+        if inf.error is not None or len(sent) > 40:
+            stop.set()
+        return stop.is_set()
+
+    inf._stop.wait = wait  # type: ignore[method-assign]
+    inf.run(stop)
+    assert inf.error is not None
+    # Believed at the first 403 that came more than the grace after the first request.
+    believed_after = sent[-1] - sent[0]
+    assert believed_after <= NEW_GRANT_SECONDS + slot_wait + NEW_GRANT_RETRY, (
+        len(graced),
+        believed_after,
+    )
+
+
+def test_a_list_given_up_for_the_observers_stop_opens_no_watch() -> None:
+    """Informer.run_once checks only the informer's own stop after ``relist``: when relist
+    gives up waiting for a slot because the Observer's stop (``_run_stop``) is set, run_once
+    goes on to ``watch_once``, whose ``assert self.resource_version is not None`` is all that
+    keeps it from opening a watch without a resourceVersion (run() then swallows the
+    AssertionError because it is stopped). Under ``python -O`` the watch is opened after
+    the shutdown. test_reporter_list_slots.py::
+    test_an_informer_whose_observer_stops_gives_up_waiting_for_a_slot passes through that
+    AssertionError."""
+    slots = threading.BoundedSemaphore(1)
+    slots.acquire()  # every slot taken
+    stop = threading.Event()
+    stop.set()  # the Observer shut down
+    watches: list[Any] = []
+
+    class Api:
+        def list(self, *a: Any, **kw: Any) -> Any:
+            raise AssertionError("a stopped informer listed")
+
+        def watch(self, *a: Any, **kw: Any) -> Any:
+            watches.append(a)
+            return iter(())
+
+    inf = Informer(Api(), POD, lambda *_: None, Metrics(), namespace="ns", list_slots=slots)
+    inf._run_stop = stop  # as run(stop) sets it
+    inf.run_once()  # AssertionError on main: it went on to watch_once
+    assert watches == []

@@ -369,8 +369,11 @@ def test_a_name_must_start_with_a_letter(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["p", "a9", "a-b.c", "Z1"])
-def test_a_name_starting_with_a_letter_has_no_problem(name: str) -> None:
-    """Only the first character must be a letter."""
+def test_the_length_and_first_letter_rule_accepts_a_name_starting_with_a_letter(
+    name: str,
+) -> None:
+    """This rule asks only that the first character be a letter, of either case ("Z1" is
+    refused by the DNS subdomain rule before this one runs, not here)."""
     assert c._name_length_problems(name, ("deployments", 0, "name")) == []
 
 

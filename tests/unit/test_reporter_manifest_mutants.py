@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
 from test_reporter_rbac import NAMES, OTHER, all_objects, objects
 
 from pmem_components.fieldowners import ALLOWED_ENV, Allowance
@@ -168,3 +169,80 @@ def test_a_reporter_namespace_serving_no_driver_gets_only_its_lease_rules() -> N
     shared = namespace_rules(served, "other-ns")
     assert shared["other-ns"] == [*driver_namespace_rules(), *lease_rules(NAMES)]
     assert "pmem-reporter" not in shared
+
+
+# ------------------------------------------------------------------ bindings, names, defaults
+
+TWO = [(NAMES, "drv"), (OTHER, "drv2")]
+SUBJECT = {"kind": "ServiceAccount", "name": "pmem-csi-intel-com-reporter", "namespace": "drv"}
+
+
+def test_every_binding_grants_its_own_role_to_the_reporters_service_account() -> None:
+    """A binding whose ``subjects`` or ``roleRef`` is misspelt grants nothing (the API server
+    refuses it, or binds a role of another kind): the ClusterRoleBinding names the
+    ClusterRole, each RoleBinding the Role of its namespace, and all of them the reporter's
+    ServiceAccount where the reporter runs."""
+    objs = all_objects(TWO)
+    (crb,) = [o for o in objs if o["kind"] == "ClusterRoleBinding"]
+    assert crb["subjects"] == [SUBJECT]
+    assert crb["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "pmem-csi-intel-com-reporter-stack",
+    }
+    roles = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "Role"}
+    bindings = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "RoleBinding"}
+    assert set(bindings) == set(roles) == {"drv", "drv2", "default"}
+    for ns, binding in bindings.items():
+        assert binding["subjects"] == [SUBJECT]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": roles[ns]["metadata"]["name"],
+        }
+        assert binding["metadata"] == roles[ns]["metadata"]
+
+
+def test_only_the_events_role_in_default_keeps_its_old_name() -> None:
+    """The Events Role in ``default`` is the per-deployment layout's, updated in place under
+    its old name; every other Role (a second driver namespace included) is new, under
+    ``rbac_name``, so that moving to the stack's reporter only adds grants first."""
+    roles = {o["metadata"]["namespace"]: o for o in all_objects(TWO) if o["kind"] == "Role"}
+    assert {ns: r["metadata"]["name"] for ns, r in roles.items()} == {
+        "drv": "pmem-csi-intel-com-reporter-stack",
+        "drv2": "pmem-csi-intel-com-reporter-stack",
+        "default": "pmem-csi-intel-com-reporter-events",
+    }
+
+
+def test_the_reporter_objects_carry_the_recommended_labels() -> None:
+    """``app.kubernetes.io/name`` is ``pmem-csi`` as on every driver object (dashboards and
+    ``kubectl get -l`` select the application by it), the component is ``reporter``."""
+    for o in all_objects(TWO):
+        labels = o["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "pmem-csi", o["kind"]
+        assert labels["app.kubernetes.io/component"] == "reporter"
+        assert labels["app.kubernetes.io/managed-by"] == "pmem-csi-pulumi"
+
+
+def test_the_builders_defaults_are_the_configs_reporter_defaults() -> None:
+    """Called without them, the builder uses the documented defaults of ``reporter.replicas``
+    (2: one standby to take over the Lease) and ``reporter.logLevel`` (3)."""
+    from pmem_components.config import Reporter
+
+    defaults = Reporter()
+    (dep,) = [
+        o
+        for o in build_reporter_objects([(NAMES, "drv")], "drv", "reg/r:1")
+        if o["kind"] == "Deployment"
+    ]
+    assert dep["spec"]["replicas"] == defaults.replicas == 2
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--log-level") + 1] == str(defaults.log_level) == "3"
+
+
+def test_a_reporter_serving_nothing_is_refused_saying_so() -> None:
+    """A stack with no reporter-enabled deployment must deploy no reporter: the caller is told
+    why rather than getting objects named after no deployment."""
+    with pytest.raises(ValueError, match=r"^a reporter serves at least one deployment$"):
+        build_reporter_objects([], "drv", "reg/r:1")

@@ -742,3 +742,16 @@ def test_a_copy_of_a_copy_names_the_copy_it_was_taken_from() -> None:
         f"{p}[2]: must be a string, not the number 1 (DaemonSet ns/d, field metadata.labels.c); "
         f"copied from /metadata/labels/b, where {p}[1] wrote it",
     ]
+
+
+def test_an_operation_inside_a_wrong_value_an_earlier_patch_wrote_says_so() -> None:
+    """A label that is an object (a string belongs there) comes from the merge patch; the
+    later operation only adds a key inside it, so its line says the value came from earlier."""
+    add = {"op": "add", "path": "/metadata/labels/b/c", "value": 2}
+    assert _type_lines(
+        {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"b": {"c": "x"}}}}},
+        {"kind": "DaemonSet", "jsonPatch": [add]},
+    ) == [
+        f"{WHERE}[1].jsonPatch[0]: must be a string, not an object (DaemonSet ns/d, field "
+        "metadata.labels.b); the value came from an earlier patch"
+    ]

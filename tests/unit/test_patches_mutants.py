@@ -513,3 +513,245 @@ def test_the_transform_keeps_the_resource_options() -> None:
     )
     result = ps.transform(args)
     assert result is not None and result.opts is opts
+
+
+# --- mutation run of 2 December 2026, 16:00: blame of wrong types, labels, library errors --------
+
+
+def test_a_where_ending_in_a_letter_keeps_it_only_dots_are_stripped() -> None:
+    """``_label_prefix`` strips trailing dots only: a list path ending in ``X`` is no dot."""
+    entry = PatchSet.from_config([{"kind": "X", "mergePatch": {}}], "cfg.fixupX.").entries[0]
+    assert entry.label == "cfg.fixupX[0]"
+
+
+class _Uncopyable:
+    """A leaf ``copy.deepcopy`` refuses with a TypeError, as jsonpatch's ``copy`` needs one."""
+
+    def __deepcopy__(self, memo: dict[int, object]) -> object:
+        raise TypeError("cannot copy this leaf")
+
+
+def test_a_library_failure_outside_its_own_errors_names_entry_object_and_error_type() -> None:
+    """jsonpatch's ``copy`` deep-copies the value it copies and lets a TypeError through: the
+    administrator still gets a PatchError naming entry, object and the error, not a traceback."""
+    ps = patchset({"kind": "Job", "jsonPatch": [{"op": "copy", "from": "/spec/x", "path": "/y"}]})
+    job = {"kind": "Job", "metadata": {"name": "j"}, "spec": {"x": _Uncopyable()}}
+    with pytest.raises(PatchError) as err:
+        ps.entries[0].apply(job)
+    assert str(err.value) == (
+        f"{WHERE}[0]: cannot apply patch to Job 'j': TypeError: cannot copy this leaf"
+    )
+
+
+def _secret(name: str) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": "ns"},
+        "stringData": {"k": "v"},
+    }
+
+
+def test_one_wrong_type_hitting_two_objects_names_both_comma_separated() -> None:
+    """One mistake, one line: the objects it hits are listed ``A, B`` inside the parentheses
+    (and a Secret's value is not shown)."""
+    ps = patchset({"kind": "Secret", "mergePatch": {"stringData": {"k": 5}}})
+    with pytest.raises(PatchError) as err:
+        ps.dry_run([_secret("a"), _secret("b")])
+    key = f"{WHERE}[0].mergePatch.stringData.k"
+    assert str(err.value) == (
+        "patches cannot be applied:\n"
+        f"  {key}: must be a string, not a number (Secret ns/a, Secret ns/b, field "
+        "stringData.k); quote it in Pulumi.<stack>.yaml, or set it with pulumi config set "
+        f"--type string --path '{key}' -- <value>"
+    )
+
+
+ENV = "/spec/template/spec/containers/0/env"
+
+
+def _daemonset() -> dict:
+    """A DaemonSet whose own values all have the right types (as the builders' have)."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "d", "namespace": "ns"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "d"}},
+            "template": {
+                "metadata": {"labels": {"app": "d"}},
+                "spec": {
+                    "containers": [
+                        {"name": "a", "image": "x", "env": [{"name": "E", "value": "ok"}]}
+                    ]
+                },
+            },
+        },
+    }
+
+
+def _type_lines(*entries: dict) -> list[str]:
+    """The dry run's problem lines for ``entries`` against one :func:`_daemonset`."""
+    with pytest.raises(PatchError) as err:
+        patchset(*entries).dry_run([_daemonset()])
+    return [line.strip() for line in str(err.value).splitlines()[1:]]
+
+
+def _number_line(key: str, field: str, n: int = 1) -> str:
+    """The line for the number ``n`` where a string belongs, written at ``key``."""
+    return (
+        f"{key}: must be a string, not the number {n} (DaemonSet ns/d, field {field}); quote "
+        f'it ("{n}") in Pulumi.<stack>.yaml, or set it with pulumi config set --type string '
+        f"--path '{key}' -- {n}"
+    )
+
+
+C0 = "spec.template.spec.containers[0]"
+
+
+def test_values_added_at_given_list_indices_are_each_blamed_on_their_own_operation() -> None:
+    """Two operations adding the same wrong value at explicit indices: the second is blamed
+    for the value at the index it names, not for the one the first added before it."""
+    ops = [
+        {"op": "add", "path": f"{ENV}/1", "value": {"name": "A", "value": 1}},
+        {"op": "add", "path": f"{ENV}/2", "value": {"name": "B", "value": 1}},
+    ]
+    assert _type_lines({"kind": "DaemonSet", "jsonPatch": ops}) == [
+        _number_line(f"{WHERE}[0].jsonPatch[0].value.value", f"{C0}.env[1].value"),
+        _number_line(f"{WHERE}[0].jsonPatch[1].value.value", f"{C0}.env[2].value"),
+    ]
+
+
+def test_an_appended_container_is_blamed_for_its_own_value_not_an_older_one_it_covers() -> None:
+    """``containers/-`` covers every container's path; the value the append wrote is the one
+    that was not there before it (``value.env[1].value``), not the first container's."""
+    ops = [
+        {"op": "add", "path": ENV, "value": [{"name": "A", "value": 1}]},
+        {
+            "op": "add",
+            "path": "/spec/template/spec/containers/-",
+            "value": {
+                "name": "b",
+                "image": "y",
+                "env": [{"name": "X", "value": "ok"}, {"name": "A", "value": 1}],
+            },
+        },
+    ]
+    assert _type_lines({"kind": "DaemonSet", "jsonPatch": ops}) == [
+        _number_line(f"{WHERE}[0].jsonPatch[0].value[0].value", f"{C0}.env[0].value"),
+        _number_line(
+            f"{WHERE}[0].jsonPatch[1].value.env[1].value",
+            "spec.template.spec.containers[1].env[1].value",
+        ),
+    ]
+
+
+def test_of_two_wrong_values_one_operation_wrote_the_one_left_is_blamed() -> None:
+    """An operation writes the same wrong value twice, a later patch removes the second: the
+    line names the patch key of the one that is left (``value[0]``)."""
+    two = [{"name": "A", "value": 1}, {"name": "B", "value": 1}]
+    add = {"op": "add", "path": ENV, "value": two}
+    assert _type_lines(
+        {"kind": "DaemonSet", "jsonPatch": [add]},
+        {"kind": "DaemonSet", "jsonPatch": [{"op": "remove", "path": f"{ENV}/1"}]},
+    ) == [_number_line(f"{WHERE}[0].jsonPatch[0].value[0].value", f"{C0}.env[0].value")]
+
+
+def test_a_replaced_wrong_value_is_blamed_on_the_replace_not_an_equal_older_value() -> None:
+    """A later patch replaces one wrong value by another that an older one already equals:
+    each line names the operation that wrote the value at its field."""
+    two = [{"name": "A", "value": 2}, {"name": "B", "value": 1}]
+    add = {"op": "add", "path": ENV, "value": two}
+    replace = {"op": "replace", "path": f"{ENV}/1/value", "value": 2}
+    assert _type_lines(
+        {"kind": "DaemonSet", "jsonPatch": [add]},
+        {"kind": "DaemonSet", "jsonPatch": [replace]},
+    ) == [
+        _number_line(f"{WHERE}[0].jsonPatch[0].value[0].value", f"{C0}.env[0].value", 2),
+        _number_line(f"{WHERE}[1].jsonPatch[0].value", f"{C0}.env[1].value", 2),
+    ]
+
+
+def test_a_merge_patch_that_changes_the_kind_is_blamed_for_the_values_it_retyped() -> None:
+    """As a Service, the DaemonSet's selector must map strings; the merge patch holds no key
+    for that value, so the line names the merge patch itself (with the refused kind change)."""
+    assert _type_lines({"kind": "DaemonSet", "mergePatch": {"kind": "Service"}}) == [
+        f"{WHERE}[0]: kind cannot be patched ('DaemonSet' -> 'Service')",
+        f"{WHERE}[0].mergePatch: must be a string, not an object (DaemonSet ns/d, field "
+        "spec.selector.matchLabels)",
+    ]
+
+
+def test_a_json_operation_that_changes_the_kind_is_named_for_the_values_it_retyped() -> None:
+    """No operation holds the retyped value; the one that changed the kind is the key named."""
+    replace = {"op": "replace", "path": "/kind", "value": "Service"}
+    lines = _type_lines({"kind": "DaemonSet", "jsonPatch": [replace]})
+    assert lines[0] == f"{WHERE}[0]: kind cannot be patched ('DaemonSet' -> 'Service')"
+    assert lines[1].startswith(
+        f"{WHERE}[0].jsonPatch[0]: must be a string, not an object (DaemonSet ns/d, field "
+        "spec.selector.matchLabels)"
+    ), lines
+    assert len(lines) == 2, lines
+
+
+def test_a_copied_subtree_names_the_patch_that_wrote_the_value_inside_it() -> None:
+    """Copying ``/metadata/labels`` whole: the wrong value inside it is traced to the label
+    key the merge patch wrote."""
+    copy_all = {"op": "copy", "from": "/metadata/labels", "path": "/metadata/annotations"}
+    assert _type_lines(
+        {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"a": 1}}}},
+        {"kind": "DaemonSet", "jsonPatch": [copy_all]},
+    ) == [
+        _number_line(f"{WHERE}[0].mergePatch.metadata.labels.a", "metadata.labels.a"),
+        f"{WHERE}[1].jsonPatch[0]: must be a string, not the number 1 (DaemonSet ns/d, field "
+        f"metadata.annotations.a); copied from /metadata/labels, where "
+        f"{WHERE}[0].mergePatch.metadata.labels.a wrote it",
+    ]
+
+
+def test_a_copy_names_the_patch_that_wrote_its_source_not_an_unrelated_step_between() -> None:
+    """An operation between the write and the copy changes nothing of the value: the copy's
+    line names the merge patch that wrote it."""
+    ops = [
+        {"op": "add", "path": "/metadata/annotations", "value": {"x": "ok"}},
+        {"op": "copy", "from": "/metadata/labels/a", "path": "/metadata/labels/b"},
+    ]
+    assert _type_lines(
+        {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"a": 1}}}},
+        {"kind": "DaemonSet", "jsonPatch": ops},
+    ) == [
+        _number_line(f"{WHERE}[0].mergePatch.metadata.labels.a", "metadata.labels.a"),
+        f"{WHERE}[1].jsonPatch[1]: must be a string, not the number 1 (DaemonSet ns/d, field "
+        f"metadata.labels.b); copied from /metadata/labels/a, where "
+        f"{WHERE}[0].mergePatch.metadata.labels.a wrote it",
+    ]
+
+
+def test_a_copy_of_a_copy_names_the_copy_it_was_taken_from() -> None:
+    """A chain of three operations: each copy's line names the step that wrote its source."""
+    ops = [
+        {"op": "add", "path": "/metadata/labels", "value": {"a": 1}},
+        {"op": "copy", "from": "/metadata/labels/a", "path": "/metadata/labels/b"},
+        {"op": "copy", "from": "/metadata/labels/b", "path": "/metadata/labels/c"},
+    ]
+    p = f"{WHERE}[0].jsonPatch"
+    assert _type_lines({"kind": "DaemonSet", "jsonPatch": ops}) == [
+        _number_line(f"{p}[0].value.a", "metadata.labels.a"),
+        f"{p}[1]: must be a string, not the number 1 (DaemonSet ns/d, field metadata.labels.b); "
+        f"copied from /metadata/labels/a, where {p}[0].value.a wrote it",
+        f"{p}[2]: must be a string, not the number 1 (DaemonSet ns/d, field metadata.labels.c); "
+        f"copied from /metadata/labels/b, where {p}[1] wrote it",
+    ]
+
+
+def test_an_operation_inside_a_wrong_value_an_earlier_patch_wrote_says_so() -> None:
+    """A label that is an object (a string belongs there) comes from the merge patch; the
+    later operation only adds a key inside it, so its line says the value came from earlier."""
+    add = {"op": "add", "path": "/metadata/labels/b/c", "value": 2}
+    assert _type_lines(
+        {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"b": {"c": "x"}}}}},
+        {"kind": "DaemonSet", "jsonPatch": [add]},
+    ) == [
+        f"{WHERE}[1].jsonPatch[0]: must be a string, not an object (DaemonSet ns/d, field "
+        "metadata.labels.b); the value came from an earlier patch"
+    ]

@@ -811,3 +811,135 @@ def test_verified_certificates_say_what_was_checked_and_a_warning_records_the_ge
         "ExpiringSoon",
         4,
     )
+
+
+# ------------------------------------------------------------------------------ DriverDeployed
+
+
+def test_driver_deployed_lists_missing_relabelled_and_changed_objects_in_that_order() -> None:
+    """One message names every missing object, every relabelled one and the changed ones
+    (three in full; a count only beyond three), then the remedy; the reason is the first of
+    missing, relabelled, changed; the verdict records the generation it saw."""
+    from test_status import _edited, cond, good_objects
+
+    objects = good_objects()
+    objects["Role"][NAMES.provisioner_role] = None
+    objects["CSIDriver"][NAMES.csi_driver] = None
+    objects["Service"][NAMES.controller_service] = None
+    objects["Service"][NAMES.metrics_service] = None
+    edited = [
+        ("ServiceAccount", NAMES.service_account),
+        ("ClusterRole", NAMES.provisioner_cluster_role),
+        ("ClusterRoleBinding", NAMES.provisioner_cluster_role_binding),
+    ]
+    for kind, name in edited:
+        objects[kind][name] = _edited(objects[kind][name], "kubectl-edit", {"f:spec": {}})
+    relabelled = {("Service", NAMES.controller_service): {}, ("Service", NAMES.metrics_service): {}}
+    o = dataclasses.replace(observed(objects), relabelled=relabelled)
+    deployed = cond(st.compute_status(o, NOW), "DriverDeployed")
+    ours = f"expected {n.LABEL_INSTANCE}={NAMES.hyphened}, {n.LABEL_PART_OF}={n.PART_OF}; has none"
+    changed = "; ".join(f"{kind}/{name} by kubectl-edit (spec)" for kind, name in edited)
+    assert (deployed["status"], deployed["reason"], deployed["observedGeneration"]) == (
+        "False",
+        "ObjectsMissing",
+        4,
+    )
+    assert deployed["message"] == (
+        f"Missing Role/{NAMES.provisioner_role}, CSIDriver/{NAMES.csi_driver}; "
+        "Relabelled (no longer selected as part of this deployment): "
+        f"Service/{NAMES.controller_service} ({ours}); Service/{NAMES.metrics_service} ({ours}); "
+        f"Changed behind Pulumi's back: {changed}; "
+        "run `pulumi up --refresh` to restore the declared state"
+    )
+    # A fourth changed object is counted, not named (in the order of expected_objects).
+    objects["RoleBinding"][NAMES.provisioner_role_binding] = _edited(
+        objects["RoleBinding"][NAMES.provisioner_role_binding], "kubectl-edit", {"f:spec": {}}
+    )
+    o = dataclasses.replace(observed(objects), relabelled=relabelled)
+    message = cond(st.compute_status(o, NOW), "DriverDeployed")["message"]
+    first_three = [edited[0], ("RoleBinding", NAMES.provisioner_role_binding), edited[1]]
+    listed = "; ".join(f"{kind}/{name} by kubectl-edit (spec)" for kind, name in first_three)
+    assert f"Changed behind Pulumi's back: {listed}; and 1 more; run `pulumi up" in message
+
+
+def test_unreadable_kinds_are_each_named_with_their_error_sorted_by_kind() -> None:
+    """DriverDeployed Unknown names each kind it could not read with its error, sorted by
+    kind, and records the generation it saw; all objects readable and present says how
+    many there are."""
+    from test_status import cond
+
+    o = dataclasses.replace(
+        observed(), unreadable={"Service": "401 Unauthorized", "CSIDriver": "403 Forbidden"}
+    )
+    deployed = cond(st.compute_status(o, NOW), "DriverDeployed")
+    assert deployed == {
+        "type": "DriverDeployed",
+        "status": "Unknown",
+        "reason": "ObjectsUnreadable",
+        "message": "CSIDriver objects could not be read: 403 Forbidden; "
+        "Service objects could not be read: 401 Unauthorized",
+        "observedGeneration": 4,
+        "lastTransitionTime": _stamp(NOW),
+    }
+    good = cond(st.compute_status(observed(), NOW), "DriverDeployed")
+    assert good["message"] == "All 12 driver objects exist, changed by no one but Pulumi"
+
+
+# ------------------------------------------------------------------------------ components
+
+
+def test_an_unreadable_workload_is_not_ready_names_the_error_and_never_times_out() -> None:
+    """A DaemonSet or StatefulSet that could not be read leaves its component NotReady with
+    the error as the reason; nothing is known, so an hour later it is still Progressing."""
+    for kind, component in (("DaemonSet", "Node"), ("StatefulSet", "Controller")):
+        o = dataclasses.replace(observed(), unreadable={kind: "403 Forbidden"})
+        first = st.compute_status(o, NOW)
+        assert comp(first, component)["status"] == "NotReady", kind
+        assert comp(first, component)["reason"] == f"{kind}s could not be read: 403 Forbidden"
+        later = dataclasses.replace(o, cr={**o.cr, "status": first})
+        s = st.compute_status(later, NOW + dt.timedelta(hours=1))
+        assert s["phase"] == "Progressing", (kind, s["reason"])
+
+
+def test_one_serving_node_pod_makes_crash_loops_elsewhere_progress_not_failure() -> None:
+    """One node pod ready is enough to serve: two crash-looping pods beside it are progress
+    (Progressing), not a component that does not serve (Failed)."""
+    pods = [node_pods(1)[0]] + [
+        pod(f"{BAD}-{i}", f"worker-{i}", ready=False, waiting="CrashLoopBackOff") for i in (1, 2)
+    ]
+    s = st.compute_status(observed(with_changes(ds=daemonset(3, 1)), nodepods=pods), NOW)
+    assert s["phase"] == "Progressing", s["reason"]
+
+
+def test_a_lagging_daemonset_whose_pods_all_crash_fails_at_once_naming_lag_and_pods() -> None:
+    """A DaemonSet behind its generation whose every pod crash-loops does not serve: Failed
+    at once; the Node reason is the lag, then each pod."""
+    ds = daemonset(2, 0, generation=3, observed_generation=2)
+    pods = [
+        pod(f"{BAD}-{i}", f"worker-{i}", ready=False, waiting="CrashLoopBackOff") for i in (0, 1)
+    ]
+    s = st.compute_status(observed(with_changes(ds=ds), nodepods=pods), NOW)
+    assert s["phase"] == "Failed"
+    assert s["reason"].startswith(f"Node driver: pod {BAD}-0 on worker-0: CrashLoopBackOff")
+    assert comp(s, "Node")["reason"] == (
+        f"Rollout in progress: DaemonSet {NAMES.node_driver} has not observed generation 3 yet "
+        f"(observed 2); {BAD}-0 on worker-0: CrashLoopBackOff (container pmem-driver); "
+        f"{BAD}-1 on worker-1: CrashLoopBackOff (container pmem-driver)"
+    )
+
+
+def test_node_component_texts_with_no_node_selected_and_with_tolerated_pods() -> None:
+    """The Ready reasons of a DaemonSet that selects no node, and of a finished rollout with
+    broken pods within the tolerance: the counts, then each broken pod."""
+    from test_status_scale import NODE_DOWN, cluster
+
+    s = st.compute_status(observed(with_changes(ds=daemonset(0)), nodepods=[]), NOW)
+    assert comp(s, "Node")["reason"] == "No node is selected for the node driver (0 pods needed)"
+    objects, pods = cluster(200, {3: NODE_DOWN, 9: NODE_DOWN})
+    node = comp(st.compute_status(observed(objects, nodepods=pods), NOW), "Node")
+    assert (node["status"], node["reason"]) == (
+        "Ready",
+        "198 of 200 node driver pod(s) ready, 2 not (up to 2 tolerated); "
+        f"{NAMES.hyphened}-node-00003 on node-00003: container(s) pmem-driver not ready; "
+        f"{NAMES.hyphened}-node-00009 on node-00009: container(s) pmem-driver not ready",
+    )

@@ -943,3 +943,89 @@ def test_node_component_texts_with_no_node_selected_and_with_tolerated_pods() ->
         f"{NAMES.hyphened}-node-00003 on node-00003: container(s) pmem-driver not ready; "
         f"{NAMES.hyphened}-node-00009 on node-00009: container(s) pmem-driver not ready",
     )
+
+
+def _ctrl(ss: dict[str, object], pods: list[dict[str, object]] | None = None) -> dict[str, object]:
+    """The status of the good objects with this StatefulSet (and these controller pods)."""
+    return st.compute_status(observed(with_changes(ss=ss), ctrl_pods=pods), NOW)
+
+
+def test_a_relabelled_statefulset_makes_the_controller_component_say_so() -> None:
+    """The Controller component of a StatefulSet that lost our labels says it is relabelled."""
+    from test_status import NS
+
+    obs = dataclasses.replace(
+        observed(with_changes(ss=None)),
+        relabelled={("StatefulSet", NAMES.controller_driver): {n.LABEL_PART_OF: n.PART_OF}},
+    )
+    ctrl = comp(st.compute_status(obs, NOW), "Controller")
+    assert ctrl["reason"] == (
+        f"Controller driver StatefulSet {NS}/{NAMES.controller_driver} is relabelled "
+        "(no longer selected as part of this deployment)"
+    )
+
+
+def test_a_lagging_statefulset_whose_pod_crashes_fails_at_once_naming_lag_and_pod() -> None:
+    """A StatefulSet behind its generation, named by kind, whose only pod crash-loops does
+    not serve: Failed at once; the Controller reason is the lag, then the pod."""
+    from test_status import statefulset
+
+    ctrl = f"{NAMES.controller_driver}-0"
+    ss = statefulset(1, 0, generation=5, observed_generation=4)
+    s = _ctrl(ss, [pod(ctrl, "worker-1", ready=False, waiting="CrashLoopBackOff")])
+    assert s["phase"] == "Failed"
+    assert s["reason"].startswith(f"Controller driver: pod {ctrl} on worker-1: CrashLoopBackOff")
+    assert comp(s, "Controller")["reason"] == (
+        f"Rollout in progress: StatefulSet {NAMES.controller_driver} has not observed "
+        f"generation 5 yet (observed 4); {ctrl} on worker-1: CrashLoopBackOff (container "
+        "pmem-driver)"
+    )
+
+
+def test_a_statefulset_without_replicas_wants_one() -> None:
+    """``spec.replicas`` absent means one replica (the API's default)."""
+    from test_status import statefulset
+
+    ss = statefulset(1, 0)
+    del ss["spec"]["replicas"]
+    assert comp(_ctrl(ss), "Controller")["reason"].startswith(
+        "Waiting for stateful set to be ready: 0 of 1 replicas are ready"
+    )
+    ss = statefulset(1, 1)
+    del ss["spec"]["replicas"]
+    assert comp(_ctrl(ss), "Controller")["reason"] == (
+        "1 instance(s) of controller driver is running successfully"
+    )
+
+
+def test_one_ready_controller_makes_a_crashing_second_pod_progress_not_failure() -> None:
+    """A ready controller serves: a crash-looping second replica is progress (Progressing)."""
+    from test_status import statefulset
+
+    pods = [
+        pod(f"{NAMES.controller_driver}-0", "worker-0"),
+        pod(f"{NAMES.controller_driver}-1", "worker-1", ready=False, waiting="CrashLoopBackOff"),
+    ]
+    s = _ctrl(statefulset(2, 1), pods)
+    assert s["phase"] == "Progressing", s["reason"]
+
+
+def test_an_on_delete_statefulset_waits_for_its_pods_at_the_current_revision() -> None:
+    """Without a RollingUpdate strategy (OnDelete) nothing is rolled out by the controller:
+    no "updated" count, but pods not at the current revision keep the Controller NotReady.
+    A strategy without a type is a RollingUpdate (the API's default)."""
+    from test_status import statefulset
+
+    ss = statefulset(2, 2, updated=1, update_revision="ctrl-2")
+    ss["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    ss["status"]["currentReplicas"] = 1
+    ctrl = comp(_ctrl(ss), "Controller")
+    assert (ctrl["status"], ctrl["reason"]) == (
+        "NotReady",
+        "1 of 2 controller pod(s) at the current revision",
+    )
+    untyped = statefulset(1, 1, updated=0, update_revision="ctrl-2")
+    untyped["spec"]["updateStrategy"] = {}
+    assert comp(_ctrl(untyped), "Controller")["reason"] == (
+        "Rollout in progress: 0 of 1 controller pod(s) updated"
+    )

@@ -696,7 +696,8 @@ def test_status_times_are_utc_whatever_the_local_time_zone() -> None:
     assert st.format_time(naive) == "2026-12-02T10:00:00Z"
     assert st.format_time(plus_two) == "2026-12-02T10:00:00Z"
     now = NOW.replace(tzinfo=None)
-    assert st.compute_status(observed(), now)["lastUpdated"] == _stamp(NOW)
+    s = st.compute_status(observed(), now)
+    assert (s["phase"], s["lastUpdated"]) == ("Running", _stamp(NOW))
     at_plus_two = NOW.astimezone(dt.timezone(dt.timedelta(hours=2)))
     assert st.compute_status(observed(), at_plus_two)["lastUpdated"] == _stamp(NOW)
 
@@ -1029,3 +1030,79 @@ def test_an_on_delete_statefulset_waits_for_its_pods_at_the_current_revision() -
     assert comp(_ctrl(untyped), "Controller")["reason"] == (
         "Rollout in progress: 0 of 1 controller pod(s) updated"
     )
+
+
+def test_a_rollout_paused_by_a_partition_at_the_replica_count_is_done() -> None:
+    """A partition at (or above) the replica count updates no pod by design: nothing is
+    waited for, the Controller is Ready."""
+    from test_status import statefulset
+
+    ss = statefulset(2, 2, updated=0, update_revision="ctrl-2")
+    ss["spec"]["updateStrategy"] = {"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}
+    ctrl = comp(_ctrl(ss), "Controller")
+    assert (ctrl["status"], ctrl["reason"]) == (
+        "Ready",
+        "2 instance(s) of controller driver is running successfully",
+    )
+
+
+def test_extra_controller_pods_and_unready_replicas_are_both_named() -> None:
+    """Each thing the Controller waits for is named, joined by ``; ``; the revision count is
+    not added when something else is already waited for."""
+    from test_status import statefulset
+
+    ss = statefulset(2, 1)
+    ss["status"].update({"replicas": 3, "currentReplicas": 1})
+    assert comp(_ctrl(ss), "Controller")["reason"] == (
+        "Waiting for 1 extra pod(s) to terminate; "
+        "Waiting for stateful set to be ready: 1 of 2 replicas are ready"
+    )
+    ss = statefulset(2, 2)
+    ss["status"].update({"replicas": 3, "currentReplicas": 1})
+    assert comp(_ctrl(ss), "Controller")["reason"] == "Waiting for 1 extra pod(s) to terminate"
+
+
+def test_running_with_tolerated_node_pods_says_so_in_the_phase_reason() -> None:
+    """Running with broken node pods within the tolerance adds the Node component's count
+    (its first part, not the pods) to the phase reason."""
+    from test_status_scale import NODE_DOWN, cluster
+
+    objects, pods = cluster(200, {3: NODE_DOWN, 9: NODE_DOWN})
+    s = st.compute_status(observed(objects, nodepods=pods), NOW)
+    assert (s["phase"], s["reason"]) == (
+        "Running",
+        "All driver components are deployed successfully; "
+        "Node driver: 198 of 200 node driver pod(s) ready, 2 not (up to 2 tolerated)",
+    )
+
+
+def test_dropping_implausible_times_leaves_the_observed_status_untouched() -> None:
+    """The cleaned copy is a copy: the CR's status in the cache (which the writer compares
+    with) keeps its timestamps, garbage included."""
+    old = {
+        "conditions": [{"type": "A", "status": "True", "lastTransitionTime": "garbage"}],
+        "driverComponents": [{"component": "Node", "lastUpdated": "garbage"}],
+    }
+    kept = st.without_implausible_times(old, {"metadata": {}}, NOW)
+    assert "lastTransitionTime" not in kept["conditions"][0]
+    assert "lastUpdated" not in kept["driverComponents"][0]
+    assert old["conditions"][0]["lastTransitionTime"] == "garbage"
+    assert old["driverComponents"][0]["lastUpdated"] == "garbage"
+
+
+def test_a_time_up_to_one_clock_skew_before_the_crs_creation_is_kept() -> None:
+    """A replica's clock may lag the API server's: a time up to the clock skew before the
+    CR's creationTimestamp is plausible; further before, it is dropped."""
+    created = NOW - dt.timedelta(hours=1)
+    cr = {"metadata": {"creationTimestamp": _stamp(created)}}
+    at_limit = _stamp(created - dt.timedelta(seconds=st.CLOCK_SKEW_SECONDS))
+    beyond = _stamp(created - dt.timedelta(seconds=st.CLOCK_SKEW_SECONDS + 1))
+    old = {
+        "conditions": [
+            {"type": "A", "status": "True", "lastTransitionTime": at_limit},
+            {"type": "B", "status": "True", "lastTransitionTime": beyond},
+        ]
+    }
+    kept = st.without_implausible_times(old, cr, NOW)
+    assert kept["conditions"][0]["lastTransitionTime"] == at_limit
+    assert "lastTransitionTime" not in kept["conditions"][1]

@@ -1106,3 +1106,23 @@ def test_a_time_up_to_one_clock_skew_before_the_crs_creation_is_kept() -> None:
     kept = st.without_implausible_times(old, cr, NOW)
     assert kept["conditions"][0]["lastTransitionTime"] == at_limit
     assert "lastTransitionTime" not in kept["conditions"][1]
+
+
+def test_a_workload_without_the_crs_spec_is_named_by_kind_and_name() -> None:
+    """The rollout text of a workload that does not carry the CR's spec yet names it by
+    kind and name and says which generation of the spec it lacks."""
+    from test_status import statefulset
+
+    spec = observed().cr["spec"]
+    old = {n.SPEC_DIGEST_ANNOTATION: n.spec_digest({**spec, "x": 1})}
+    ds, ss = daemonset(3), statefulset(1)
+    ds["metadata"]["annotations"] = old
+    ss["metadata"]["annotations"] = old
+    s = st.compute_status(observed(with_changes(ds=ds, ss=ss)), NOW)
+    for component, kind, name in (
+        ("Node", "DaemonSet", NAMES.node_driver),
+        ("Controller", "StatefulSet", NAMES.controller_driver),
+    ):
+        assert comp(s, component)["reason"].startswith(
+            f"Rollout in progress: {kind} {name} does not carry generation 4 of the spec yet"
+        ), component

@@ -1126,3 +1126,13 @@ def test_a_workload_without_the_crs_spec_is_named_by_kind_and_name() -> None:
         assert comp(s, component)["reason"].startswith(
             f"Rollout in progress: {kind} {name} does not carry generation 4 of the spec yet"
         ), component
+
+
+def test_a_time_with_a_lowercase_z_is_garbage_and_not_carried() -> None:
+    """metav1.Time is written and read with an upper-case ``Z`` (Go's RFC 3339 layout): a
+    Go client cannot parse ``...z``, so such a time from another writer is dropped (and
+    written over), not carried."""
+    lower = _stamp(NOW).replace("Z", "z")
+    old = {"conditions": [{"type": "A", "status": "True", "lastTransitionTime": lower}]}
+    kept = st.without_implausible_times(old, {"metadata": {}}, NOW)
+    assert "lastTransitionTime" not in kept["conditions"][0]

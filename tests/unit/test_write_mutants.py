@@ -1237,3 +1237,24 @@ def test_the_status_the_api_server_stored_is_what_a_later_spec_change_is_compare
     writer.reconcile(NAME)
     assert writer._yielding == {}
     assert [e["reason"] for _, e in api.events if e["reason"] == "StatusWriteConflict"] == []
+
+
+def test_a_new_event_kept_in_a_full_queue_is_logged_as_held_and_asks_to_come_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Refused while a full queue waits, the new Event stays (an older one made room): it is
+    logged as not created yet, and the main loop is asked back when its delay is over."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=1.0)
+    answers.append(_refused())
+    cr = cache.crs[NAME]
+    _fill(writer, cr, ["Failed"] * write.MAX_PENDING_EVENTS)
+    clock[0] = 1.0
+    writer._wake.clear()
+    answers.append(_refused())
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._record(cr, "Normal", "Running", "newest")
+    assert (
+        f"event Running on {NAME} not created yet (attempt 1): 500 Internal Server Error; "
+        "trying again in 1.0 s"
+    ) in caplog.messages
+    assert writer._wake == {NAME: 2.0}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from test_preflight import ME, DryRunApi, _lives, cr, ns, stack
 
 from pmem_components import names, preflight
@@ -838,3 +839,178 @@ def test_namespaces_kept_are_the_held_ones_in_use_past_an_absent_one() -> None:
     )
     result = plan(config, Observed(namespaces={"kept": kept, "anew": anew}), STACK_ME, state)
     assert result.keep_namespaces == {"kept"}
+
+
+# --------------------------------------------------------------------------- survivors, 2 December
+
+
+def test_a_running_mode_with_a_second_equals_sign_is_read_whole() -> None:
+    """``-deviceManager=lvm=x`` runs the mode ``lvm=x`` (everything after the first ``=``),
+    which is not the configured ``lvm``: refused, naming that mode, never taken for lvm."""
+    from test_preflight import node_ds
+
+    running = node_ds(mode="lvm=x")
+    assert preflight._running_modes(Observed(daemon_sets=[running]), DRIVER) == [
+        (running, "lvm=x")
+    ]
+    (problem,) = problems(stack({"deviceMode": "lvm"}), Observed(daemon_sets=[running]))
+    assert problem.startswith(
+        "pmem-csi:deployments[0].deviceMode: changing it from 'lvm=x' to 'lvm' makes the "
+        "existing volumes unusable (their PMEM is managed the other way; DaemonSet "
+        "pmem-csi/pmem-csi-intel-com-node runs -deviceManager=lvm=x)"
+    )
+
+
+def test_a_refusals_reason_is_cut_at_300_characters() -> None:
+    """The API server's words are quoted in the problem, at most 300 characters of them."""
+    assert preflight._refusal({"message": "m" * 400}, secret=False) == ([], "m" * 300)
+    assert preflight._refusal({"message": "m" * 300}, secret=False) == ([], "m" * 300)
+
+
+def test_a_dropped_object_taken_by_two_other_managers_names_both() -> None:
+    """Two other stacks' Pulumi managers on the dropped CR: both are named, comma-separated."""
+    from test_preflight_identity import cr as held_cr
+    from test_preflight_identity import state_with_urns, taken
+
+    live = taken(held_cr(), ("pulumi-kubernetes-bbbb", "pulumi-kubernetes-cccc"))
+    text = preflight._dropped_taken(live, state_with_urns())
+    assert text is not None
+    assert (
+        "(field manager pulumi-kubernetes-bbbb, pulumi-kubernetes-cccc, not this stack's "
+        "pulumi-kubernetes-aaaa)"
+    ) in text
+
+
+def test_the_dry_run_applies_as_the_providers_apply_entry_only() -> None:
+    """The dry run's field manager is the first Pulumi manager's *apply* entry: neither
+    another manager's apply (kubectl) nor a Pulumi manager's update entry listed before it;
+    with none, the preflight's own."""
+    live = {
+        "metadata": {
+            "managedFields": [
+                {"manager": "kubectl", "operation": "Apply"},
+                {"manager": "pulumi-kubernetes-old", "operation": "Update"},
+                {"operation": "Apply"},
+                {"manager": "pulumi-kubernetes-abc", "operation": "Apply"},
+            ]
+        }
+    }
+    assert preflight._provider_manager(live) == "pulumi-kubernetes-abc"
+    only_others = {"metadata": {"managedFields": live["metadata"]["managedFields"][:3]}}
+    assert preflight._provider_manager(only_others) == preflight.DRY_RUN_MANAGER
+
+
+def test_a_cr_nested_below_two_components_names_no_component_urn() -> None:
+    """A CR whose parent is itself some component's child (two ``$`` in its type chain) is
+    not a top-level PmemCsiDeployment's: no URN is made up for the state delete, which then
+    says where to find it."""
+    from test_preflight_identity import CR_URN
+
+    nested = CR_URN.replace("pmem-csi:index:PmemCsiDeployment$", "my:index:Outer$pmem-csi:index:"
+                            "PmemCsiDeployment$")
+    assert nested.count("$") == 2
+    assert preflight._component_urn(nested) is None
+
+
+def test_a_held_namespace_still_created_does_not_end_the_check_of_dropped_ones() -> None:
+    """The state holds two namespaces: the first is still created by a deployment (skipped),
+    the second, no longer created, another stack took over: still refused."""
+    from test_preflight_identity import ME as STACK_ME
+    from test_preflight_identity import ns as held_ns
+    from test_preflight_identity import taken
+
+    from pmem_components import identity
+
+    kept, dropped = held_ns("a"), taken(held_ns("b"), ("pulumi-kubernetes-bbbb",))
+    state = identity.StackState(
+        {o.key: identity.Held("ns-uid", "pulumi-kubernetes-aaaa") for o in (kept, dropped)}
+    )
+    config = stack({"name": "a.example", "namespace": "a"})
+    observed = Observed(namespaces={"a": kept, "b": dropped})
+    (problem,) = plan(config, observed, STACK_ME, state).problems
+    assert problem.startswith(
+        "pmem-csi:deployments: namespace 'b' (in this stack's state) is created by no "
+        "deployment, but another stack has taken it over since"
+    )
+
+
+STS = "pmem-csi-intel-com-controller"
+STS_PATH = f"/apis/apps/v1/namespaces/pmem-csi/statefulsets/{STS}"
+POLICY = {"kind": "StatefulSet", "mergePatch": {"spec": {"podManagementPolicy": "Parallel"}}}
+
+
+class Answers:
+    """An API server answering every patched dry run with ``patched`` and every unpatched
+    one with ``plain`` (HTTP statuses); a 422 names ``spec`` as refused."""
+
+    def __init__(self, patched: int, plain: int = 200) -> None:
+        self.patched, self.plain = patched, plain
+
+    def dry_apply(self, path: str, obj: Any, manager: str) -> tuple[int, dict[str, Any]]:
+        status = self.patched if obj["spec"].get("podManagementPolicy") else self.plain
+        cause = {"reason": "FieldValueForbidden", "field": "spec", "message": "no"}
+        return status, {"kind": "Status", "details": {"causes": [cause]}} if status == 422 else obj
+
+
+def test_a_deployment_without_patches_does_not_end_the_dry_runs_of_the_next() -> None:
+    """The first deployment has no patches (nothing to dry-run); the second's refused patch
+    is still found, at its own index."""
+    s = stack(
+        {"name": "a.example", "namespace": "a"}, {"namespace": "pmem-csi", "patches": [POLICY]}
+    )
+    lives = {**_lives(s.deployments[0]), **_lives(s.deployments[1])}
+    (rejection,) = preflight.patch_rejections(DryRunApi(), s, lives)
+    assert (rejection.index, rejection.ref) == (1, f"StatefulSet pmem-csi/{STS}")
+
+
+def test_both_dry_runs_are_made_at_the_objects_own_path() -> None:
+    """The patched and the unpatched dry run go to the live object's path."""
+    s = stack({"patches": [POLICY]})
+    api = DryRunApi()
+    (rejection,) = preflight.patch_rejections(api, s, _lives(s.deployments[0]))
+    assert rejection.ref == f"StatefulSet pmem-csi/{STS}"
+    assert [path for path, _ in api.calls] == [STS_PATH, STS_PATH]
+
+
+def test_every_2xx_answer_accepts_and_any_other_but_422_stops_naming_path_and_status() -> None:
+    """A dry run answered 2xx (299 the last) is accepted; 300 or a 500 is no refusal the
+    preflight can judge: it stops with the object's path and the HTTP status."""
+    s = stack({"patches": [POLICY]})
+    lives = _lives(s.deployments[0])
+    assert preflight.patch_rejections(Answers(299), s, lives) == []
+    for status in (300, 500):
+        with pytest.raises(RuntimeError) as raised:
+            preflight.patch_rejections(Answers(status), s, lives)
+        assert str(raised.value) == f"dry-run apply of {STS_PATH}: HTTP {status}"
+
+
+def test_a_refusal_counts_when_the_unpatched_dry_run_is_answered_201() -> None:
+    """201 (the dry run of an apply that would create) is an acceptance of the unpatched
+    object like 200: the refusal is the patch's; 202 is not one."""
+    s = stack({"patches": [POLICY]})
+    lives = _lives(s.deployments[0])
+    (rejection,) = preflight.patch_rejections(Answers(422, plain=201), s, lives)
+    assert rejection.fields == ("spec.podManagementPolicy",)
+    assert preflight.patch_rejections(Answers(422, plain=202), s, lives) == []
+
+
+def test_a_secrets_rejection_gives_the_reason_words_and_others_the_messages() -> None:
+    """The refused Secret's rejection names its fields with the reason words only (the
+    message may quote a key); the StatefulSet's quotes the API server's message."""
+    annotate = {"metadata": {"annotations": {"patched": "yes"}}}
+    s = stack(
+        {
+            "patches": [
+                {"kind": "Secret", "name": "pmem-csi-intel-com-node-secrets",
+                 "mergePatch": annotate},
+                {"kind": "StatefulSet", "mergePatch": annotate},
+            ]
+        }
+    )
+    api = RefusesEverything("metadata.annotations")
+    found = preflight.patch_rejections(api, s, _lives(s.deployments[0]))
+    assert [(r.ref, r.reason) for r in found] == [
+        ("Secret pmem-csi/pmem-csi-intel-com-node-secrets",
+         "metadata.annotations: FieldValueForbidden"),
+        (f"StatefulSet pmem-csi/{STS}", "metadata.annotations: no"),
+    ]

@@ -1059,3 +1059,202 @@ def test_node_events_after_a_conflict_are_about_the_cr_read_again(
     assert writer.reconcile(NAME)
     [node_event] = [e for _, e in api.events if e["reason"] == "NodeDriverNotReady"]
     assert node_event["involvedObject"]["resourceVersion"] == "5"
+
+
+# ------------------------------------------------------------------- failed writes, leadership
+
+
+class PerNamespaceCache(FakeCache):
+    """Caches listed per CR: settled only for a CR whose namespace has been listed."""
+
+    def __init__(self, cr: dict[str, Any], listed: set[str]) -> None:
+        super().__init__(cr)
+        self.listed = listed
+        self.ensured: list[Any] = []
+
+    def cr_settled(self, cr: Any) -> bool:
+        return write.cr_namespace(cr) in self.listed
+
+    def ensure_for(self, cr: Any) -> None:
+        self.ensured.append(cr)
+
+
+def test_whether_a_crs_caches_have_listed_is_asked_about_that_cr() -> None:
+    """The caches settle per CR (its namespace): the CR itself is what the writer asks
+    about, so a CR whose namespace has listed is written and one whose has not waits."""
+    cache, api, writer, _ = setup()
+    cr = cache.crs[NAME]
+    waiting = PerNamespaceCache(cr, listed=set())
+    writer.cache = waiting
+    assert not writer.reconcile(NAME)
+    assert waiting.ensured == [cr] and api.patches == []
+    writer.cache = PerNamespaceCache(cr, listed={write.cr_namespace(cr)})
+    writer.api = FakeStatusApi(writer.cache)
+    assert writer.reconcile(NAME)
+
+
+def test_a_cr_awaiting_the_lease_stops_waiting_once_written_as_leader() -> None:
+    """Not leading: the CR waits in ``awaiting_leader``; leading again, its reconcile takes
+    it out, so the main loop does not keep it as still waiting for the Lease."""
+    _, api, writer, _ = setup(leader=False)
+    assert not writer.reconcile(NAME)
+    assert writer.awaiting_leader == {NAME}
+    writer.is_leader = lambda: True
+    assert writer.reconcile(NAME)
+    assert writer.awaiting_leader == set() and len(api.patches) == 1
+
+
+def test_leadership_lost_between_the_start_and_the_write_leaves_the_cr_awaiting_the_lease() -> None:
+    """The Lease is lost after the reconcile began: no write, and this CR (by name) is the
+    one written once leading again."""
+    _, api, writer, _ = setup()
+    answers = iter([True, False])
+    writer.is_leader = lambda: next(answers)
+    assert not writer.reconcile(NAME)
+    assert writer.awaiting_leader == {NAME} and api.patches == []
+
+
+def test_a_reconcile_during_the_backoff_puts_the_cr_back_at_its_due_time() -> None:
+    """A watch event reconciles a CR whose failed write backs off (the main loop had taken
+    it out of ``deferred``): no attempt, and the CR is due again at the backoff's end."""
+    _, api, writer, _ = setup(failures=[ApiException(status=503)])
+    clock = [10.0]
+    writer.monotonic = lambda: clock[0]
+    assert not writer.reconcile(NAME)
+    due = writer.backing_off[NAME]
+    writer.deferred.pop(NAME)
+    clock[0] = (10.0 + due) / 2
+    assert not writer.reconcile(NAME)
+    assert writer.deferred == {NAME: due} and api.patches == []
+
+
+def test_a_cr_gone_at_the_reread_after_a_conflict_is_forgotten() -> None:
+    """A 409, and the CR is gone when read again: every per-CR record of it is dropped, as
+    for any deleted CR (its tokens from the write before, its uid)."""
+    cache, api, writer, _ = setup()
+    assert writer.reconcile(NAME)
+    cache.crs[NAME] = {**cache.crs[NAME], "status": {}}  # to be written again
+    api.failures.append(ApiException(status=409))
+    api.get_cr = lambda name: None  # type: ignore[method-assign]
+    assert not writer.reconcile(NAME)
+    assert [attr for attr in PER_CR_RECORDS if NAME in getattr(writer, attr)] == []
+
+
+def _failing_writes(count: int) -> tuple[Any, Any, Any, list[float], Delays]:
+    """A writer whose next ``count`` status writes fail with a 500, on a hand clock, with a
+    recording backoff of 1 s."""
+    cache, api, writer, _ = setup(failures=[_refused() for _ in range(count)])
+    clock = [0.0]
+    writer.monotonic = lambda: clock[0]
+    delays = writer.retry_backoff = Delays(1.0)
+    return cache, api, writer, clock, delays
+
+
+def test_failed_writes_in_a_row_are_counted_and_start_again_after_a_write_lands(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two failures in a row say "1 time(s)", "2 time(s)" and back off at steps 0 and 1; a
+    write that lands ends the row, so the next failure is the first again, at step 0."""
+    cache, api, writer, clock, delays = _failing_writes(2)
+    with caplog.at_level(logging.ERROR, logger=write.log.name):
+        for _ in range(2):
+            assert not writer.reconcile(NAME)
+            clock[0] = writer.deferred.pop(NAME)
+        assert writer.reconcile(NAME)
+        cache.crs[NAME] = {**cache.crs[NAME], "status": {}}  # to be written again
+        api.failures.append(_refused())
+        assert not writer.reconcile(NAME)
+    counts = [m.split(": writing status failed (", 1)[1].split(" ", 1)[0] for m in caplog.messages]
+    assert counts == ["1", "2", "1"]
+    assert delays.asked == [0, 1, 0]
+
+
+def test_a_status_write_that_keeps_failing_backs_off_up_to_the_tenth_step() -> None:
+    """Each failure in a row asks the backoff for the next step, and the step stops growing
+    at 10 (the cap of the delay is the backoff's own)."""
+    _, api, writer, clock, delays = _failing_writes(12)
+    for _ in range(12):
+        assert not writer.reconcile(NAME)
+        clock[0] = writer.deferred.pop(NAME)
+    assert delays.asked == [*range(11), 10]
+    assert writer.reconcile(NAME) and len(api.patches) == 1
+
+
+def test_a_refused_status_write_waits_as_long_as_the_api_servers_retry_after_says() -> None:
+    """A 503 with Retry-After: 7 puts the CR off for those 7 s, not for the (much shorter)
+    backoff of the first failure."""
+    busy = ApiException(status=503, reason="Service Unavailable")
+    busy.headers = {"Retry-After": "7"}
+    _, _api, writer, _ = setup(failures=[busy])
+    clock = [100.0]
+    writer.monotonic = lambda: clock[0]
+    writer.retry_backoff = write.Backoff(base=0.2, cap=30.0, max_attempts=0)
+    assert not writer.reconcile(NAME)
+    assert writer.backing_off == {NAME: 107.0} and writer.deferred == {NAME: 107.0}
+
+
+def test_pods_healing_with_the_write_that_reaches_running_end_the_recovery(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Failing pods healed since the last write: their Running is awaited (urgent) -- unless
+    this very write is the Running, which ends that wait; one that is not Running yet keeps
+    it."""
+    for phase, recovering in (("Running", False), ("Progressing", True)):
+        _, _api, writer, _ = setup()
+        monkeypatch.setattr(
+            write.status,
+            "compute_status",
+            lambda observed, now, progress_deadline, phase=phase: {"phase": phase},
+        )
+        monkeypatch.setattr(write.status, "failing_pods", lambda observed: frozenset())
+        writer._failing[NAME] = frozenset({"pmem-csi-intel-com-node-x"})
+        assert writer.reconcile(NAME)
+        assert (NAME in writer._recovering) == recovering, phase
+
+
+class PruningApi(FakeStatusApi):
+    """An API server whose CRD schema (an older one) has no ``status.reason``: it stores the
+    status without it (structural pruning), so its reply, not the status sent, is what the
+    CR holds."""
+
+    def patch_status(self, name: str, patch: dict[str, Any]) -> Any:
+        result = super().patch_status(name, patch)
+        result["status"] = {k: v for k, v in result["status"].items() if k != "reason"}
+        self.cache.crs[name] = result
+        return result
+
+
+def test_the_status_the_api_server_stored_is_what_a_later_spec_change_is_compared_with() -> None:
+    """After a write the API server stored pruned, a spec change (newer resourceVersion, the
+    status as stored) is no other writer's: the writer writes on, with no conflict Event."""
+    cache, _, writer, _ = setup()
+    writer.api = api = PruningApi(cache)
+    assert writer.reconcile(NAME)
+    stored = cache.crs[NAME]
+    assert "reason" in api.patches[0]["status"] and "reason" not in stored["status"]
+    rv = str(int(stored["metadata"]["resourceVersion"]) + 1)
+    cache.crs[NAME] = {**stored, "metadata": {**stored["metadata"], "resourceVersion": rv}}
+    writer.reconcile(NAME)
+    assert writer._yielding == {}
+    assert [e["reason"] for _, e in api.events if e["reason"] == "StatusWriteConflict"] == []
+
+
+def test_a_new_event_kept_in_a_full_queue_is_logged_as_held_and_asks_to_come_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Refused while a full queue waits, the new Event stays (an older one made room): it is
+    logged as not created yet, and the main loop is asked back when its delay is over."""
+    cache, _api, writer, clock, answers, _ = _event_queue(delay=1.0)
+    answers.append(_refused())
+    cr = cache.crs[NAME]
+    _fill(writer, cr, ["Failed"] * write.MAX_PENDING_EVENTS)
+    clock[0] = 1.0
+    writer._wake.clear()
+    answers.append(_refused())
+    with caplog.at_level(logging.INFO, logger=write.log.name):
+        writer._record(cr, "Normal", "Running", "newest")
+    assert (
+        f"event Running on {NAME} not created yet (attempt 1): 500 Internal Server Error; "
+        "trying again in 1.0 s"
+    ) in caplog.messages
+    assert writer._wake == {NAME: 2.0}

@@ -35,7 +35,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 from tools import hostpkg, localenv
 
@@ -100,29 +99,43 @@ def ensure_installed() -> None:
         raise PostgresError(str(err)) from err
 
 
-def _server_user() -> dict[str, Any]:
-    """subprocess arguments that run a server program as the server's user."""
+def _server_user() -> list[str]:
+    """The command prefix that runs a server program as the server's user (none if not root).
+
+    util-linux's ``setpriv``, not subprocess's ``user``/``group`` arguments: with those,
+    CPython forks instead of using vfork, and a fork runs the fork handlers of the gRPC
+    library the Pulumi SDK loads; in a test process whose gRPC threads were busy, initdb's
+    child died of SIGSEGV before its exec (CI run of 2 December 2026: "initdb failed (-11)").
+    """
     if os.geteuid() != 0:
-        return {}
+        return []
     try:
-        pwd.getpwnam(SERVER_USER)
+        entry = pwd.getpwnam(SERVER_USER)
     except KeyError as err:
         raise PostgresError(
             f"running as root, and there is no user {SERVER_USER!r} to run the server as "
             f"(the Debian package {PACKAGE} creates it)"
         ) from err
-    return {"user": SERVER_USER, "group": SERVER_USER, "extra_groups": []}
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise PostgresError("running as root needs setpriv (Debian package util-linux)")
+    return [
+        setpriv,
+        f"--reuid={entry.pw_uid}",
+        f"--regid={entry.pw_gid}",
+        "--clear-groups",
+        "--",
+    ]
 
 
 def _server(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a server program (initdb, pg_ctl) as the server's user, in its directory."""
     done = subprocess.run(
-        list(args),
+        [*_server_user(), *args],
         cwd=root_dir(),
         capture_output=True,
         text=True,
         timeout=120,
-        **_server_user(),
     )
     if check and done.returncode != 0:
         raise PostgresError(

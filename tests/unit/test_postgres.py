@@ -69,3 +69,41 @@ def test_the_login_url_holds_no_password(tmp_path: Path, monkeypatch: pytest.Mon
     (postgres.root_dir() / "password").write_text("s3cr3t-pw\n")
     assert postgres.url() == "postgres://pulumi@127.0.0.1:54321/pulumi?sslmode=disable"
     assert postgres.client_env() == {"PGPASSWORD": "s3cr3t-pw"}
+
+
+def test_a_server_program_runs_as_the_servers_user_through_setpriv_not_a_fork(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """As root, initdb and pg_ctl run as the server's user by a ``setpriv`` prefix, never by
+    subprocess's ``user``/``group`` arguments: those make CPython fork rather than vfork, and
+    the fork runs the gRPC library's fork handlers, which crashed initdb's child (SIGSEGV,
+    "initdb failed (-11)") in a test process whose gRPC threads were busy (CI, 2 December)."""
+    import pwd
+
+    calls: list[tuple[list[str], dict[str, Any]]] = []
+
+    def run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        calls.append((cmd, kwargs))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    class Entry:
+        pw_uid, pw_gid = 101, 102
+
+    monkeypatch.setattr(postgres.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(pwd, "getpwnam", lambda name: Entry())
+    monkeypatch.setattr(postgres.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(postgres, "root_dir", lambda: tmp_path)
+    monkeypatch.setattr(postgres.subprocess, "run", run)
+    postgres._server("/usr/lib/postgresql/15/bin/initdb", "-D", "data")
+    ((cmd, kwargs),) = calls
+    assert cmd == [
+        "/usr/bin/setpriv",
+        "--reuid=101",
+        "--regid=102",
+        "--clear-groups",
+        "--",
+        "/usr/lib/postgresql/15/bin/initdb",
+        "-D",
+        "data",
+    ]
+    assert not {"user", "group", "extra_groups", "preexec_fn"} & kwargs.keys()

@@ -339,7 +339,7 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         if args is None:
             raise TypeError("PmemCsiDeployment needs args (PmemCsiDeploymentArgs)")
         cfg = args.config
-        problems = []
+        problems: list[str] = []
         if args.validate:
             problems = deployment_problems(cfg, args.index)
             if not problems:

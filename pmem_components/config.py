@@ -777,7 +777,7 @@ def _check_await(value: Any, path: tuple[str | int, ...], problems: list[str]) -
         # Read by the model itself ("off", "No" and "0" are false there, as false is), so that
         # the rule and the model never disagree; a value the model refuses has its own error
         # (from the model), and a second one about the timeout would mislead.
-        given = {k: settings[k] for k in ("enabled",) if k in settings}
+        given = {"enabled": settings["enabled"]} if "enabled" in settings else {}
         awaited = Await.model_validate(given).enabled
     except ValidationError:
         awaited = True

@@ -129,32 +129,32 @@ def test_an_informer_whose_observer_stops_gives_up_waiting_for_a_slot() -> None:
     assert lists == [] and not inf.synced
 
 
-def test_a_new_namespace_grace_is_not_spent_waiting_for_a_list_slot() -> None:
-    """An informer started for a namespace added while running (new_grant_seconds) whose
-    first list waits for a slot longer than NEW_GRANT_SECONDS (hundreds of lists queued when
-    many deployments are added or moved at once): its first 403 -- the Role still on its way
-    -- is believed at once (error set, "could not be read"), the grace never applied."""
-    clock = [100.0]
-    stop = threading.Event()
+# How long every list of the informers below waits for a slot: longer than the grace.
+SLOT_WAIT = NEW_GRANT_SECONDS + 5
+
+
+def _new_namespace_informer_behind_busy_slots(clock: list[float], sent: list[float]) -> Informer:
+    """An informer for a namespace added while running (``new_grant_seconds``) whose Role is
+    not there (every list: 403, its time appended to ``sent``), each list waiting SLOT_WAIT
+    of ``clock`` for a slot (all taken by other informers' lists)."""
 
     class BusySlots:
-        """Every slot taken by other informers' lists for NEW_GRANT_SECONDS + 5 s."""
-
         def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-            clock[0] += NEW_GRANT_SECONDS + 5
+            clock[0] += SLOT_WAIT
             return True
 
         def release(self) -> None:
             pass
 
     class Api:
-        def list(self, *a, **kw):
-            raise ApiException(status=403, reason="Forbidden")  # the Role is on its way
+        def list(self, *a: Any, **kw: Any) -> Any:
+            sent.append(clock[0])
+            raise ApiException(status=403, reason="Forbidden")
 
-        def watch(self, *a, **kw):
+        def watch(self, *a: Any, **kw: Any) -> Any:
             raise AssertionError("no watch expected")
 
-    inf = Informer(
+    return Informer(
         Api(),
         POD,
         lambda *_: None,
@@ -165,6 +165,16 @@ def test_a_new_namespace_grace_is_not_spent_waiting_for_a_list_slot() -> None:
         new_grant_seconds=NEW_GRANT_SECONDS,
         list_slots=BusySlots(),  # type: ignore[arg-type]
     )
+
+
+def test_a_new_namespace_grace_is_not_spent_waiting_for_a_list_slot() -> None:
+    """An informer started for a namespace added while running (new_grant_seconds) whose
+    first list waits for a slot longer than NEW_GRANT_SECONDS (hundreds of lists queued when
+    many deployments are added or moved at once): its first 403 -- the Role still on its way
+    -- is believed at once (error set, "could not be read"), the grace never applied."""
+    clock = [100.0]
+    stop = threading.Event()
+    inf = _new_namespace_informer_behind_busy_slots(clock, [])
     seen: list = []
 
     def wait(t: float) -> bool:
@@ -187,37 +197,8 @@ def test_the_new_namespace_grace_is_not_renewed_by_every_later_wait_for_a_list_s
     clock here (and 15 x the slot wait in general: unbounded by NEW_GRANT_SECONDS)."""
     clock = [100.0]
     stop = threading.Event()
-    slot_wait = NEW_GRANT_SECONDS + 5
-
-    class BusySlots:
-        def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
-            clock[0] += slot_wait
-            return True
-
-        def release(self) -> None:
-            pass
-
     sent: list[float] = []
-
-    class Api:
-        def list(self, *a: Any, **kw: Any) -> Any:
-            sent.append(clock[0])
-            raise ApiException(status=403, reason="Forbidden")
-
-        def watch(self, *a: Any, **kw: Any) -> Any:
-            raise AssertionError("no watch expected")
-
-    inf = Informer(
-        Api(),
-        POD,
-        lambda *_: None,
-        Metrics(),
-        namespace="new-ns",
-        label_selector="a=b",
-        clock=lambda: clock[0],
-        new_grant_seconds=NEW_GRANT_SECONDS,
-        list_slots=BusySlots(),  # type: ignore[arg-type]
-    )
+    inf = _new_namespace_informer_behind_busy_slots(clock, sent)
     graced: list[float] = []
 
     def wait(t: float) -> bool:
@@ -233,7 +214,7 @@ def test_the_new_namespace_grace_is_not_renewed_by_every_later_wait_for_a_list_s
     assert inf.error is not None
     # Believed at the first 403 that came more than the grace after the first request.
     believed_after = sent[-1] - sent[0]
-    assert believed_after <= NEW_GRANT_SECONDS + slot_wait + NEW_GRANT_RETRY, (
+    assert believed_after <= NEW_GRANT_SECONDS + SLOT_WAIT + NEW_GRANT_RETRY, (
         len(graced),
         believed_after,
     )

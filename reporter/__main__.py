@@ -26,7 +26,13 @@ from pmem_components.names import (
     DeploymentNames,
 )
 from reporter.health import HealthServer
-from reporter.kubeapi import CONNECTION_POOL_SIZE, KubeconfigError, RawApi, load_api_client
+from reporter.kubeapi import (
+    CONNECTION_POOL_SIZE,
+    KubeconfigError,
+    RawApi,
+    http2_watch_pool,
+    load_api_client,
+)
 from reporter.leader import LeaderElector
 from reporter.metrics import Metrics
 from reporter.observe import Observer, most_watches
@@ -304,10 +310,12 @@ class Reporter:
         else:
             lease = DEFAULT_LEASE
         identity = args.identity or f"{socket.gethostname()}_{os.getpid()}"
-        # A connection per watch, kept for the next watch, and one each for the Lease, the
-        # status writes and the Events, with room to spare.
+        # The watches share HTTP/2 connections (reporter.h2watch). Should the server refuse
+        # HTTP/2, each watch needs a connection of its own, kept for the next watch: the
+        # HTTP/1.1 pool has room for them all besides the Lease, status writes and Events.
         pool = CONNECTION_POOL_SIZE + most_watches(len(args.deployment or ()))
-        self.raw = RawApi(load_api_client(args.kubeconfig, pool))
+        api_client = load_api_client(args.kubeconfig, pool)
+        self.raw = RawApi(api_client, watch_pool=http2_watch_pool(api_client))
         self.metrics = Metrics()
         self.observer = Observer(
             self.raw,
@@ -394,6 +402,8 @@ class Reporter:
         if self._leader_thread is not None:
             self._leader_thread.join(timeout=5)
         self.http.stop()
+        if self.raw.watch_pool is not None:
+            self.raw.watch_pool.close()
 
 
 def install_signal_handlers(stop: threading.Event) -> None:
@@ -422,6 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The HTTP client logs request/response bodies at DEBUG; those may hold Secret data.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    # HPACK logs the headers it encodes at DEBUG: the Authorization header among them.
+    logging.getLogger("hpack").setLevel(logging.WARNING)
+    logging.getLogger("h2").setLevel(logging.WARNING)
     try:
         reporter = Reporter(args)
     except KubeconfigError as exc:

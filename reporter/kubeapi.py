@@ -10,6 +10,7 @@ API server's JSON unchanged. ``RawApi`` is also the seam the unit tests replace 
 from __future__ import annotations
 
 import contextlib
+import http
 import json
 import logging
 import socket
@@ -18,11 +19,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.keepalive import tcp_keepalive_socket_options
+
+from reporter.h2watch import H2Pool, NotHttp2, endpoint_from
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +179,7 @@ class Connectivity:
     same way. Shared by every ``RawApi`` made from one another (``with_timeout``).
     """
 
-    def __init__(self, on_recovered: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, on_recovered: Callable[[float], None] = lambda since: None) -> None:
         self._lock = threading.Lock()
         self._streams: dict[_HttpWatchStream, float] = {}
         self._trouble_since: float | None = None
@@ -208,7 +212,7 @@ class Connectivity:
             ]
             self.recoveries += 1
         log.info("API server answers again; restarting %d silent watch(es)", len(stale))
-        self._on_recovered()
+        self._on_recovered(since)
         for stream in stale:
             stream.close()
 
@@ -221,20 +225,29 @@ class RawApi:
         api_client: client.ApiClient,
         request_timeout: float = REQUEST_TIMEOUT,
         connectivity: Connectivity | None = None,
+        watch_pool: H2Pool | None = None,
     ) -> None:
+        """``watch_pool``: HTTP/2 connections the watches share (``http2_watch_pool``);
+        without one, or once the server refused HTTP/2, each watch has a connection of its
+        own from the client's HTTP/1.1 pool."""
         self.api_client = api_client
         self.request_timeout = request_timeout
+        self.watch_pool = watch_pool
         self.connectivity = connectivity or Connectivity(self._drop_idle_connections)
 
     def with_timeout(self, request_timeout: float) -> RawApi:
         """The same client (connections, credentials) with another per-request timeout."""
-        return RawApi(self.api_client, request_timeout, self.connectivity)
+        return RawApi(self.api_client, request_timeout, self.connectivity, self.watch_pool)
 
-    def _drop_idle_connections(self) -> None:
+    def _drop_idle_connections(self, since: float) -> None:
         pool_manager = getattr(getattr(self.api_client, "rest_client", None), "pool_manager", None)
         if pool_manager is not None:
             with contextlib.suppress(Exception):
                 pool_manager.clear()
+        if self.watch_pool is not None:
+            closed = self.watch_pool.close_silent(since)
+            if closed:
+                log.info("closed %d silent HTTP/2 connection(s)", closed)
 
     def request(
         self,
@@ -334,6 +347,10 @@ class RawApi:
             ("resourceVersion", resource_version),
             ("timeoutSeconds", timeout_seconds),
         ]
+        if self.watch_pool is not None and not self.watch_pool.refused:
+            stream = self._watch_http2(res.path(namespace), query)
+            if stream is not None:
+                return stream
         # The response headers come at once (the events follow), so they get the ordinary
         # request timeout: a watch sent over a dead connection fails like any request.
         resp = self.request("GET", res.path(namespace), query=query)
@@ -344,6 +361,48 @@ class RawApi:
         if sock is not None:
             sock.settimeout(timeout_seconds + 15.0)
         return _HttpWatchStream(resp.response, self.connectivity)
+
+    def _watch_http2(self, path: str, query: list[tuple[str, Any]]) -> WatchStream | None:
+        """The watch as a stream of the shared HTTP/2 connections; None (and HTTP/1.1 from
+        then on) when the server does not speak HTTP/2. Headers (credentials included, a
+        refreshed token too) come from the client, as for every other request."""
+        assert self.watch_pool is not None
+        _, url, headers, _, _ = self.api_client.param_serialize(
+            method="GET",
+            resource_path=path,
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        target = urlsplit(url)
+        sent = time.monotonic()
+        try:
+            stream = self.watch_pool.open(
+                target.path + (f"?{target.query}" if target.query else ""),
+                list(headers.items()),
+                self.request_timeout,
+            )
+        except NotHttp2 as exc:
+            self.watch_pool.refused = True
+            log.warning("%s: watches use one HTTP/1.1 connection each", exc)
+            return None
+        except Exception as exc:
+            if _is_transport_error(exc):
+                self.connectivity.failed()
+            raise
+        self.connectivity.answered(sent)
+        status = stream.status or 0
+        if not 200 <= status <= 299:
+            try:
+                body = stream.read(self.request_timeout)
+            finally:
+                stream.close()
+            error = ApiException(
+                status=status, reason=_reason(status), body=body.decode("utf-8", "replace")
+            )
+            error.headers = {k.decode(): v.decode() for k, v in stream.headers}
+            raise error
+        return _HttpWatchStream(stream, self.connectivity)
 
     def get_metadata(self, res: Resource, name: str, namespace: str | None = None) -> Obj | None:
         """Only the object's metadata (PartialObjectMetadata), or None when it does not exist.
@@ -392,6 +451,20 @@ class RawApi:
             query=[("fieldManager", field_manager)],
             content_type="application/merge-patch+json",
         )
+
+
+def _reason(status: int) -> str:
+    """The reason phrase HTTP/1.1 would have carried (HTTP/2 has none)."""
+    with contextlib.suppress(ValueError):
+        return http.HTTPStatus(status).phrase
+    return ""
+
+
+def http2_watch_pool(api_client: client.ApiClient) -> H2Pool | None:
+    """Shared HTTP/2 connections for the watches of ``api_client``'s cluster, or None where
+    HTTP/2 is not used (plain http, a proxy): see ``reporter.h2watch``."""
+    endpoint = endpoint_from(api_client.configuration)
+    return H2Pool(endpoint, CONNECT_TIMEOUT) if endpoint is not None else None
 
 
 CONNECTION_POOL_SIZE = 32

@@ -121,7 +121,7 @@ class FakeStream:
 
 def test_only_watches_silent_since_the_failure_are_restarted() -> None:
     recovered: list[bool] = []
-    conn = Connectivity(lambda: recovered.append(True))
+    conn = Connectivity(lambda since: recovered.append(True))
     silent, talking = FakeStream(), FakeStream()
     conn.opened(silent)  # type: ignore[arg-type]
     conn.opened(talking)  # type: ignore[arg-type]

@@ -119,6 +119,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_reporter_node_events.py",
         "tests/unit/test_reporter_conflict.py",
         "tests/unit/test_reporter_event_queue.py",
+        "tests/unit/test_small_fixes_reporter_write.py",
     ),
 }
 

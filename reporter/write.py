@@ -525,7 +525,10 @@ class StatusWriter:
                 dict(result.get("status") or new),
             )
         log.info("%s: status written: phase %r -> %r", name, old.get("phase", ""), new.get("phase"))
-        self._event(result if isinstance(result, dict) else current, old, new)
+        # About the CR as read unless the reply names it: an empty body reads as {}, and an
+        # Event built from that named no object (no name, no uid) and was refused.
+        reply = result if isinstance(result, dict) else {}
+        self._event(reply if (reply.get("metadata") or {}).get("name") else current, old, new)
         return True
 
     def not_leading(self) -> None:

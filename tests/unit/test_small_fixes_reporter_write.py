@@ -1,5 +1,5 @@
 """Small fixes of the status writer (``reporter/write.py``): Events held back go back to
-their queue oldest first."""
+their queue oldest first, and a phase Event names the CR whatever the patch's reply holds."""
 
 from __future__ import annotations
 
@@ -66,3 +66,22 @@ def test_after_a_give_up_the_events_refused_again_in_one_flush_keep_their_order(
     assert [e["message"] for e, *_ in writer._pending_events[NAME]] == ["older", "newer"]
     writer._flush_events(NAME)
     assert [e["message"] for _, e in api.events] == ["older", "newer"]
+
+
+def test_the_phase_event_names_the_cr_when_the_patch_reply_has_no_metadata() -> None:
+    """An empty reply body reads as ``{}`` (``RawApi.request_json``): the phase Event was built
+    from that reply, with no name and no uid (its own name ``None.<hex>``, which the API
+    server refuses), so the Failed Event was lost."""
+    _cache, api, writer, _ = setup()
+    patch = api.patch_status
+
+    def empty_reply(name: str, body: dict) -> dict:
+        patch(name, body)  # applied; the reply's body is empty
+        return {}
+
+    api.patch_status = empty_reply  # type: ignore[method-assign]
+    assert writer.reconcile(NAME)
+    [(_, event)] = api.events
+    assert event["reason"] == "Failed"
+    assert (event["involvedObject"]["name"], event["involvedObject"]["uid"]) == (NAME, "u1")
+    assert event["metadata"]["name"].startswith(f"{NAME}.")

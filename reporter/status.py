@@ -461,46 +461,60 @@ def pod_failure(pod: Obj) -> str | None:
     return None
 
 
+def _pod_name(pod: Obj, missing: str = "?") -> str:
+    """A pod's metadata.name as text, ``missing`` when it has none. A garbage object from the
+    API or a cache (a null name, a number) is still named and sorted among the others: a sort
+    comparing None or an int with a str raised TypeError and stopped the reconcile."""
+    name = (pod.get("metadata") or {}).get("name")
+    return missing if name is None else str(name)
+
+
 def failing_pods(observed: Observed) -> frozenset[str]:
     """Names of the driver's pods that are broken rather than on their way (``pod_failure``);
     empty when pods cannot be read. The writer sends a change of this set at once."""
     if POD in observed.unreadable:
         return frozenset()
     return frozenset(
-        str((p.get("metadata") or {}).get("name", "?"))
-        for p in (*observed.controller_pods, *observed.node_pods)
-        if pod_failure(p)
+        _pod_name(p) for p in (*observed.controller_pods, *observed.node_pods) if pod_failure(p)
     )
 
 
 def _failing_pods(pods: Sequence[Obj]) -> str | None:
-    """'<pod> on <node>: <problem>' of the first broken pod (by name), and how many more."""
+    """'<pod> on <node>: <problem>' of the first broken pod (by name), and how many more.
+
+    Sorted on (name, node, problem), strings only: two pods of one name (a cache holding a
+    replaced pod twice) are both counted, without comparing their dicts (TypeError), and the
+    one named is the same whatever the cache's order.
+    """
     failing = sorted(
-        ((p.get("metadata") or {}).get("name", "?"), p) for p in pods if pod_failure(p)
+        (_pod_name(p), str((p.get("spec") or {}).get("nodeName") or ""), problem)
+        for p in pods
+        if (problem := pod_failure(p))
     )
     if not failing:
         return None
-    name, pod = failing[0]
-    node = (pod.get("spec") or {}).get("nodeName")
-    text = f"pod {name}{f' on {node}' if node else ''}: {pod_failure(pod)}"
+    name, node, problem = failing[0]
+    text = f"pod {name}{f' on {node}' if node else ''}: {problem}"
     if len(failing) > 1:
         text += f" (and {len(failing) - 1} more failing pod(s))"
     return text
 
 
 def _describe_pods(pods: Sequence[Obj], nodes: Sequence[Obj] | None) -> list[str]:
-    """'<pod> on <node>: <problem>' for each pod that is not ready, sorted for stable text."""
+    """'<pod> on <node>: <problem>' for each pod that is not ready, sorted for stable text:
+    by name (a nameless pod first, as ``?``), then by the text, so that pods of one name
+    come in the same order whatever the cache's."""
     node_ready = {(n.get("metadata") or {}).get("name"): _node_ready(n) for n in nodes or []}
-    out: list[str] = []
-    for pod in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+    described: list[tuple[str, str]] = []
+    for pod in pods:
         if _pod_ready(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        name = (pod.get("metadata") or {}).get("name", "?")
         node = (pod.get("spec") or {}).get("nodeName")
         where = f" on {node}" if node else " (not scheduled)"
         if node and node_ready.get(node) is False:
             where += " (node not ready)"
-        out.append(f"{name}{where}: {pod_problem(pod)}")
+        described.append((_pod_name(pod, ""), f"{_pod_name(pod)}{where}: {pod_problem(pod)}"))
+    out = [text for _, text in sorted(described)]
     if len(out) > _MAX_LISTED_PODS:
         out = [*out[:_MAX_LISTED_PODS], f"and {len(out) - _MAX_LISTED_PODS} more"]
     return out
@@ -577,18 +591,16 @@ def degraded_node_pods(observed: Observed) -> list[BrokenPod]:
         or _int(ds, "status", "updatedNumberScheduled") < desired
     ):
         return []
-    out = []
-    for pod in sorted(observed.node_pods, key=lambda p: (p.get("metadata") or {}).get("name", "")):
+    # Sorted on strings only (a nameless pod first, as ``?``), by node and problem after the
+    # name: pods of one name come in the same order whatever the cache's.
+    found: list[tuple[tuple[str, str, str], BrokenPod]] = []
+    for pod in observed.node_pods:
         if _pod_ready(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp"):
             continue
-        out.append(
-            BrokenPod(
-                str((pod.get("metadata") or {}).get("name", "?")),
-                (pod.get("spec") or {}).get("nodeName"),
-                pod_problem(pod),
-            )
-        )
-    return out
+        node, problem = (pod.get("spec") or {}).get("nodeName"), pod_problem(pod)
+        key = (_pod_name(pod, ""), str(node or ""), problem)
+        found.append((key, BrokenPod(_pod_name(pod), node, problem)))
+    return [broken for _, broken in sorted(found, key=lambda f: f[0])]
 
 
 def tolerated_node_pods(observed: Observed) -> frozenset[str]:

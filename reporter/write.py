@@ -525,7 +525,10 @@ class StatusWriter:
                 dict(result.get("status") or new),
             )
         log.info("%s: status written: phase %r -> %r", name, old.get("phase", ""), new.get("phase"))
-        self._event(result if isinstance(result, dict) else current, old, new)
+        # About the CR as read unless the reply names it: an empty body reads as {}, and an
+        # Event built from that named no object (no name, no uid) and was refused.
+        reply = result if isinstance(result, dict) else {}
+        self._event(reply if (reply.get("metadata") or {}).get("name") else current, old, new)
         return True
 
     def not_leading(self) -> None:
@@ -690,9 +693,10 @@ class StatusWriter:
         pending = self._pending_events.setdefault(name, [])
         failures, due = self._event_backoff.get(name, (0, 0.0))
         now = self.monotonic()
-        # A retried Event is the oldest of its CR's (it left the head of the queue); a new one
-        # tried while older ones still wait is the newest, and waits behind them if refused.
-        retried = since is not None or not pending
+        # Each entry goes to the tail, so the queue stays oldest first: a new Event is the
+        # newest; a retried one comes from ``_flush_events``, which emptied the queue and
+        # retries it oldest first, so whatever is queued again already is older. (Put at the
+        # head, two Events refused again in one flush with no delay went back newest first.)
         since = now if since is None else since
         if now < due:
             self._enqueue(name, pending, [event, attempts, since])
@@ -710,7 +714,7 @@ class StatusWriter:
                 delay = self.retry_backoff.wait_for(min(failures, 10), exc)
                 due = self.monotonic() + delay
                 self._event_backoff[name] = (failures + 1, due)
-                if self._enqueue(name, pending, [event, attempts, since], first=retried):
+                if self._enqueue(name, pending, [event, attempts, since]):
                     self._wake_at(name, min(due, since + EVENT_GIVE_UP_SECONDS))
                     log.info(
                         "event %s on %s not created yet (attempt %d): %s; trying again in "
@@ -759,16 +763,12 @@ class StatusWriter:
                     self._enqueue(name, queued, entry)
                 return
 
-    def _enqueue(self, name: str, pending: list[list[Any]], entry: list[Any], *,
-                 first: bool = False) -> bool:
-        """Queue ``entry`` (at the head when ``first``: a retried Event, oldest of all);
+    def _enqueue(self, name: str, pending: list[list[Any]], entry: list[Any]) -> bool:
+        """Queue ``entry`` at the tail (the queue is oldest first: see ``_create_event``);
         a full queue drops its oldest node Event, or else its oldest Event, to make room, so
         that a phase or StatusWriteConflict Event never waits behind node Events it lost to.
         Every drop is logged. False when ``entry`` itself was dropped."""
-        if first:
-            pending.insert(0, entry)
-        else:
-            pending.append(entry)
+        pending.append(entry)
         if len(pending) <= MAX_PENDING_EVENTS:
             return True
         victim = next(

@@ -111,6 +111,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_status_scale.py",
         "tests/unit/test_status_truth.py",
         "tests/unit/test_reporter_trim.py",
+        "tests/unit/test_small_fixes_reporter_status.py",
     ),
     "reporter/write.py": (
         "tests/unit/test_reporter_write.py",
@@ -119,6 +120,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_reporter_node_events.py",
         "tests/unit/test_reporter_conflict.py",
         "tests/unit/test_reporter_event_queue.py",
+        "tests/unit/test_small_fixes_reporter_write.py",
     ),
 }
 

@@ -151,6 +151,11 @@ class H2Stream:
         self._closed = False
         self._error: BaseException | None = None
         self._cond = threading.Condition(conn.lock)
+        # Seconds ``stream`` waits for the next data before it resets the stream and raises
+        # ``TimeoutError``, as a socket's read timeout ends an HTTP/1.1 watch: the PINGs
+        # prove the connection, not the stream (an HTTP/2-terminating load balancer whose
+        # backend died answers them, and the stream never ends). None: no limit.
+        self.read_timeout: float | None = None
 
     # Fed by the I/O thread, under conn.lock.
     def _on_headers(self, headers: Sequence[tuple[bytes, bytes]]) -> None:
@@ -201,22 +206,38 @@ class H2Stream:
         """The body's chunks until the server ends the stream (urllib3's ``stream`` shape).
 
         Raises what ended it otherwise: the connection failing (``H2TransportError``), the
-        server's reset (``StreamResetError``); ends quietly once ``close`` was called.
+        server's reset (``StreamResetError``), nothing for ``read_timeout`` seconds
+        (``TimeoutError``, the stream then reset); ends quietly once ``close`` was called.
         """
         while True:
             with self._cond:
-                while not self._chunks and not self._ended:
-                    if self._closed:
-                        return
-                    if self._error is not None:
-                        raise self._error
-                    self._cond.wait()
-                if not self._chunks:
-                    return  # ended, all read
-                data, flow_length = self._chunks.popleft()
-                self._conn._acknowledge(self.stream_id, flow_length)
+                data = self._next_chunk()
+            if data is None:
+                return
             if data:
                 yield data
+
+    def _next_chunk(self) -> bytes | None:
+        """The next chunk (its window given back), None at the end (caller holds the lock)."""
+        limit = self.read_timeout
+        deadline = None if limit is None else time.monotonic() + limit
+        while not self._chunks and not self._ended:
+            if self._closed:
+                return None
+            if self._error is not None:
+                raise self._error
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                # Reset at once (close under the lock it holds: the lock is not re-entrant,
+                # so the consumer must not come back for it) and raise as a socket would.
+                self._close_locked()
+                raise TimeoutError(f"no data for {limit:g} s (HTTP/2 stream {self.stream_id})")
+            self._cond.wait(left)
+        if not self._chunks:
+            return None  # ended, all read
+        data, flow_length = self._chunks.popleft()
+        self._conn._acknowledge(self.stream_id, flow_length)
+        return data
 
     def read(self, timeout: float) -> bytes:
         """The whole body (an error answer's), waiting at most ``timeout`` seconds."""
@@ -238,13 +259,16 @@ class H2Stream:
     def close(self) -> None:
         """Stop the stream: RST_STREAM to the server unless it ended, and wake the consumer."""
         with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            unread = sum(n for _, n in self._chunks)
-            self._chunks.clear()
-            self._conn._forget(self, reset=not self._ended, unread=unread)
-            self._cond.notify_all()
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        unread = sum(n for _, n in self._chunks)
+        self._chunks.clear()
+        self._conn._forget(self, reset=not self._ended, unread=unread)
+        self._cond.notify_all()
 
     # urllib3-response compatibility for ``reporter.kubeapi``.
     def release_conn(self) -> None:
@@ -463,8 +487,15 @@ class H2Pool:
         # Set when the server refused HTTP/2: the watches go over HTTP/1.1 from then on.
         self.refused = False
 
-    def open(self, path: str, headers: Sequence[tuple[str, str]], timeout: float) -> H2Stream:
-        """Send ``GET path`` and wait up to ``timeout`` s for the response's headers.
+    def open(
+        self,
+        path: str,
+        headers: Sequence[tuple[str, str]],
+        timeout: float,
+        read_timeout: float | None = None,
+    ) -> H2Stream:
+        """Send ``GET path`` and wait up to ``timeout`` s for the response's headers; the
+        body then fails when nothing arrives for ``read_timeout`` s (``H2Stream.read_timeout``).
 
         ``NotHttp2`` when the server does not speak HTTP/2; transport failures as ``OSError``.
         """
@@ -488,6 +519,7 @@ class H2Pool:
                 self._conns.append(conn)
                 self.connections_opened += 1
             stream = conn.open(request)
+        stream.read_timeout = read_timeout
         stream.wait_headers(timeout)
         return stream
 

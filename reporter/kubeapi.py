@@ -47,6 +47,9 @@ PARTIAL_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1
 # (Only when packets are lost: a peer whose TCP stack still answers, such as a proxy or load
 # balancer whose backend is gone, keeps the connection "alive"; see ``Connectivity``.)
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 15, 5, 3
+# A watch read gives up after the watch's timeoutSeconds plus this (HTTP/1.1: the socket's
+# read timeout; HTTP/2: the stream's), so a stream the server forgot cannot hang for good.
+WATCH_READ_SLACK = 15.0
 
 
 @dataclass(frozen=True)
@@ -347,8 +350,9 @@ class RawApi:
             ("resourceVersion", resource_version),
             ("timeoutSeconds", timeout_seconds),
         ]
+        read_timeout = timeout_seconds + WATCH_READ_SLACK
         if self.watch_pool is not None and not self.watch_pool.refused:
-            stream = self._watch_http2(res.path(namespace), query)
+            stream = self._watch_http2(res.path(namespace), query, read_timeout)
             if stream is not None:
                 return stream
         # The response headers come at once (the events follow), so they get the ordinary
@@ -359,13 +363,16 @@ class RawApi:
         # usually notice first).
         sock = getattr(getattr(resp.response, "connection", None), "sock", None)
         if sock is not None:
-            sock.settimeout(timeout_seconds + 15.0)
+            sock.settimeout(read_timeout)
         return _HttpWatchStream(resp.response, self.connectivity)
 
-    def _watch_http2(self, path: str, query: list[tuple[str, Any]]) -> WatchStream | None:
+    def _watch_http2(
+        self, path: str, query: list[tuple[str, Any]], read_timeout: float
+    ) -> WatchStream | None:
         """The watch as a stream of the shared HTTP/2 connections; None (and HTTP/1.1 from
         then on) when the server does not speak HTTP/2. Headers (credentials included, a
-        refreshed token too) come from the client, as for every other request."""
+        refreshed token too) come from the client, as for every other request; the body
+        fails after ``read_timeout`` s without data, as the HTTP/1.1 socket's read does."""
         assert self.watch_pool is not None
         _, url, headers, _, _ = self.api_client.param_serialize(
             method="GET",
@@ -381,6 +388,7 @@ class RawApi:
                 target.path + (f"?{target.query}" if target.query else ""),
                 list(headers.items()),
                 self.request_timeout,
+                read_timeout,
             )
         except NotHttp2 as exc:
             self.watch_pool.refused = True

@@ -1,0 +1,85 @@
+"""Review of reporter.h2watch and the HTTP/2 watch path of reporter.kubeapi: each test is a
+scenario a review found broken (or an existing test could not catch), against the same real
+TLS HTTP/2 server on loopback as ``test_reporter_h2watch``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_reporter_h2watch import (
+    CAP,
+    POD,
+    Server,
+    open_stream,
+    raw_api,
+    reader,
+    wait_for,
+)
+from test_reporter_h2watch import pool as pool
+from test_reporter_h2watch import server as server
+from test_reporter_h2watch import tls_files as tls_files
+
+from reporter import kubeapi, retry
+from reporter.h2watch import H2Pool
+
+
+def _in_thread(fn: Any) -> tuple[list[Any], list[BaseException], threading.Thread]:
+    """Run ``fn`` in a daemon thread: what it returned, what it raised."""
+    out: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return out, errors, t
+
+
+# --- a watch stream that stops sending on a live connection -----------------------------
+
+
+def test_a_watch_silent_past_its_timeout_on_a_live_connection_fails_and_is_reset(
+    server: Server, tls_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An HTTP/2-terminating load balancer whose backend died keeps answering PINGs; the
+    stream then never ends. Over HTTP/1.1 the socket's read timeout (``timeoutSeconds`` +
+    slack) ends such a watch; over HTTP/2 the read waited forever: a stale cache for good."""
+    monkeypatch.setattr(kubeapi, "WATCH_READ_SLACK", 0.3)
+    api = raw_api(server, tls_files)
+    out, errors, t = _in_thread(lambda: api.watch(POD, "1", "ns", timeout_seconds=0))
+    conn, sid, _, _ = server.request(0)
+    conn.respond(sid)
+    t.join(CAP)
+    (stream,) = out
+    _, errors, t = _in_thread(lambda: list(stream))
+    t.join(CAP)
+    assert not t.is_alive(), "the watch read stayed blocked on a silent stream"
+    (exc,) = errors
+    assert isinstance(exc, TimeoutError) and retry.is_transient(exc)
+    wait_for(lambda: sid in conn.resets, "RST_STREAM of the timed-out watch")
+    assert api.watch_pool is not None and api.watch_pool.connections()[0].usable()
+
+
+def test_the_read_timeout_counts_from_the_last_data_not_from_the_start(
+    pool: H2Pool,
+    server: Server,
+) -> None:
+    """Like a socket timeout: a stream that keeps delivering is never cut."""
+    stream, conn, sid = open_stream(pool, server, 0)
+    stream.read_timeout = 0.5
+    chunks, errors, t = reader(stream)
+    for i in range(6):
+        conn.send(sid, f"{i}\n".encode())
+        time.sleep(0.2)
+    conn.end(sid)
+    t.join(CAP)
+    assert errors == [] and b"".join(chunks) == b"0\n1\n2\n3\n4\n5\n"

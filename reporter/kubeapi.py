@@ -408,7 +408,11 @@ class RawApi:
             error = ApiException(
                 status=status, reason=_reason(status), body=body.decode("utf-8", "replace")
             )
-            error.headers = {k.decode(): v.decode() for k, v in stream.headers}
+            # Case-insensitive, as urllib3's headers of an HTTP/1.1 answer: HTTP/2 names are
+            # lower case, and ``retry.retry_after`` asks for "Retry-After".
+            error.headers = urllib3.HTTPHeaderDict(
+                [(k.decode("latin-1"), v.decode("latin-1")) for k, v in stream.headers]
+            )
             raise error
         return _HttpWatchStream(stream, self.connectivity)
 

@@ -522,7 +522,7 @@ def test_raw_api_watch_error_answer_is_an_api_exception_with_body_and_headers(
     assert isinstance(exc, ApiException)
     assert exc.status == 410 and exc.reason == "Gone"
     assert '"code": 410' in exc.body
-    assert exc.headers == {"retry-after": "3"}
+    assert dict(exc.headers) == {"retry-after": "3"}
 
 
 def test_raw_api_falls_back_to_http1_when_the_server_refuses_http2(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 from test_reporter_h2watch import (
     CAP,
     POD,
@@ -83,3 +84,25 @@ def test_the_read_timeout_counts_from_the_last_data_not_from_the_start(
     conn.end(sid)
     t.join(CAP)
     assert errors == [] and b"".join(chunks) == b"0\n1\n2\n3\n4\n5\n"
+
+
+# --- Retry-After of an error answer ------------------------------------------------------
+
+
+def test_retry_after_of_an_http2_error_answer_is_honoured(
+    server: Server,
+    tls_files: tuple[Path, Path],
+) -> None:
+    """HTTP/2 header names are lower case; ``retry.retry_after`` asks for "Retry-After", as
+    urllib3's case-insensitive headers answer it over HTTP/1.1. A 429 on a watch was
+    retried after the backoff's delay instead of the server's."""
+    api = raw_api(server, tls_files)
+    _, errors, t = _in_thread(lambda: api.watch(POD, "1", "ns"))
+    conn, sid, _, _ = server.request(0)
+    conn.respond(sid, 429, ((b"retry-after", b"7"),))
+    conn.send(sid, b'{"kind": "Status", "code": 429}', end=True)
+    t.join(CAP)
+    (exc,) = errors
+    assert isinstance(exc, ApiException) and exc.status == 429
+    assert retry.retry_after(exc) == 7.0
+    assert exc.headers["Retry-After"] == "7" and exc.headers["retry-after"] == "7"

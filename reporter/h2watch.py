@@ -87,6 +87,39 @@ class NotHttp2(Exception):
 
 
 @dataclass(frozen=True)
+class TlsFiles:
+    """The client's TLS settings, read from their files for each new connection."""
+
+    verify: bool = True
+    ca_file: str | None = None
+    ca_data: str | bytes | None = None
+    check_hostname: bool = True
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def context(self) -> ssl.SSLContext:
+        """A new context from the files as they are now: urllib3 loads the CA and the client
+        certificate for every connection it opens, so the HTTP/1.1 requests follow a rotated
+        certificate; a context built once at start-up would fail every HTTP/2 handshake
+        after the rotation, until a restart."""
+        if self.verify and (self.ca_file or self.ca_data):
+            ctx = ssl.create_default_context(
+                ssl.Purpose.SERVER_AUTH, cafile=self.ca_file, cadata=self.ca_data
+            )
+        else:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+        if not self.verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        elif not self.check_hostname:
+            ctx.check_hostname = False
+        if self.cert_file:
+            ctx.load_cert_chain(self.cert_file, self.key_file)
+        ctx.set_alpn_protocols(["h2"])
+        return ctx
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """Where and how to connect: the API server's address and the client's TLS settings."""
 
@@ -94,8 +127,13 @@ class Endpoint:
     port: int
     authority: str
     server_hostname: str | None
-    ssl_context: ssl.SSLContext
+    tls: TlsFiles
     socket_options: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext:
+        """A context for a new connection, its files read now (``TlsFiles.context``)."""
+        return self.tls.context()
 
 
 def endpoint_from(configuration: Any) -> Endpoint | None:
@@ -107,22 +145,15 @@ def endpoint_from(configuration: Any) -> Endpoint | None:
         return None
     if getattr(configuration, "proxy", None):
         return None
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
-    if configuration.verify_ssl:
-        if configuration.ssl_ca_cert or getattr(configuration, "ca_cert_data", None):
-            ctx = ssl.create_default_context(
-                ssl.Purpose.SERVER_AUTH,
-                cafile=configuration.ssl_ca_cert or None,
-                cadata=getattr(configuration, "ca_cert_data", None) or None,
-            )
-        if configuration.assert_hostname is False:
-            ctx.check_hostname = False
-    else:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if configuration.cert_file:
-        ctx.load_cert_chain(configuration.cert_file, configuration.key_file or None)
-    ctx.set_alpn_protocols(["h2"])
+    tls = TlsFiles(
+        verify=bool(configuration.verify_ssl),
+        ca_file=configuration.ssl_ca_cert or None,
+        ca_data=getattr(configuration, "ca_cert_data", None) or None,
+        check_hostname=configuration.assert_hostname is not False,
+        cert_file=configuration.cert_file or None,
+        key_file=configuration.key_file or None,
+    )
+    tls.context()  # a wrong setting fails at start-up, as it did
     port = url.port or 443
     server_hostname = getattr(configuration, "tls_server_name", None) or url.hostname
     return Endpoint(
@@ -130,7 +161,7 @@ def endpoint_from(configuration: Any) -> Endpoint | None:
         port=port,
         authority=url.netloc.rsplit("@", 1)[-1],
         server_hostname=server_hostname,
-        ssl_context=ctx,
+        tls=tls,
         socket_options=tuple(getattr(configuration, "socket_options", None) or ()),
     )
 

@@ -5,6 +5,7 @@ TLS HTTP/2 server on loopback as ``test_reporter_h2watch``.
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from pathlib import Path
@@ -16,16 +17,18 @@ from test_reporter_h2watch import (
     CAP,
     POD,
     Server,
+    configuration,
     open_stream,
     raw_api,
     reader,
+    self_signed,
     wait_for,
 )
 from test_reporter_h2watch import pool as pool
 from test_reporter_h2watch import server as server
 from test_reporter_h2watch import tls_files as tls_files
 
-from reporter import kubeapi, retry
+from reporter import h2watch, kubeapi, retry
 from reporter.h2watch import H2Pool
 
 
@@ -106,3 +109,42 @@ def test_retry_after_of_an_http2_error_answer_is_honoured(
     assert isinstance(exc, ApiException) and exc.status == 429
     assert retry.retry_after(exc) == 7.0
     assert exc.headers["Retry-After"] == "7" and exc.headers["retry-after"] == "7"
+
+
+# --- TLS files re-read per connection, as urllib3 does ----------------------------------
+
+
+def test_a_rotated_ca_file_is_used_by_the_next_http2_connection(
+    tls_files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """urllib3 loads the CA (and client certificate) files for each new connection, so the
+    HTTP/1.1 requests follow a rotated certificate; the HTTP/2 context was built once at
+    start-up, and every watch failed its handshake until the reporter was restarted."""
+    cert1, key1 = self_signed("localhost")
+    cert2, key2 = self_signed("localhost")
+    files = {}
+    for n, (cert, key) in enumerate(((cert1, key1), (cert2, key2))):
+        files[n] = (tmp_path / f"c{n}.pem", tmp_path / f"k{n}.pem")
+        files[n][0].write_bytes(cert)
+        files[n][1].write_bytes(key)
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(cert1)
+    srv = Server(files[0])
+    endpoint = h2watch.endpoint_from(configuration(srv.port, ca))
+    assert endpoint is not None
+    p = H2Pool(endpoint, connect_timeout=CAP)
+    try:
+        open_stream(p, srv, 0)
+        # The server's certificate is rotated, and the CA file with it.
+        srv.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        srv.ctx.load_cert_chain(*map(str, files[1]))
+        srv.ctx.set_alpn_protocols(["h2"])
+        ca.write_bytes(cert2)
+        for c in p.connections():
+            c.close()
+        stream, conn, sid = open_stream(p, srv, 1)
+        conn.send(sid, b"ok\n", end=True)
+        assert b"".join(stream.stream()) == b"ok\n"
+    finally:
+        p.close()
+        srv.close()

@@ -49,6 +49,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+from kubernetes.client.rest import should_bypass_proxies
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,13 @@ def endpoint_from(configuration: Any) -> Endpoint | None:
     url = urlsplit(str(configuration.host))
     if url.scheme != "https" or not url.hostname:
         return None
-    if getattr(configuration, "proxy", None):
+    proxy = getattr(configuration, "proxy", None)
+    # The client's own rule (it also reads HTTPS_PROXY/NO_PROXY from the environment): a
+    # pod with a proxy for the outside and NO_PROXY naming the API server reaches it
+    # directly over HTTP/1.1, and so do its watches over HTTP/2.
+    if proxy and not should_bypass_proxies(
+        str(configuration.host), getattr(configuration, "no_proxy", None) or ""
+    ):
         return None
     tls = TlsFiles(
         verify=bool(configuration.verify_ssl),

@@ -148,3 +148,18 @@ def test_a_rotated_ca_file_is_used_by_the_next_http2_connection(
     finally:
         p.close()
         srv.close()
+
+
+# --- proxies: NO_PROXY as the HTTP/1.1 client reads it ----------------------------------
+
+
+def test_a_proxy_the_api_server_bypasses_does_not_turn_http2_off(
+    tls_files: tuple[Path, Path],
+) -> None:
+    """The client takes HTTPS_PROXY/NO_PROXY from the environment; a pod with a proxy for
+    the outside and NO_PROXY naming the API server talks to it directly over HTTP/1.1, yet
+    its watches were refused HTTP/2 and each held a TLS connection again."""
+    bypassed = configuration(6443, tls_files[0], proxy="http://proxy:3128", no_proxy="localhost")
+    assert h2watch.endpoint_from(bypassed) is not None
+    proxied = configuration(6443, tls_files[0], proxy="http://proxy:3128", no_proxy="other")
+    assert h2watch.endpoint_from(proxied) is None

@@ -416,6 +416,9 @@ class _Connection:
             for stream in list(self.streams.values()):
                 stream._on_error(self.dead)
             self.streams.clear()
+        # An opener waiting for the server's SETTINGS learns of the failure now, not at its
+        # connect timeout (it holds the pool's lock: every watch's open waits behind it).
+        self._settled.set()
         self._wake()
 
     # The I/O thread.

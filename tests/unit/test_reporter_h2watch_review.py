@@ -5,6 +5,7 @@ TLS HTTP/2 server on loopback as ``test_reporter_h2watch``.
 
 from __future__ import annotations
 
+import socket
 import ssl
 import threading
 import time
@@ -163,3 +164,47 @@ def test_a_proxy_the_api_server_bypasses_does_not_turn_http2_off(
     assert h2watch.endpoint_from(bypassed) is not None
     proxied = configuration(6443, tls_files[0], proxy="http://proxy:3128", no_proxy="other")
     assert h2watch.endpoint_from(proxied) is None
+
+
+# --- a connection that fails before its SETTINGS ----------------------------------------
+
+
+class _ClosingServer:
+    """A TLS server that offers h2 and closes each connection right after the handshake
+    (as a server rejecting a TLS 1.3 client certificate does, after the client finished)."""
+
+    def __init__(self, tls: tuple[Path, Path]) -> None:
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(*map(str, tls))
+        self.ctx.set_alpn_protocols(["h2"])
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                raw, _ = self.listener.accept()
+                self.ctx.wrap_socket(raw, server_side=True).close()
+            except OSError:
+                if self.listener.fileno() < 0:
+                    return
+
+
+def test_a_connection_closed_before_its_settings_fails_at_once_not_after_the_timeout(
+    tls_files: tuple[Path, Path],
+) -> None:
+    """The I/O thread saw the connection fail, but the opener waited for SETTINGS until its
+    connect timeout, holding the pool's lock: every watch of the process waited behind it."""
+    srv = _ClosingServer(tls_files)
+    endpoint = h2watch.endpoint_from(configuration(srv.port, tls_files[0]))
+    assert endpoint is not None
+    p = H2Pool(endpoint, connect_timeout=CAP)
+    started = time.monotonic()
+    try:
+        with pytest.raises(OSError):
+            p.open("/w", [], CAP)
+        assert time.monotonic() - started < CAP / 4
+    finally:
+        p.close()
+        srv.listener.close()

@@ -369,8 +369,14 @@ class _Connection:
         return self.dead is None
 
     def has_room(self) -> bool:
+        """Up, under both stream limits, and with a stream ID left: after 2**30 streams h2
+        refuses to open more, and a connection that still took them failed every watch
+        sent to it, for good (Go's transport stops reusing such a connection too)."""
         with self.lock:
             if not self.usable():
+                return False
+            highest = self.h2.highest_outbound_stream_id or -1
+            if highest + 2 > self.h2.HIGHEST_ALLOWED_STREAM_ID:
                 return False
             limit = min(self.h2.remote_settings.max_concurrent_streams, MAX_STREAMS_PER_CONNECTION)
             return self.h2.open_outbound_streams < limit

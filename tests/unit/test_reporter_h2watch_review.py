@@ -208,3 +208,22 @@ def test_a_connection_closed_before_its_settings_fails_at_once_not_after_the_tim
     finally:
         p.close()
         srv.listener.close()
+
+
+# --- stream IDs used up ---------------------------------------------------------------
+
+
+def test_a_connection_out_of_stream_ids_takes_no_more_streams(
+    pool: H2Pool,
+    server: Server,
+) -> None:
+    """A client may open 2**30 streams on a connection; then h2 refuses new ones. The
+    connection still had "room" and every watch sent to it failed, for good."""
+    open_stream(pool, server, 0)
+    (c,) = pool.connections()
+    with c.lock:
+        c.h2.highest_outbound_stream_id = c.h2.HIGHEST_ALLOWED_STREAM_ID
+    stream, conn, sid = open_stream(pool, server, 1)
+    assert pool.connections_opened == 2 and conn is not server.conns[0]
+    conn.send(sid, b"fresh\n", end=True)
+    assert b"".join(stream.stream()) == b"fresh\n"

@@ -451,7 +451,7 @@ class _Connection:
                                              BlockingIOError):  # fmt: skip
                         del out[: self.sock.send(out)]
         except Exception as exc:
-            self.close(exc if isinstance(exc, H2TransportError) else H2TransportError(str(exc)))
+            self.close(_as_transport_error(exc))
         finally:
             with contextlib.suppress(OSError):
                 self.sock.close()
@@ -485,8 +485,16 @@ class _Connection:
             self.last_data = time.monotonic()
             self._ping_sent = None
             with self.lock:
-                for event in self.h2.receive_data(data):
-                    self._dispatch(event)
+                try:
+                    for event in self.h2.receive_data(data):
+                        self._dispatch(event)
+                except Exception as exc:
+                    # h2's state may be CLOSED now (a GOAWAY, a protocol error): marked dead
+                    # before the lock is let go, so that no consumer drives h2 in between
+                    # (its reset or acknowledgement would raise h2's ProtocolError).
+                    if self.dead is None:
+                        self.dead = _as_transport_error(exc)
+                    raise
 
     def _dispatch(self, event: h2.events.Event) -> None:
         """Apply one protocol event (caller holds the lock)."""
@@ -520,6 +528,11 @@ class _Connection:
         elif isinstance(event, h2.events.StreamReset):
             stream._on_error(StreamResetError(f"reset by the server (error {event.error_code})"))
             del self.streams[stream_id]
+
+
+def _as_transport_error(exc: BaseException) -> H2TransportError:
+    """What the streams of a failed connection raise: an ``OSError``, "no answer"."""
+    return exc if isinstance(exc, H2TransportError) else H2TransportError(str(exc))
 
 
 class H2Pool:

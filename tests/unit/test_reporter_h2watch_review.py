@@ -227,3 +227,36 @@ def test_a_connection_out_of_stream_ids_takes_no_more_streams(
     assert pool.connections_opened == 2 and conn is not server.conns[0]
     conn.send(sid, b"fresh\n", end=True)
     assert b"".join(stream.stream()) == b"fresh\n"
+
+
+# --- the protocol state closed before the connection is marked dead ----------------------
+
+
+def test_closing_a_stream_while_the_io_thread_fails_its_connection_raises_nothing(
+    pool: H2Pool,
+    server: Server,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GOAWAY h2's state is CLOSED at once, but the connection was marked dead only
+    once the I/O thread had let go of the lock and taken it again in ``close``. A consumer
+    closing its stream in between got h2's ProtocolError (not an OSError): from the error
+    path of ``_watch_http2`` it replaced the server's ApiException."""
+    stream, conn, _ = open_stream(pool, server, 0)
+    (c,) = pool.connections()
+    entered, proceed = threading.Event(), threading.Event()
+    real_close = h2watch._Connection.close
+
+    def slow_close(self: h2watch._Connection, why: BaseException | None = None) -> None:
+        if threading.current_thread() is self._thread:
+            entered.set()
+            proceed.wait(CAP)
+        real_close(self, why)
+
+    monkeypatch.setattr(h2watch._Connection, "close", slow_close)
+    conn.goaway(last_stream_id=1)
+    assert entered.wait(CAP), "the I/O thread did not fail the connection"
+    try:
+        stream.close()  # in the window between h2's CLOSED and ``dead``
+    finally:
+        proceed.set()
+    wait_for(lambda: not c._thread.is_alive(), "the I/O thread to end")

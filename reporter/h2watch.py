@@ -546,6 +546,7 @@ class H2Pool:
         self.connections_opened = 0
         # Set when the server refused HTTP/2: the watches go over HTTP/1.1 from then on.
         self.refused = False
+        self._closed = False
 
     def open(
         self,
@@ -570,6 +571,10 @@ class H2Pool:
             if name not in _NOT_IN_HTTP2:
                 request.append((name, str(value).encode()))
         with self._lock:
+            if self._closed:
+                # Shut down: an informer on its way out must not open a connection (a socket
+                # and an I/O thread) that nobody would close.
+                raise H2TransportError("the HTTP/2 pool is closed")
             # Connections that failed or were told to go away leave the pool here (not from
             # their I/O thread: it holds its connection's lock, and this the pool's).
             self._conns = [c for c in self._conns if c.usable()]
@@ -596,5 +601,9 @@ class H2Pool:
         return len(stale)
 
     def close(self) -> None:
-        for conn in self.connections():
+        """Close every connection; the pool opens no new ones."""
+        with self._lock:
+            self._closed = True
+            conns, self._conns = self._conns, []
+        for conn in conns:
             conn.close()

@@ -30,7 +30,7 @@ from test_reporter_h2watch import server as server
 from test_reporter_h2watch import tls_files as tls_files
 
 from reporter import h2watch, kubeapi, retry
-from reporter.h2watch import H2Pool
+from reporter.h2watch import H2Pool, H2TransportError
 
 
 def _in_thread(fn: Any) -> tuple[list[Any], list[BaseException], threading.Thread]:
@@ -260,3 +260,16 @@ def test_closing_a_stream_while_the_io_thread_fails_its_connection_raises_nothin
     finally:
         proceed.set()
     wait_for(lambda: not c._thread.is_alive(), "the I/O thread to end")
+
+
+# --- shutdown ---------------------------------------------------------------------------
+
+
+def test_a_closed_pool_opens_no_new_connection(pool: H2Pool, server: Server) -> None:
+    """After shutdown closed the pool, an informer still on its way out opened a new
+    connection (a socket and an I/O thread nobody would close)."""
+    open_stream(pool, server, 0)
+    pool.close()
+    with pytest.raises(H2TransportError):
+        pool.open("/w", [], CAP)
+    assert pool.connections_opened == 1 and len(server.conns) == 1

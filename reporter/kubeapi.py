@@ -215,9 +215,12 @@ class Connectivity:
             ]
             self.recoveries += 1
         log.info("API server answers again; restarting %d silent watch(es)", len(stale))
-        self._on_recovered(since)
+        # The watches first, then their connections: a watch closed on purpose ends its
+        # read quietly, while one whose HTTP/2 connection is closed under it first may wake
+        # to that failure (a warning and a backoff instead of an immediate restart).
         for stream in stale:
             stream.close()
+        self._on_recovered(since)
 
 
 class RawApi:

@@ -340,3 +340,36 @@ def test_tls_server_name_is_sent_and_checked(
         assert b"".join(stream.stream()) == b"ok\n"
     finally:
         p.close()
+
+
+# --- recovery: silent watches restart quietly -------------------------------------------
+
+
+def test_a_silent_http2_watch_restarted_at_recovery_ends_quietly(
+    server: Server, tls_files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the API server was unreachable, the first answer restarts the watches silent
+    since: each is closed, which ends its read quietly. The silent HTTP/2 connections were
+    closed first, so a watch's reader could wake to the connection's failure before its
+    stream was marked closed: a "list/watch failed" warning and a backoff instead."""
+    api = raw_api(server, tls_files)
+    out, _, t = _in_thread(lambda: api.watch(POD, "1", "ns"))
+    conn, sid, _, _ = server.request(0)
+    conn.respond(sid)
+    t.join(CAP)
+    (watch,) = out
+    _, errors, reading = _in_thread(lambda: list(watch))
+    real_close = h2watch._Connection.close
+
+    def close_and_let_the_reader_run(
+        self: h2watch._Connection, why: BaseException | None = None
+    ) -> None:
+        real_close(self, why)
+        reading.join(2.0)  # the reader wakes first, as it may in production
+
+    monkeypatch.setattr(h2watch._Connection, "close", close_and_let_the_reader_run)
+    api.connectivity.failed()
+    time.sleep(0.01)
+    api.connectivity.answered(time.monotonic())
+    reading.join(CAP)
+    assert not reading.is_alive() and errors == []

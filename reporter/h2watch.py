@@ -542,6 +542,10 @@ class H2Pool:
         self.endpoint = endpoint
         self.connect_timeout = connect_timeout
         self._lock = threading.Lock()
+        # Replaced, never changed in place: ``connections`` reads it without the lock, which
+        # an opener holds for a whole connect (TCP, TLS and SETTINGS: up to three
+        # ``connect_timeout``s). Behind it, ``close_silent`` held up the thread whose request
+        # proved the API server back, often the Lease loop, by as long.
         self._conns: list[_Connection] = []
         self.connections_opened = 0
         # Set when the server refused HTTP/2: the watches go over HTTP/1.1 from then on.
@@ -581,7 +585,7 @@ class H2Pool:
             conn = next((c for c in self._conns if c.has_room()), None)
             if conn is None:
                 conn = _Connection(self.endpoint, self.connect_timeout)
-                self._conns.append(conn)
+                self._conns = [*self._conns, conn]
                 self.connections_opened += 1
             stream = conn.open(request)
         stream.read_timeout = read_timeout
@@ -589,8 +593,8 @@ class H2Pool:
         return stream
 
     def connections(self) -> list[_Connection]:
-        with self._lock:
-            return list(self._conns)
+        """The pool's connections now, without waiting for an opener (see ``_conns``)."""
+        return list(self._conns)
 
     def close_silent(self, since: float) -> int:
         """Close the connections that received nothing since ``since`` (monotonic): after the

@@ -373,3 +373,29 @@ def test_a_silent_http2_watch_restarted_at_recovery_ends_quietly(
     api.connectivity.answered(time.monotonic())
     reading.join(CAP)
     assert not reading.is_alive() and errors == []
+
+
+# --- a slow connect holds nobody else up --------------------------------------------------
+
+
+def test_close_silent_does_not_wait_for_a_connection_being_opened(
+    tls_files: tuple[Path, Path],
+) -> None:
+    """The request that proves the API server back (often the Lease loop's) calls
+    ``close_silent``; it waited for the pool's lock, which an opener holds for a whole
+    connect to a server that does not answer the handshake (here: up to ``CAP`` s)."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts TCP, never speaks TLS
+    endpoint = h2watch.endpoint_from(configuration(silent.getsockname()[1], tls_files[0]))
+    assert endpoint is not None
+    stuck = H2Pool(endpoint, connect_timeout=CAP)
+    try:
+        _, _, opener = _in_thread(lambda: stuck.open("/w", [], CAP))
+        wait_for(lambda: stuck._lock.locked(), "the opener to connect")
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert stuck.close_silent(time.monotonic()) == 0
+        assert time.monotonic() - started < 1.0
+        assert opener.is_alive()  # still connecting
+    finally:
+        silent.close()
+        stuck.close()

@@ -811,6 +811,35 @@ def _check_unique(deployments: list[Any]) -> list[str]:
     return problems
 
 
+def _check_renames(deployments: list[Any]) -> list[str]:
+    """A ``renamedFrom`` must name a deployment no longer configured.
+
+    A rename replaces the old deployment: the preflight plans the old driver's removal (the
+    new one starts after it). With the old name still configured too, the update would
+    remove the driver it also deploys. A cross-entry rule, so here beside the unique names,
+    where it holds with ``preflight: false`` as well and before anything is changed.
+    """
+    problems = []
+    configured: dict[str, int] = {}
+    for i, dep in enumerate(deployments):
+        name = dep.get("name", names.DEFAULT_DRIVER_NAME) if isinstance(dep, Mapping) else None
+        if isinstance(name, str):
+            configured.setdefault(name, i)
+    for i, dep in enumerate(deployments):
+        if not isinstance(dep, Mapping):
+            continue
+        old = dep.get("renamedFrom")
+        other = configured.get(old) if isinstance(old, str) else None
+        if other is not None and other != i:
+            problems.append(
+                f"{key_path(('deployments', i, 'renamedFrom'))}: {_show(old)} is still "
+                f"configured ({key_path(('deployments', other, 'name'))}); a rename replaces "
+                "the old deployment, so remove it from the config in the same update to "
+                "rename it, or drop renamedFrom to run both"
+            )
+    return problems
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -900,6 +929,7 @@ def load_config(
                         (warn or (lambda _m: None))(w)
             problems.extend(dep_problems)
         problems.extend(_check_unique(deployments_raw))
+        problems.extend(_check_renames(deployments_raw))
 
     allowed, allowed_problems = fieldowners.parse_allowed(
         raw.get("allowedFieldOwners"), key_path(("allowedFieldOwners",))

@@ -74,6 +74,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_config_checks.py",
         "tests/unit/test_config_sections.py",
         "tests/unit/test_config_messages.py",
+        "tests/unit/test_small_fixes_program.py",
     ),
     "pmem_components/patches.py": (
         "tests/unit/test_patches.py",

@@ -5,10 +5,12 @@ components entering their cgroup without a fork (``tools/realnode.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from pmem_components import names, preflight
 from pmem_components.config import ConfigError, load_config
 
 
@@ -64,3 +66,56 @@ def test_a_rename_from_a_name_no_longer_configured_is_fine() -> None:
         check_certificates=False,
     )
     assert [d.renamed_from for d in stack.deployments] == [None, "old.example.com"]
+
+
+# --------------------------------------------------------------------------- component URN
+
+
+async def _pulumi_urns(component: str, child: str) -> tuple[str, str]:
+    """The URNs Pulumi's own ``create_urn`` builds for a top-level ``PmemCsiDeployment``
+    named ``component`` and its Deployment CR child named ``child``."""
+    import pulumi
+
+    from pmem_components.components import COMPONENT_TYPE
+
+    parent = await pulumi.resource.create_urn(
+        component, COMPONENT_TYPE, project="pmem-csi-pulumi", stack="prod"
+    ).future()
+    assert parent is not None
+    cr_type = f"kubernetes:{names.CRD_GROUP}/{names.CRD_STORAGE_VERSION}:{names.CRD_KIND}"
+    urn = await pulumi.resource.create_urn(child, cr_type, parent=parent).future()
+    assert urn is not None
+    return parent, urn
+
+
+@pytest.mark.parametrize("component", ["east", "east:west", "cluster:a:b"])
+def test_the_component_urn_of_a_library_cr_keeps_the_colons_of_the_components_name(
+    component: str,
+) -> None:
+    """A library instance's children are named ``<component>:<driver>``: the component's
+    name is all but the last colon's part (a driver name has none), not the part before
+    the first colon, which named a URN that does not exist in the suggested
+    ``pulumi state delete``."""
+    driver = names.DEFAULT_DRIVER_NAME
+    parent, child = asyncio.run(_pulumi_urns(component, f"{component}:{driver}"))
+    assert preflight._component_urn(child) == parent
+
+
+def test_the_component_urn_of_a_program_cr_is_named_after_the_driver() -> None:
+    driver = names.DEFAULT_DRIVER_NAME
+    parent, child = asyncio.run(_pulumi_urns(driver, driver))
+    assert preflight._component_urn(child) == parent
+
+
+def test_the_component_urn_of_a_cr_whose_components_name_holds_a_double_colon() -> None:
+    """A URN's name is everything after its third ``::`` (stack, project and type hold none;
+    a name may): the engine builds a child's URN from its parent's type, so the child of
+    ``x::y`` is ``...::<component type>$<CR type>::x::y:<driver>``. (The SDK's
+    ``create_urn`` cuts the parent at its last ``::`` and gets this case wrong; the engine,
+    which names the registered children, does not.)"""
+    from pmem_components.components import COMPONENT_TYPE
+
+    cr_type = f"kubernetes:{names.CRD_GROUP}/{names.CRD_STORAGE_VERSION}:{names.CRD_KIND}"
+    base = "urn:pulumi:prod::pmem-csi-pulumi::"
+    child = f"{base}{COMPONENT_TYPE}${cr_type}::x::y:{names.DEFAULT_DRIVER_NAME}"
+    assert preflight._component_urn(child) == f"{base}{COMPONENT_TYPE}::x::y"

@@ -549,6 +549,32 @@ def _dict_or_empty(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def label_key_problem(key: str, what: str = "label key") -> str | None:
+    """Why the API server refuses ``key`` as a label key, or None when it takes it.
+
+    Its rule (a qualified name): a name of at most 63 characters, optionally after a prefix
+    that is a DNS subdomain and a slash; an empty prefix ("/abc") is none it takes. The same
+    rule holds for annotation keys (``what``), which the API server lowers first. One rule
+    for the config's labels and for the labels patches write (patches.py).
+    """
+    prefix, slash, name = key.rpartition("/")
+    if (
+        not _LABEL_NAME.match(name)
+        or len(name) > 63
+        or (slash and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253))
+    ):
+        return f"is not a valid {what}"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why the API server refuses ``value`` as a label value, or None when it takes it: at
+    most 63 characters, alphanumeric at both ends (``\\Z``: not "x\\n")."""
+    if not _LABEL_VALUE.match(value) or len(value) > 63:
+        return f"is not a valid label value (got {_show(value)})"
+    return None
+
+
 def _check_labels(
     labels: Any, path: tuple[str | int, ...], problems: list[str], *, reserved: bool
 ) -> None:
@@ -556,19 +582,14 @@ def _check_labels(
         return
     for key, value in labels.items():
         here = key_path((*path, str(key)))
-        prefix, slash, name = str(key).rpartition("/")
-        # With a slash, the prefix must be a DNS subdomain: an empty one ("/abc") is no prefix
-        # the API server takes.
-        if (
-            not _LABEL_NAME.match(name)
-            or len(name) > 63
-            or (slash and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253))
-        ):
-            problems.append(f"{here}: is not a valid label key")
+        key_problem = label_key_problem(str(key))
+        if key_problem:
+            problems.append(f"{here}: {key_problem}")
         if reserved and key in RESERVED_LABEL_KEYS:
             problems.append(f"{here}: is set by pmem-csi-pulumi itself and cannot be configured")
-        if isinstance(value, str) and (not _LABEL_VALUE.match(value) or len(value) > 63):
-            problems.append(f"{here}: is not a valid label value (got {_show(value)})")
+        value_problem = label_value_problem(value) if isinstance(value, str) else None
+        if value_problem:
+            problems.append(f"{here}: {value_problem}")
 
 
 def _check_resources(res: Any, path: tuple[str | int, ...], problems: list[str]) -> None:

@@ -84,6 +84,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_patches_mutants.py",
         "tests/unit/test_bad_input_certs_patches.py",
         "tests/unit/test_patchtypes.py",
+        "tests/unit/test_small_fixes_program.py",
     ),
     "pmem_components/preflight.py (planning)": (
         "tests/unit/test_preflight.py",

@@ -119,3 +119,89 @@ def test_the_component_urn_of_a_cr_whose_components_name_holds_a_double_colon() 
     base = "urn:pulumi:prod::pmem-csi-pulumi::"
     child = f"{base}{COMPONENT_TYPE}${cr_type}::x::y:{names.DEFAULT_DRIVER_NAME}"
     assert preflight._component_urn(child) == f"{base}{COMPONENT_TYPE}::x::y"
+
+
+# --------------------------------------------------------------------------- patched labels
+
+
+def _patch_problems(*patches: dict[str, Any]) -> list[str]:
+    """What the program's dry run of ``patches`` on the built objects refuses, as
+    ``read_config`` runs it before the preflight and before anything is registered."""
+    from pmem_components.components import check_patches
+
+    stack = load_config(
+        {"deployments": [{"name": "first.example.com", "patches": list(patches)}]},
+        check_certificates=False,
+    )
+    return check_patches(stack.deployments[0], 0)
+
+
+KEY = "pmem-csi:deployments[0].patches"
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        (
+            {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"tier": "x\n"}}}},
+            f'{KEY}[0]: metadata.labels["tier"]: is not a valid label value (got "x\\n")',
+        ),
+        (
+            {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"/abc": "x"}}}},
+            f'{KEY}[0]: metadata.labels["/abc"]: is not a valid label key',
+        ),
+        (
+            {"kind": "Service", "mergePatch": {"metadata": {"labels": {"tier": "v" * 64}}}},
+            f'{KEY}[0]: metadata.labels["tier"]: is not a valid label value (got "{"v" * 64}")',
+        ),
+        (
+            {
+                "kind": "StatefulSet",
+                "jsonPatch": [
+                    {"op": "add", "path": "/spec/template/metadata/labels/a b", "value": "x"}
+                ],
+            },
+            f'{KEY}[0]: spec.template.metadata.labels["a b"]: is not a valid label key',
+        ),
+        (
+            {"kind": "DaemonSet", "mergePatch": {"metadata": {"annotations": {"-x": "any"}}}},
+            f'{KEY}[0]: metadata.annotations["-x"]: is not a valid annotation key',
+        ),
+    ],
+    ids=["value-newline", "key-empty-prefix", "value-too-long", "template-key", "annotation"],
+)
+def test_a_patch_writing_a_label_the_api_server_refuses_is_named(
+    patch: dict[str, Any], expected: str
+) -> None:
+    """A merge or JSON patch that writes a label the API server refuses passed the dry run
+    and failed in the middle of ``pulumi up``; the patched objects' labels (and annotation
+    keys) are checked by the config's label rule, naming the patch."""
+    assert _patch_problems(patch) == [expected]
+
+
+def test_a_bad_label_is_blamed_on_the_patch_that_wrote_it_last_and_may_be_repaired() -> None:
+    """Only the final object counts (a later patch may repair a value), as for types; the
+    patch blamed is the last that wrote the key."""
+    bad = {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"tier": "x\n"}}}}
+    good = {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"tier": "x"}}}}
+    other = {"kind": "DaemonSet", "mergePatch": {"metadata": {"labels": {"b": "y"}}}}
+    assert _patch_problems(bad, good) == []
+    assert _patch_problems(good, other, bad) == [
+        f'{KEY}[2]: metadata.labels["tier"]: is not a valid label value (got "x\\n")'
+    ]
+
+
+def test_valid_labels_and_annotations_written_by_patches_are_accepted() -> None:
+    """Prefixed keys, an empty value, and an annotation key with capitals in its prefix (the
+    API server lowers annotation keys before it checks them, not label keys)."""
+    patch = {
+        "kind": "DaemonSet",
+        "mergePatch": {
+            "metadata": {
+                "labels": {"example.com/tier": "", "a_b.c-d": "V" * 63},
+                "annotations": {"Example.COM/note": "free text\n"},
+            },
+            "spec": {"template": {"metadata": {"labels": {"example.com/x": "y"}}}},
+        },
+    }
+    assert _patch_problems(patch) == []

@@ -6,6 +6,11 @@ components entering their cgroup without a fork (``tools/realnode.py``)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -205,3 +210,72 @@ def test_valid_labels_and_annotations_written_by_patches_are_accepted() -> None:
         },
     }
     assert _patch_problems(patch) == []
+
+
+# --------------------------------------------------------------------------- real node spawn
+
+
+def test_a_real_node_component_enters_its_cgroup_through_a_shell_not_a_fork(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``_spawn`` enters the tracking cgroup by a ``sh -c`` prefix that writes 0 to its
+    cgroup.procs and execs the command, never by ``preexec_fn``: with one, CPython forks
+    rather than vfork, and a fork runs the gRPC library's fork handlers (the Pulumi SDK is
+    loaded in the same test process), which crashed initdb's child the same way
+    (tools/postgres.py). Run for real, a temporary file standing in for cgroup.procs: it
+    holds "0", the program gets its arguments intact (spaces, quotes, ``$``, globs), runs
+    in a session of its own, and keeps the descriptors passed."""
+    from tools import realnode
+
+    procs = tmp_path / "cgroup" / "pids" / realnode.TRACKING_CGROUP / "cgroup.procs"
+    procs.parent.mkdir(parents=True)
+    procs.write_text("")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    monkeypatch.setattr(realnode, "CGROUP_ROOT", tmp_path / "cgroup")
+    monkeypatch.setattr(realnode, "log_dir", lambda: logs)
+    calls: list[dict[str, Any]] = []
+    popen = subprocess.Popen
+
+    def spy(cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        calls.append(kwargs)
+        return popen(cmd, **kwargs)
+
+    monkeypatch.setattr(realnode.subprocess, "Popen", spy)
+    args = ["a b", "it's", '"q"', "$HOME", "*", "", "-c"]
+    script = (
+        "import json, os, sys; "
+        "fd = int(sys.argv[1]); os.fstat(fd); "
+        "print(json.dumps([sys.argv[2:], os.getsid(0) == os.getpid()]))"
+    )
+    read_end, write_end = os.pipe()
+    try:
+        proc = realnode._spawn(
+            "probe", [sys.executable, "-c", script, str(write_end), *args], pass_fds=(write_end,)
+        )
+        assert proc.wait(timeout=30) == 0
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    ((kwargs,),) = [calls]
+    assert kwargs.get("preexec_fn") is None
+    assert kwargs["start_new_session"] is True
+    assert kwargs["pass_fds"] == (write_end,)
+    assert procs.read_text().strip() == "0"
+    assert json.loads((logs / "probe.log").read_text()) == [args, True]
+
+
+def test_a_real_node_component_that_cannot_enter_its_cgroup_never_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The exec follows the write only (``&&``): outside the tracking cgroup a component
+    would escape the teardown, so the shell exits instead, its reason in the log."""
+    from tools import realnode
+
+    monkeypatch.setattr(realnode, "CGROUP_ROOT", tmp_path / "no-cgroup")
+    monkeypatch.setattr(realnode, "log_dir", lambda: tmp_path)
+    marker = tmp_path / "ran"
+    proc = realnode._spawn("probe", ["/bin/sh", "-c", 'touch "$0"', str(marker)])
+    assert proc.wait(timeout=30) != 0
+    assert not marker.exists()
+    assert "cgroup.procs" in (tmp_path / "probe.log").read_text()

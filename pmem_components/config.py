@@ -549,6 +549,32 @@ def _dict_or_empty(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def label_key_problem(key: str, what: str = "label key") -> str | None:
+    """Why the API server refuses ``key`` as a label key, or None when it takes it.
+
+    Its rule (a qualified name): a name of at most 63 characters, optionally after a prefix
+    that is a DNS subdomain and a slash; an empty prefix ("/abc") is none it takes. The same
+    rule holds for annotation keys (``what``), which the API server lowers first. One rule
+    for the config's labels and for the labels patches write (patches.py).
+    """
+    prefix, slash, name = key.rpartition("/")
+    if (
+        not _LABEL_NAME.match(name)
+        or len(name) > 63
+        or (slash and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253))
+    ):
+        return f"is not a valid {what}"
+    return None
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why the API server refuses ``value`` as a label value, or None when it takes it: at
+    most 63 characters, alphanumeric at both ends (``\\Z``: not "x\\n")."""
+    if not _LABEL_VALUE.match(value) or len(value) > 63:
+        return f"is not a valid label value (got {_show(value)})"
+    return None
+
+
 def _check_labels(
     labels: Any, path: tuple[str | int, ...], problems: list[str], *, reserved: bool
 ) -> None:
@@ -556,19 +582,14 @@ def _check_labels(
         return
     for key, value in labels.items():
         here = key_path((*path, str(key)))
-        prefix, slash, name = str(key).rpartition("/")
-        # With a slash, the prefix must be a DNS subdomain: an empty one ("/abc") is no prefix
-        # the API server takes.
-        if (
-            not _LABEL_NAME.match(name)
-            or len(name) > 63
-            or (slash and (not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253))
-        ):
-            problems.append(f"{here}: is not a valid label key")
+        key_problem = label_key_problem(str(key))
+        if key_problem:
+            problems.append(f"{here}: {key_problem}")
         if reserved and key in RESERVED_LABEL_KEYS:
             problems.append(f"{here}: is set by pmem-csi-pulumi itself and cannot be configured")
-        if isinstance(value, str) and (not _LABEL_VALUE.match(value) or len(value) > 63):
-            problems.append(f"{here}: is not a valid label value (got {_show(value)})")
+        value_problem = label_value_problem(value) if isinstance(value, str) else None
+        if value_problem:
+            problems.append(f"{here}: {value_problem}")
 
 
 def _check_resources(res: Any, path: tuple[str | int, ...], problems: list[str]) -> None:
@@ -811,6 +832,35 @@ def _check_unique(deployments: list[Any]) -> list[str]:
     return problems
 
 
+def _check_renames(deployments: list[Any]) -> list[str]:
+    """A ``renamedFrom`` must name a deployment no longer configured.
+
+    A rename replaces the old deployment: the preflight plans the old driver's removal (the
+    new one starts after it). With the old name still configured too, the update would
+    remove the driver it also deploys. A cross-entry rule, so here beside the unique names,
+    where it holds with ``preflight: false`` as well and before anything is changed.
+    """
+    problems = []
+    configured: dict[str, int] = {}
+    for i, dep in enumerate(deployments):
+        name = dep.get("name", names.DEFAULT_DRIVER_NAME) if isinstance(dep, Mapping) else None
+        if isinstance(name, str):
+            configured.setdefault(name, i)
+    for i, dep in enumerate(deployments):
+        if not isinstance(dep, Mapping):
+            continue
+        old = dep.get("renamedFrom")
+        other = configured.get(old) if isinstance(old, str) else None
+        if other is not None and other != i:
+            problems.append(
+                f"{key_path(('deployments', i, 'renamedFrom'))}: {_show(old)} is still "
+                f"configured ({key_path(('deployments', other, 'name'))}); a rename replaces "
+                "the old deployment, so remove it from the config in the same update to "
+                "rename it, or drop renamedFrom to run both"
+            )
+    return problems
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -900,6 +950,7 @@ def load_config(
                         (warn or (lambda _m: None))(w)
             problems.extend(dep_problems)
         problems.extend(_check_unique(deployments_raw))
+        problems.extend(_check_renames(deployments_raw))
 
     allowed, allowed_problems = fieldowners.parse_allowed(
         raw.get("allowedFieldOwners"), key_path(("allowedFieldOwners",))

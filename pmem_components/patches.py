@@ -23,6 +23,7 @@ a property that held a secret before patching is secret after it.
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import pulumi
 from pulumi.runtime.rpc import is_rpc_secret, unwrap_rpc_secret, wrap_rpc_secret
 
 from pmem_components import patchtypes
+from pmem_components.config import label_key_problem, label_value_problem
 from pmem_components.names import SPEC_DIGEST_ANNOTATION
 
 DEFAULT_WHERE = "pmem-csi:patches"
@@ -319,6 +321,59 @@ def fixed_field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> 
     return problems
 
 
+# Where an object (and a workload's pod template) carries the labels and annotations whose
+# keys (and label values) the API server validates.
+METADATA_PATHS = (("metadata",), ("spec", "template", "metadata"))
+_ABSENT = object()
+
+
+def _entry(obj: Any, path: Sequence[str], key: Any) -> Any:
+    found = _at(obj, path)
+    return found.get(key, _ABSENT) if isinstance(found, Mapping) else _ABSENT
+
+
+def label_problems(
+    obj: Mapping[str, Any], states: Sequence[tuple[PatchEntry, Mapping[str, Any]]]
+) -> list[str]:
+    """The labels and annotation keys of the patched ``obj`` the API server would refuse.
+
+    ``states`` are the entries that selected ``obj``, each with the object after it. Only
+    the final object counts (a later entry may repair a value); a bad key or value is blamed
+    on the last entry that wrote it, and one the builders wrote is not a patch's (the
+    configured labels have their config check). The rule is the config's
+    (:func:`config.label_key_problem`): refused here, before anything is registered, not by
+    the API server in the middle of ``pulumi up``.
+    """
+    if not states:
+        return []
+    final = states[-1][1]
+    problems: list[str] = []
+    for meta in METADATA_PATHS:
+        for field_name, what in (("labels", "label key"), ("annotations", "annotation key")):
+            path = (*meta, field_name)
+            found = _at(final, path)
+            if not isinstance(found, Mapping):
+                continue  # a wrong type: patchtypes names it
+            for key, value in found.items():
+                # The API server lowers annotation keys before it checks them.
+                text = str(key).lower() if field_name == "annotations" else str(key)
+                wrong = [label_key_problem(text, what)]
+                if field_name == "labels" and isinstance(value, str):
+                    wrong.append(label_value_problem(value))
+                if not any(wrong):
+                    continue
+                writer, before = None, obj
+                for entry, after in states:
+                    if _entry(before, path, key) != _entry(after, path, key):
+                        writer = entry
+                    before = after
+                if writer is None:
+                    continue
+                where = f"{'.'.join(path)}[{json.dumps(str(key))}]"
+                problems += [f"{writer.label}: {where}: {w}" for w in wrong if w]
+    return problems
+
+
 def changed_paths(before: Any, after: Any, prefix: str = "") -> list[str]:
     """Dotted paths (``spec.podManagementPolicy``, ``roleRef.name``) where ``after`` differs.
 
@@ -470,9 +525,10 @@ class PatchSet:
     def _object_problems(
         self, obj: Mapping[str, Any]
     ) -> tuple[list[str], list[tuple[patchtypes.Source, patchtypes.Mismatch, bool]]]:
-        """What the entries selecting ``obj`` do wrong to it: failed applies and changed fixed
-        fields (as lines), values of the wrong type (:mod:`pmem_components.patchtypes`) as
-        (where the value was written, mismatch, object is a Secret).
+        """What the entries selecting ``obj`` do wrong to it: failed applies, changed fixed
+        fields and labels the API server refuses (as lines), values of the wrong type
+        (:mod:`pmem_components.patchtypes`) as (where the value was written, mismatch, object
+        is a Secret).
 
         Only the final object's types are checked (a later entry may repair a value). Only
         when something is wrong are the entries replayed, see :meth:`_blame`.
@@ -481,6 +537,7 @@ class PatchSet:
         current: Mapping[str, Any] = obj
         kind = kind_of("", obj)
         applied: list[PatchEntry] = []
+        states: list[tuple[PatchEntry, Mapping[str, Any]]] = []
         for entry in self.entries:
             if not entry.selects(kind, current):
                 continue
@@ -489,7 +546,9 @@ class PatchSet:
             except PatchError as e:
                 return [*problems, str(e)], []
             applied.append(entry)
+            states.append((entry, current))
             problems += [f"{entry.label}: {p}" for p in fixed_field_changes(before, current)]
+        problems += label_problems(obj, states)
         final = patchtypes.mismatches(current) if applied else []
         if not final:
             return problems, []

@@ -608,15 +608,22 @@ def _dropped_taken(live: ObservedObject, state: identity.StackState) -> str | No
 
 def _component_urn(child_urn: str) -> str | None:
     """The URN of the ``PmemCsiDeployment`` component whose child (its CR) has ``child_urn``:
-    the parent's type is the child's type chain but its last, its name the child's prefix
-    (``<name>:``, library use) or, without one, the child's name (the driver name)."""
-    parts = child_urn.split("::")
+    the parent's type is the child's type chain but its last, its name the child's name
+    without its last ``:<driver name>`` (library use names children ``<name>:<object>``) or,
+    without a colon, the child's name (the driver name).
+
+    ``urn:pulumi:<stack>::<project>::<type chain>::<name>``: the name is everything after
+    the third ``::`` (stack, project and type hold none; a name may hold ``:``, even ``::``),
+    and the driver name (a DNS subdomain) holds no colon, so the component's name is all
+    before the last one. Cut at the first colon, ``a:b`` gave a URN that does not exist.
+    """
+    parts = child_urn.split("::", 3)
     if len(parts) != 4 or "$" not in parts[2]:
         return None
     parent_type = parts[2].rsplit("$", 1)[0]
     if "$" in parent_type:
         return None  # not a top-level component's child
-    name = parts[3].split(":", 1)[0] if ":" in parts[3] else parts[3]
+    name = parts[3].rsplit(":", 1)[0]
     return "::".join([parts[0], parts[1], parent_type, name])
 
 

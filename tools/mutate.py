@@ -65,8 +65,11 @@ MODULES: dict[str, tuple[str, ...]] = {
 # (mutmut's stats run says which), never the tests of other modules that merely pass through
 # it. Sound in one direction: a mutant these tests kill is killed; a mutant that survives them
 # may be caught elsewhere, but then the module's own tests miss a behaviour of it, a gap to
-# close in its own test files. The union is [tool.mutmut] pytest_add_cli_args_test_selection
-# in pyproject.toml (tests/unit/test_mutate.py checks that they agree).
+# close in its own test files. A file may pin several modules (test_small_fixes_program.py:
+# one fix each in config, preflight and patches) and is then listed under each; a mutant
+# runs only the tests of that file that call the mutated function, its module's. The union
+# is [tool.mutmut] pytest_add_cli_args_test_selection in pyproject.toml, each file once
+# (tests/unit/test_mutate.py checks that they agree).
 OWN_TESTS: dict[str, tuple[str, ...]] = {
     "pmem_components/config.py": (
         "tests/unit/test_config.py",
@@ -74,17 +77,20 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_config_checks.py",
         "tests/unit/test_config_sections.py",
         "tests/unit/test_config_messages.py",
+        "tests/unit/test_small_fixes_program.py",
     ),
     "pmem_components/patches.py": (
         "tests/unit/test_patches.py",
         "tests/unit/test_patches_mutants.py",
         "tests/unit/test_bad_input_certs_patches.py",
         "tests/unit/test_patchtypes.py",
+        "tests/unit/test_small_fixes_program.py",
     ),
     "pmem_components/preflight.py (planning)": (
         "tests/unit/test_preflight.py",
         "tests/unit/test_preflight_mutants.py",
         "tests/unit/test_preflight_identity.py",
+        "tests/unit/test_small_fixes_program.py",
     ),
     "pmem_components/takeover.py": (
         "tests/unit/test_takeover.py",

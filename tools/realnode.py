@@ -823,16 +823,22 @@ def _lock(wait: float = 0) -> Iterator[int]:
 def _spawn(
     name: str, cmd: list[str], env: dict[str, str] | None = None, pass_fds: tuple[int, ...] = ()
 ) -> subprocess.Popen[bytes]:
-    """Start a long-lived component in the tracking cgroup, its output in ``log_dir()``."""
+    """Start a long-lived component in the tracking cgroup, its output in ``log_dir()``.
+
+    The child enters the cgroup by a shell prefix that writes 0 (itself) to cgroup.procs and
+    execs the command (same PID, so the recorded PID is the component's), not by
+    ``preexec_fn``: with one, CPython forks instead of using vfork, and a fork runs the fork
+    handlers of the gRPC library the Pulumi SDK loads in the same (test) process, which
+    crashed initdb's child in tools/postgres.py (its ``setpriv`` prefix). The path is the
+    script's ``$0`` and the command ``"$@"``, so neither is ever parsed by the shell; a
+    failed write exits before the exec, its message in the log.
+    """
     log = open(log_dir() / f"{name}.log", "ab")  # noqa: SIM115 (owned by the child)
     procs = CGROUP_ROOT / "pids" / TRACKING_CGROUP / "cgroup.procs"
-
-    def enter_cgroup() -> None:
-        procs.write_text("0")
-
+    wrapped = ["/bin/sh", "-c", 'echo 0 > "$0" && exec "$@"', str(procs), *cmd]
     proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        start_new_session=True, preexec_fn=enter_cgroup, pass_fds=pass_fds,
+        wrapped, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+        start_new_session=True, pass_fds=pass_fds,
     )  # fmt: skip
     log.close()
     return proc

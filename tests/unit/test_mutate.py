@@ -93,8 +93,10 @@ def test_mutmut_collects_exactly_the_own_test_files_and_they_exist() -> None:
     pyproject = tomllib.loads((mutate.PROJECT_DIR / "pyproject.toml").read_text(encoding="utf-8"))
     selection = pyproject["tool"]["mutmut"]["pytest_add_cli_args_test_selection"]
     own = [f for files in mutate.OWN_TESTS.values() for f in files]
-    assert sorted(selection) == sorted(own)
-    assert len(set(own)) == len(own), "a test file belongs to one module"
+    assert sorted(selection) == sorted(set(own))
+    assert len(set(selection)) == len(selection), "a test file is collected once"
+    for files in mutate.OWN_TESTS.values():
+        assert len(set(files)) == len(files), "a test file is listed once per module"
     assert set(mutate.OWN_TESTS) == set(mutate.MODULES)
     for path in own:
         assert (mutate.PROJECT_DIR / path).is_file(), path

@@ -106,7 +106,8 @@ WATCHED_CLUSTER = [
 REQUESTS = {"cpu": "100m", "memory": "128Mi"}
 LIMITS = {"memory": "384Mi"}
 # Memory per driver namespace beyond the first: its 8 watches, each a thread, a TLS connection
-# and its cache, ~190 KiB (1.5 MiB a namespace: 62 MiB RSS at 1 namespace, 214 MiB at 100).
+# and its cache, ~190 KiB (1.5 MiB a namespace: 62 MiB RSS at 1 namespace, 214 MiB at 100 with
+# watches over HTTP/1.1, the fallback; 165 MiB over HTTP/2, BENCHMARKS.md section 6).
 MEMORY_PER_NAMESPACE_MIB = 2
 
 

@@ -3,6 +3,8 @@ neighbour of one of its fixes that the same guard missed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pmem_components.config import ConfigError, load_config
@@ -31,3 +33,75 @@ def test_two_deployments_renamed_from_the_same_old_one_are_refused() -> None:
         "pmem-csi:deployments[0].renamedFrom; a deployment is renamed to one new name, so "
         "set renamedFrom on one of them only"
     ]
+
+
+# --------------------------------------------------------------------------- patched labels
+
+
+def _patch_problems(*patches: dict[str, Any]) -> list[str]:
+    from pmem_components.components import check_patches
+
+    stack = load_config(
+        {"deployments": [{"name": "first.example.com", "patches": list(patches)}]},
+        check_certificates=False,
+    )
+    return check_patches(stack.deployments[0], 0)
+
+
+KEY = "pmem-csi:deployments[0].patches"
+
+
+@pytest.mark.parametrize(
+    ("patch", "expected"),
+    [
+        (
+            {
+                "kind": "DaemonSet",
+                "mergePatch": {"spec": {"template": {"spec": {"nodeSelector": {"zone": "a\n"}}}}},
+            },
+            f'{KEY}[0]: spec.template.spec.nodeSelector["zone"]: is not a valid label value '
+            '(got "a\\n")',
+        ),
+        (
+            {
+                "kind": "DaemonSet",
+                "mergePatch": {"spec": {"template": {"spec": {"nodeSelector": {"/z": "a"}}}}},
+            },
+            f'{KEY}[0]: spec.template.spec.nodeSelector["/z"]: is not a valid label key',
+        ),
+        (
+            {
+                "kind": "Service",
+                "name": "first-example-com-metrics",
+                "mergePatch": {"spec": {"selector": {"app": "v" * 64}}},
+            },
+            f'{KEY}[0]: spec.selector["app"]: is not a valid label value (got "{"v" * 64}")',
+        ),
+    ],
+    ids=["node-selector-value", "node-selector-key", "service-selector-value"],
+)
+def test_a_patch_writing_a_selector_the_api_server_refuses_is_named(
+    patch: dict[str, Any], expected: str
+) -> None:
+    """The API server checks a pod's nodeSelector and a Service's selector with the label
+    rule (ValidateLabels), as it checks labels; the config's own nodeSelector is checked with
+    it, but one written by a patch passed the dry run and failed in the middle of
+    ``pulumi up``."""
+    assert _patch_problems(patch) == [expected]
+
+
+def test_valid_selectors_written_by_patches_are_accepted() -> None:
+    """Prefixed keys and an empty value; a workload's ``spec.selector`` is a LabelSelector
+    (an object, immutable and checked as a fixed field), not a label map."""
+    ds = {
+        "kind": "DaemonSet",
+        "mergePatch": {
+            "spec": {"template": {"spec": {"nodeSelector": {"example.com/zone": "", "z": "A"}}}}
+        },
+    }
+    svc = {
+        "kind": "Service",
+        "name": "first-example-com-metrics",
+        "mergePatch": {"spec": {"selector": {"example.com/x": "y"}}},
+    }
+    assert _patch_problems(ds, svc) == []

@@ -3,9 +3,15 @@ neighbour of one of its fixes that the same guard missed."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+from test_reporter_h2watch import CAP, POD, Server, raw_api, wait_for
+from test_reporter_h2watch import tls_files as tls_files
 
 from pmem_components.config import ConfigError, load_config
 
@@ -105,3 +111,69 @@ def test_valid_selectors_written_by_patches_are_accepted() -> None:
         "mergePatch": {"spec": {"selector": {"example.com/x": "y"}}},
     }
     assert _patch_problems(ds, svc) == []
+
+
+# --------------------------------------------------------------------------- HTTP/2 recovery
+
+
+def test_a_watch_restarted_at_recovery_goes_over_a_new_connection_not_the_silent_one(
+    tls_files: tuple[Path, Path],
+) -> None:
+    """At recovery the silent watches were closed before their silent connections: an
+    informer resumes at once, and its new watch was placed on the silent connection that was
+    still in the pool, which ``close_silent`` closed a moment later. The restarted watch
+    failed as a transport error (a warning, a backoff, and a new "trouble" that restarts
+    the watches again), the restart lost. The watches must still end quietly (3b458a7)."""
+    server = Server(tls_files)
+    try:
+        api = raw_api(server, tls_files)
+        first: list[Any] = []
+        opener = threading.Thread(
+            target=lambda: first.append(api.watch(POD, "1", "ns")), daemon=True
+        )
+        opener.start()
+        silent_conn, sid, _, _ = server.request(0)
+        silent_conn.respond(sid)
+        opener.join(CAP)
+        (watch,) = first
+        restarted: list[Any] = []
+        errors: list[BaseException] = []
+
+        def informer() -> None:
+            try:
+                list(watch)  # ends quietly once closed at recovery
+                restarted.append(api.watch(POD, "2", "ns"))  # resumes at once
+            except BaseException as exc:
+                errors.append(exc)
+
+        reading = threading.Thread(target=informer, daemon=True)
+        reading.start()
+        drop = api.connectivity._on_recovered
+
+        def drop_after_a_quick_informer(since: float) -> None:
+            # An informer is quicker than the recovery's remaining work (hundreds of
+            # watches to close, the HTTP/1.1 pools to clear): let its re-watch go first
+            # when it can (it cannot when the connections are closed before the watches).
+            with contextlib.suppress(AssertionError):
+                _wait(lambda: len(server.requests) > 1, 1.0)
+            drop(since)
+
+        api.connectivity._on_recovered = drop_after_a_quick_informer
+        api.connectivity.failed()
+        time.sleep(0.01)
+        api.connectivity.answered(time.monotonic())
+        new_conn, new_sid, _, _ = server.request(1)
+        new_conn.respond(new_sid)
+        reading.join(CAP)
+        assert errors == [], errors
+        assert restarted and new_conn is not silent_conn
+        wait_for(lambda: silent_conn.closed, "the silent connection closed")
+    finally:
+        server.close()
+
+
+def _wait(cond: Any, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not cond():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)

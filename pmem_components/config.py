@@ -833,7 +833,7 @@ def _check_unique(deployments: list[Any]) -> list[str]:
 
 
 def _check_renames(deployments: list[Any]) -> list[str]:
-    """A ``renamedFrom`` must name a deployment no longer configured.
+    """A ``renamedFrom`` must name a deployment no longer configured, and no other entry's.
 
     A rename replaces the old deployment: the preflight plans the old driver's removal (the
     new one starts after it). With the old name still configured too, the update would
@@ -846,17 +846,31 @@ def _check_renames(deployments: list[Any]) -> list[str]:
         name = dep.get("name", names.DEFAULT_DRIVER_NAME) if isinstance(dep, Mapping) else None
         if isinstance(name, str):
             configured.setdefault(name, i)
+    renamed: dict[str, int] = {}
     for i, dep in enumerate(deployments):
         if not isinstance(dep, Mapping):
             continue
         old = dep.get("renamedFrom")
-        other = configured.get(old) if isinstance(old, str) else None
+        if not isinstance(old, str):
+            continue
+        other = configured.get(old)
+        here = key_path(("deployments", i, "renamedFrom"))
         if other is not None and other != i:
             problems.append(
-                f"{key_path(('deployments', i, 'renamedFrom'))}: {_show(old)} is still "
+                f"{here}: {_show(old)} is still "
                 f"configured ({key_path(('deployments', other, 'name'))}); a rename replaces "
                 "the old deployment, so remove it from the config in the same update to "
                 "rename it, or drop renamedFrom to run both"
+            )
+        # One old deployment, one new name: two entries renamed from it both got it as their
+        # previous deployment in the preflight, and both components (and their objects)
+        # aliased its URNs, which the engine refuses in the middle of the update.
+        first = renamed.setdefault(old, i)
+        if first != i:
+            problems.append(
+                f"{here}: {_show(old)} is already renamed by "
+                f"{key_path(('deployments', first, 'renamedFrom'))}; a deployment is renamed "
+                "to one new name, so set renamedFrom on one of them only"
             )
     return problems
 

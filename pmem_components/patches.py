@@ -324,7 +324,25 @@ def fixed_field_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> 
 # Where an object (and a workload's pod template) carries the labels and annotations whose
 # keys (and label values) the API server validates.
 METADATA_PATHS = (("metadata",), ("spec", "template", "metadata"))
+# Maps the API server checks with the same label rule (ValidateLabels): a pod's nodeSelector
+# (the config's own nodeSelector has that check too) and a Service's selector. A workload's
+# spec.selector is a LabelSelector object, and immutable (``fixed_field_changes``).
+SELECTOR_PATHS: dict[str | None, tuple[tuple[str, ...], ...]] = {
+    None: (("spec", "template", "spec", "nodeSelector"),),
+    "Service": (("spec", "selector"),),
+}
 _ABSENT = object()
+
+
+def _label_maps(kind: Any) -> list[tuple[tuple[str, ...], str, bool]]:
+    """(path, what its keys are, whether its values are label values) of ``kind``."""
+    maps = []
+    for meta in METADATA_PATHS:
+        maps.append(((*meta, "labels"), "label key", True))
+        maps.append(((*meta, "annotations"), "annotation key", False))
+    for path in (*SELECTOR_PATHS[None], *SELECTOR_PATHS.get(kind, ())):
+        maps.append((path, "label key", True))
+    return maps
 
 
 def _entry(obj: Any, path: Sequence[str], key: Any) -> Any:
@@ -335,7 +353,8 @@ def _entry(obj: Any, path: Sequence[str], key: Any) -> Any:
 def label_problems(
     obj: Mapping[str, Any], states: Sequence[tuple[PatchEntry, Mapping[str, Any]]]
 ) -> list[str]:
-    """The labels and annotation keys of the patched ``obj`` the API server would refuse.
+    """The labels, annotation keys and selectors (a pod's nodeSelector, a Service's selector)
+    of the patched ``obj`` the API server would refuse.
 
     ``states`` are the entries that selected ``obj``, each with the object after it. Only
     the final object counts (a later entry may repair a value); a bad key or value is blamed
@@ -348,29 +367,27 @@ def label_problems(
         return []
     final = states[-1][1]
     problems: list[str] = []
-    for meta in METADATA_PATHS:
-        for field_name, what in (("labels", "label key"), ("annotations", "annotation key")):
-            path = (*meta, field_name)
-            found = _at(final, path)
-            if not isinstance(found, Mapping):
-                continue  # a wrong type: patchtypes names it
-            for key, value in found.items():
-                # The API server lowers annotation keys before it checks them.
-                text = str(key).lower() if field_name == "annotations" else str(key)
-                wrong = [label_key_problem(text, what)]
-                if field_name == "labels" and isinstance(value, str):
-                    wrong.append(label_value_problem(value))
-                if not any(wrong):
-                    continue
-                writer, before = None, obj
-                for entry, after in states:
-                    if _entry(before, path, key) != _entry(after, path, key):
-                        writer = entry
-                    before = after
-                if writer is None:
-                    continue
-                where = f"{'.'.join(path)}[{json.dumps(str(key))}]"
-                problems += [f"{writer.label}: {where}: {w}" for w in wrong if w]
+    for path, what, label_values in _label_maps(final.get("kind")):
+        found = _at(final, path)
+        if not isinstance(found, Mapping):
+            continue  # a wrong type: patchtypes names it
+        for key, value in found.items():
+            # The API server lowers annotation keys before it checks them.
+            text = str(key) if label_values else str(key).lower()
+            wrong = [label_key_problem(text, what)]
+            if label_values and isinstance(value, str):
+                wrong.append(label_value_problem(value))
+            if not any(wrong):
+                continue
+            writer, before = None, obj
+            for entry, after in states:
+                if _entry(before, path, key) != _entry(after, path, key):
+                    writer = entry
+                before = after
+            if writer is None:
+                continue
+            where = f"{'.'.join(path)}[{json.dumps(str(key))}]"
+            problems += [f"{writer.label}: {where}: {w}" for w in wrong if w]
     return problems
 
 

@@ -138,6 +138,11 @@ class _HttpWatchStream:
         finally:
             self.close()
 
+    def closing(self) -> None:
+        """About to be closed on purpose: from now on the read ends quietly, whatever ends
+        it (see ``Connectivity.answered``)."""
+        self._closed = True
+
     def close(self) -> None:
         self._closed = True
         if self._connectivity is not None:
@@ -215,12 +220,17 @@ class Connectivity:
             ]
             self.recoveries += 1
         log.info("API server answers again; restarting %d silent watch(es)", len(stale))
-        # The watches first, then their connections: a watch closed on purpose ends its
-        # read quietly, while one whose HTTP/2 connection is closed under it first may wake
-        # to that failure (a warning and a backoff instead of an immediate restart).
+        # Marked first: a watch's read then ends quietly whatever wakes it, its close or its
+        # HTTP/2 connection closed under it (not a warning and a backoff). Then the silent
+        # connections, then the watches: a watch closed before them is resumed at once by
+        # its informer, over a silent connection still in the pool, which failed it again.
+        for stream in stale:
+            mark = getattr(stream, "closing", None)
+            if mark is not None:
+                mark()
+        self._on_recovered(since)
         for stream in stale:
             stream.close()
-        self._on_recovered(since)
 
 
 class RawApi:

@@ -78,6 +78,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_config_sections.py",
         "tests/unit/test_config_messages.py",
         "tests/unit/test_small_fixes_program.py",
+        "tests/unit/test_review_stop28.py",
     ),
     "pmem_components/patches.py": (
         "tests/unit/test_patches.py",
@@ -85,6 +86,7 @@ OWN_TESTS: dict[str, tuple[str, ...]] = {
         "tests/unit/test_bad_input_certs_patches.py",
         "tests/unit/test_patchtypes.py",
         "tests/unit/test_small_fixes_program.py",
+        "tests/unit/test_review_stop28.py",
     ),
     "pmem_components/preflight.py (planning)": (
         "tests/unit/test_preflight.py",

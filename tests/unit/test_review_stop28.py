@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from test_reporter_h2watch import CAP, POD, Server, raw_api, wait_for
 from test_reporter_h2watch import tls_files as tls_files
+from test_small_fixes_program import KEY, _patch_problems
 
 from pmem_components.config import ConfigError, load_config
 
@@ -42,19 +43,6 @@ def test_two_deployments_renamed_from_the_same_old_one_are_refused() -> None:
 
 
 # --------------------------------------------------------------------------- patched labels
-
-
-def _patch_problems(*patches: dict[str, Any]) -> list[str]:
-    from pmem_components.components import check_patches
-
-    stack = load_config(
-        {"deployments": [{"name": "first.example.com", "patches": list(patches)}]},
-        check_certificates=False,
-    )
-    return check_patches(stack.deployments[0], 0)
-
-
-KEY = "pmem-csi:deployments[0].patches"
 
 
 @pytest.mark.parametrize(

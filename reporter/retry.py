@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
@@ -46,6 +46,13 @@ def retry_after(exc: BaseException) -> float | None:
         return None
 
 
+# One generator for every Backoff's jitter: a ``random.Random`` is 2.5 KiB (its Mersenne
+# Twister state), and a reporter holds a Backoff or two per informer -- 1,611 of them, 4 MiB,
+# at 100 driver namespaces (BENCHMARKS.md section 6). Jitter needs spread, not independence;
+# tests pass a seeded one of their own.
+SHARED_JITTER = random.Random()
+
+
 @dataclass
 class Backoff:
     """Exponential backoff with jitter: attempt n waits about base * factor**n, capped.
@@ -58,7 +65,7 @@ class Backoff:
     factor: float = 2.0
     cap: float = 10.0
     max_attempts: int = 6
-    rng: random.Random = field(default_factory=random.Random)
+    rng: random.Random = SHARED_JITTER
 
     def delay(self, attempt: int) -> float:
         nominal = min(self.cap, self.base * self.factor**attempt)

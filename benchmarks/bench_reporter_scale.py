@@ -105,7 +105,9 @@ def log(msg: str) -> None:
 class Reporter:
     """``python -m reporter`` with the admin kubeconfig, production defaults, INFO logs."""
 
-    def __init__(self, kubeconfig: Path, args: list[str], log_path: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, args: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.log_path = log_path
         cmd = [
             sys.executable,
@@ -119,7 +121,7 @@ class Reporter:
             "INFO",
             *args,
         ]
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"} | (env or {})
         self._log = log_path.open("w", encoding="utf-8")
         self.proc = subprocess.Popen(
             cmd, cwd=PROJECT_DIR, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True
@@ -183,6 +185,15 @@ def deployed_args(drivers: list[Driver]) -> list[str]:
         i = args.index(flag)
         del args[i : i + 2]
     return args
+
+
+def deployed_env(drivers: list[Driver]) -> dict[str, str]:
+    """The environment the program gives the stack reporter's container (glibc tunables)."""
+    dep = build_reporter_deployment(
+        [(d.names, d.namespace) for d in drivers], drivers[0].namespace, "img", REPLICAS, {}, 3, ""
+    )
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e["value"] for e in container.get("env", [])}
 
 
 # --------------------------------------------------------------------------- API server
@@ -287,16 +298,16 @@ class Scale:
         self.drivers.append(drv)
         return drv
 
-    def reporter(self, args: list[str], tag: str) -> Reporter:
-        rep = Reporter(self.kubeconfig, args, self.workdir / f"reporter-{tag}.log")
+    def reporter(self, args: list[str], tag: str, env: dict[str, str] | None = None) -> Reporter:
+        rep = Reporter(self.kubeconfig, args, self.workdir / f"reporter-{tag}.log", env)
         self.reporters.append(rep)
         return rep
 
     def deployed_reporters(self, drivers: list[Driver], tag: str) -> list[Reporter]:
         """The program's reporter layout for ``drivers``: its args, ``REPLICAS`` processes."""
-        args = deployed_args(drivers)
+        args, env = deployed_args(drivers), deployed_env(drivers)
         return [
-            self.reporter([*args, "--identity", f"{tag}-{i}"], f"{tag}-{i}")
+            self.reporter([*args, "--identity", f"{tag}-{i}"], f"{tag}-{i}", env)
             for i in range(REPLICAS)
         ]
 

@@ -19,3 +19,28 @@ def test_the_shared_generator_still_spreads_the_waits() -> None:
     b = Backoff(base=1.0, cap=8.0)
     waits = {round(b.delay(3), 6) for _ in range(50)}
     assert len(waits) > 40 and all(4.0 <= w <= 8.0 for w in waits)
+
+
+def test_the_reporter_container_runs_without_glibcs_per_thread_caches() -> None:
+    # One thread per watch, 8 watches per driver namespace: at 100 namespaces the per-thread
+    # caches held ~50 MiB of each pod (BENCHMARKS.md section 6). glibc reads it at exec only.
+    from pmem_components import names
+    from pmem_components.manifests.reporter import build_reporter_deployment
+
+    served = [(names.DeploymentNames(f"d{i}.example.com"), f"ns{i}") for i in range(3)]
+    dep = build_reporter_deployment(served, "ns0", "img", 2, {}, 3, "IfNotPresent")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    assert {"name": "GLIBC_TUNABLES", "value": "glibc.malloc.tcache_count=0"} in container["env"]
+
+
+def test_the_benchmark_starts_its_reporters_with_the_deployed_environment() -> None:
+    from benchmarks.bench_reporter_scale import deployed_env
+
+    class Drv:
+        def __init__(self, i: int) -> None:
+            from pmem_components import names
+
+            self.names = names.DeploymentNames(f"d{i}.example.com")
+            self.namespace = f"ns{i}"
+
+    assert deployed_env([Drv(0), Drv(1)]) == {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}

@@ -7,6 +7,7 @@ Jitter keeps two replicas, or many informers, from retrying in lockstep.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ def retry_after(exc: BaseException) -> float | None:
 # at 100 driver namespaces (BENCHMARKS.md section 6). Jitter needs spread, not independence;
 # tests pass a seeded one of their own.
 SHARED_JITTER = random.Random()
+# A forked child would otherwise draw its parent's jitter (random reseeds only its own).
+os.register_at_fork(after_in_child=SHARED_JITTER.seed)
 
 
 @dataclass

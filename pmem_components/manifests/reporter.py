@@ -107,14 +107,16 @@ REQUESTS = {"cpu": "100m", "memory": "128Mi"}
 LIMITS = {"memory": "384Mi"}
 # Memory per driver namespace beyond the first: its 8 watches, each a thread, a TLS connection
 # and its cache, ~190 KiB (1.5 MiB a namespace: 62 MiB RSS at 1 namespace, 214 MiB at 100 with
-# watches over HTTP/1.1, the fallback; 165 MiB over HTTP/2, BENCHMARKS.md section 6).
+# watches over HTTP/1.1, the fallback, measured with glibc's per-thread caches on; 118 MiB over
+# HTTP/2 with them off, as deployed: BENCHMARKS.md section 6).
 MEMORY_PER_NAMESPACE_MIB = 2
 # The container's environment. glibc keeps a cache of freed blocks per thread (tcache: up to 7
 # of each size up to 1 KiB), which malloc's statistics count as in use and no trim returns;
 # the reporter runs a thread per watch (8 per driver namespace), so at 100 namespaces those
-# caches held about 50 MiB of each pod's ~160 MiB (BENCHMARKS.md section 6). Without them a
-# freed block goes back to the arena that all threads share. Read by glibc at start only,
-# hence an environment variable and not a setting of the process.
+# caches held about 45 MiB of each pod's ~160 MiB (BENCHMARKS.md section 6). Without them a
+# freed block goes back to its arena at once (glibc has a few, each shared by the threads
+# attached to it). Read by glibc at exec only, hence an environment variable and not a
+# setting of the process.
 ENV = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
 
 

@@ -402,6 +402,9 @@ def test_reporter_pods_under_the_kubelet_reach_all_conditions_true(
     assert f"KUBERNETES_SERVICE_HOST={realnode.KUBERNETES_SERVICE_IP}".encode() in environ
     assert not any(e.startswith(b"KUBECONFIG=") for e in environ)
     container = dep["spec"]["template"]["spec"]["containers"][0]
+    # The container's environment reaches the process, glibc's tunables included (read at exec).
+    for env in container["env"]:
+        assert f"{env['name']}={env['value']}".encode() in environ
     assert "--kubeconfig" not in container["args"]
     # The Deployment's securityContext, as the kernel applies it to the process.
     psc = dep["spec"]["template"]["spec"]["securityContext"]

@@ -44,3 +44,25 @@ def test_the_benchmark_starts_its_reporters_with_the_deployed_environment() -> N
             self.namespace = f"ns{i}"
 
     assert deployed_env([Drv(0), Drv(1)]) == {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
+
+
+def test_a_forked_child_draws_other_jitter_than_its_parent() -> None:
+    # In a fresh interpreter: forking this test process (gRPC loaded by other tests) is unsafe.
+    import subprocess
+    import sys
+
+    script = """
+import os
+from reporter.retry import SHARED_JITTER
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.write(w, repr(SHARED_JITTER.random()).encode())
+    os._exit(0)
+os.close(w)
+child = float(os.read(r, 64))
+os.waitpid(pid, 0)
+print(child != SHARED_JITTER.random())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"

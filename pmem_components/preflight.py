@@ -93,6 +93,8 @@ class ObservedObject:
     api_version: str = ""
     # The Pulumi managers with an apply entry on the object itself (managedFields).
     pulumi_managers: tuple[str, ...] = ()
+    # ``status.phase`` (a PersistentVolume's Bound, Released, Available, Failed).
+    phase: str = ""
 
     @property
     def ref(self) -> str:
@@ -151,6 +153,9 @@ class Observed:
     # PersistentVolumes, VolumeAttachments and StorageClasses that name one of the drivers
     # the plan judges (``spec`` holds the field that names it, see :func:`volume_driver`).
     volumes: list[ObservedObject] = field(default_factory=list)
+    # Pods with an inline CSI volume (``spec.volumes[].csi``) of such a driver; read only
+    # when one would be removed or renamed (see :func:`observe`).
+    pods: list[ObservedObject] = field(default_factory=list)
     patch_rejections: list[Rejection] = field(default_factory=list)
 
 
@@ -168,6 +173,9 @@ class Plan:
     # Objects another (or an earlier) stack made that this update takes over because
     # pmem-csi:adopt names them ("Namespace <name>", "Deployment <name>").
     adopted: list[str] = field(default_factory=list)
+    # Why a namespace in :attr:`keep_namespaces` that no configured deployment uses is kept:
+    # what else lives in it ("Deployment x (stack ...)", "DaemonSet ns/name").
+    kept_namespaces: dict[str, str] = field(default_factory=dict)
 
 
 # Where each kind names its CSI driver.
@@ -755,6 +763,7 @@ def _observed(obj: Mapping[str, Any], kind: str) -> ObservedObject:
             and e.get("operation") == "Apply"
             and not e.get("subresource")
         ),
+        phase=str((obj.get("status") or {}).get("phase") or ""),
     )
 
 

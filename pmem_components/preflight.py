@@ -200,29 +200,129 @@ def _volumes_of(observed: Observed, driver: str) -> list[ObservedObject]:
 
 def _running_modes(observed: Observed, driver: str) -> list[tuple[ObservedObject, str]]:
     """(DaemonSet, device mode) of every node DaemonSet running ``driver``, from its
-    ``-deviceManager=`` argument: what manages the PMEM now, whatever the CR says."""
+    ``-deviceManager`` flag as the driver reads it: what manages the PMEM now, whatever the
+    CR says."""
     out = []
     for ds in observed.daemon_sets:
-        if _driver_name_of(ds) != driver:
+        if not _runs(ds, driver):
             continue
-        pod = ((ds.spec.get("template") or {}).get("spec")) or {}
-        for container in pod.get("containers") or []:
-            words = [*(container.get("command") or []), *(container.get("args") or [])]
-            for word in words:
-                if isinstance(word, str) and word.lstrip("-").startswith("deviceManager="):
-                    mode = word.split("=", 1)[1]
-                    out.append((ds, DEVICE_MODE_ALIASES.get(mode, mode)))
+        for container in _containers(ds):
+            env = _env_of(container)
+            mode = _go_flags(_words(container)).get("deviceManager")
+            if mode is not None:
+                mode = _expand(mode, env) or mode
+                out.append((ds, DEVICE_MODE_ALIASES.get(mode, mode)))
     return out
 
 
-def _driver_name_of(ds: ObservedObject) -> str | None:
-    """The CSI driver name a DaemonSet's pods run with (``PMEM_CSI_DRIVER_NAME``)."""
+# A driver name set through ``valueFrom`` (a ConfigMap, a field): the kubelet resolves it when
+# the pod starts; the preflight cannot, so such a DaemonSet counts as the driver whose node
+# DaemonSet name it has (see :func:`_runs`).
+UNREADABLE = "<unreadable>"
+DRIVER_NAME_ENV = "PMEM_CSI_DRIVER_NAME"
+
+
+def _containers(ds: ObservedObject) -> list[Mapping[str, Any]]:
     pod = ((ds.spec.get("template") or {}).get("spec")) or {}
-    for container in pod.get("containers") or []:
-        for env in container.get("env") or []:
-            if env.get("name") == "PMEM_CSI_DRIVER_NAME" and env.get("value"):
-                return str(env["value"])
+    return [c for c in pod.get("containers") or [] if isinstance(c, Mapping)]
+
+
+def _words(container: Mapping[str, Any]) -> list[str]:
+    """The arguments the container's program gets: ``command`` without the program itself,
+    then ``args``; with no ``command`` the image's entrypoint gets ``args`` alone."""
+    command = [str(w) for w in container.get("command") or []]
+    return [*command[1:], *(str(w) for w in container.get("args") or [])]
+
+
+def _go_flags(words: list[str]) -> dict[str, str]:
+    """Flag values as Go's ``flag`` package parses them: ``-f=X``, ``--f=X``, ``-f X`` and
+    ``--f X``; the last occurrence wins; parsing stops at ``--`` or at the first word that is
+    not a flag. A flag without ``=`` is taken to consume the next word unless that word is a
+    flag itself (a boolean flag); the driver's own flags of interest are strings."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--" or len(word) < 2 or not word.startswith("-"):
+            break
+        name = word[2:] if word.startswith("--") else word[1:]
+        if not name or name.startswith("-") or name.startswith("="):
+            break  # Go: a bad flag syntax error; the driver would not start
+        if "=" in name:
+            name, value = name.split("=", 1)
+        elif i + 1 < len(words) and not words[i + 1].startswith("-"):
+            i += 1
+            value = words[i]
+        else:
+            value = "true"  # a boolean flag
+        out[name] = value
+        i += 1
+    return out
+
+
+def _env_of(container: Mapping[str, Any]) -> dict[str, str | None]:
+    """The container's environment as the kubelet builds it: the last entry of a name wins,
+    ``$(VAR)`` in a value refers to the entries before it; None: set through ``valueFrom``."""
+    env: dict[str, str | None] = {}
+    for entry in container.get("env") or []:
+        if not isinstance(entry, Mapping) or not entry.get("name"):
+            continue
+        if "valueFrom" in entry and entry.get("valueFrom") is not None:
+            env[str(entry["name"])] = None
+        else:
+            env[str(entry["name"])] = _expand(str(entry.get("value") or ""), env)
+    return env
+
+
+def _expand(value: str | None, env: Mapping[str, str | None]) -> str | None:
+    """``$(VAR)`` references replaced as the kubelet does (``$$`` escapes, unknown names
+    stay as written); None when a referenced variable is set through ``valueFrom``."""
+    if value is None:
+        return None
+    out, i = [], 0
+    while i < len(value):
+        if value.startswith("$$", i):
+            out.append("$")
+            i += 2
+            continue
+        if value.startswith("$(", i) and ")" in value[i:]:
+            end = value.index(")", i)
+            name = value[i + 2 : end]
+            if name in env:
+                resolved = env[name]
+                if resolved is None:
+                    return None
+                out.append(resolved)
+                i = end + 1
+                continue
+        out.append(value[i])
+        i += 1
+    return "".join(out)
+
+
+def _driver_name_of(ds: ObservedObject) -> str | None:
+    """The CSI driver name a DaemonSet's pods run with: the driver's ``-drivername`` flag
+    (the program sets ``-drivername=$(PMEM_CSI_DRIVER_NAME)``), or without the flag the
+    ``PMEM_CSI_DRIVER_NAME`` variable; :data:`UNREADABLE` when it comes from ``valueFrom``."""
+    for container in _containers(ds):
+        env = _env_of(container)
+        flag = _go_flags(_words(container)).get("drivername")
+        if flag is not None:
+            name = _expand(flag, env)
+            return name if name is not None else UNREADABLE
+        if DRIVER_NAME_ENV in env:
+            name = env[DRIVER_NAME_ENV]
+            return name if name else UNREADABLE
     return None
+
+
+def _runs(ds: ObservedObject, driver: str) -> bool:
+    """Whether ``ds`` runs node drivers of ``driver``: by its driver name, or, where that is
+    unreadable here, by its name (the node DaemonSet's name is derived from the driver's)."""
+    name = _driver_name_of(ds)
+    if name == UNREADABLE:
+        return ds.name == names.DeploymentNames(driver).node_driver
+    return name == driver
 
 
 _WORKLOADS_FIRST = {
@@ -442,7 +542,7 @@ def plan(
             )
         prev = out.previous.get(i)
         for ds in observed.daemon_sets:
-            if _driver_name_of(ds) != d.name or ds.namespace == d.namespace:
+            if not _runs(ds, d.name) or ds.namespace == d.namespace:
                 continue
             if prev is not None and ds.namespace == prev.namespace:
                 continue  # the reinstall replaces it, old one first

@@ -159,6 +159,14 @@ class Observed:
     patch_rejections: list[Rejection] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class KeptNamespace:
+    """A namespace the stack keeps although none of its deployments uses it any more."""
+
+    reason: str  # what else lives in it: "DaemonSet ns/name, Deployment x"
+    labels: Mapping[str, str]  # its labels now (no configured deployment to build them from)
+
+
 @dataclass
 class Plan:
     problems: list[str] = field(default_factory=list)
@@ -175,7 +183,7 @@ class Plan:
     adopted: list[str] = field(default_factory=list)
     # Why a namespace in :attr:`keep_namespaces` that no configured deployment uses is kept:
     # what else lives in it ("Deployment x (stack ...)", "DaemonSet ns/name").
-    kept_namespaces: dict[str, str] = field(default_factory=dict)
+    kept_namespaces: dict[str, KeptNamespace] = field(default_factory=dict)
 
 
 # Where each kind names its CSI driver.
@@ -332,6 +340,7 @@ _WORKLOADS_FIRST = {
     "PersistentVolume": 3,
     "VolumeAttachment": 4,
     "StorageClass": 5,
+    "Pod": 6,
 }
 
 
@@ -406,6 +415,9 @@ def plan(
         return identity.names_this_stack(owner, stack_id) or (owner is None and cr.ours)
 
     mine = {name: cr for name, cr in observed.crs.items() if is_mine(cr)}
+    # ... and those whose CR is gone (deleted by hand, or with the CRD): the state still
+    # holds them (their CR, their node DaemonSet). Name -> namespace ("" if unknown).
+    held_only = _held_without_cr(state, observed)
     if state is not None:
         for i, d in enumerate(deps):
             cr = mine.get(d.name)
@@ -457,31 +469,32 @@ def plan(
             problem = _device_mode_problem(i, d.name, d.device_mode, cr, observed)
             if problem:
                 out.problems.append(problem)
-        if d.renamed_from and d.renamed_from in mine and d.name not in mine:
-            old = mine[d.renamed_from]
-            out.previous[i] = Previous(d.renamed_from, str(old.spec.get("namespace") or ""))
-            stranded = _volumes_of(observed, d.renamed_from)
-            if stranded:
-                out.problems.append(
-                    f"{key_path(('deployments', i, 'renamedFrom'))}: renaming "
-                    f"{d.renamed_from!r} to {d.name!r} would strand its volumes: "
-                    f"{_listing(stranded)} name the CSI driver {d.renamed_from!r}, and "
-                    f"Kubernetes finds a volume's driver by that name only (the node state "
-                    f"directory /var/lib/{d.renamed_from} would be left behind too). A rename "
-                    "is refused while the old driver has volumes: keep the name "
-                    f"{d.renamed_from!r} (a namespace change with allowReinstall keeps the "
-                    "volumes), or first delete the PersistentVolumeClaims and StorageClasses "
-                    "that use it while it runs, then rename"
-                )
+        old_ns = _namespace_of(d.renamed_from, mine, held_only)
+        if old_ns is not None and d.name not in mine and d.name not in held_only:
+            out.previous[i] = Previous(str(d.renamed_from), old_ns)
+            problem = _stranding_problem(
+                key_path(("deployments", i, "renamedFrom")),
+                f"renaming {d.renamed_from!r} to {d.name!r} would strand its volumes",
+                str(d.renamed_from),
+                observed,
+                f" (the node state directory /var/lib/{d.renamed_from} would be left behind "
+                "too). A rename is refused while the old driver has volumes: keep the name "
+                f"{d.renamed_from!r} (a namespace change with allowReinstall keeps the "
+                "volumes), or first",
+                "then rename",
+            )
+            if problem:
+                out.problems.append(problem)
         if i in out.previous:
             problem = _unawaited_move_problem(i, d, out.previous[i], observed)
             if problem:
                 out.problems.append(problem)
 
-    gone = sorted(n for n in mine if n not in configured and n not in renamed)
+    known = [*mine, *(n for n in held_only if n not in mine)]
+    gone = sorted(n for n in known if n not in configured and n not in renamed)
     if state is not None:
         for g in gone:
-            problem = _dropped_taken(mine[g], state)
+            problem = g in mine and _dropped_taken(mine[g], state)
             if problem:
                 out.problems.append(problem)
         created_here = {d.namespace for d in deps if d.create_namespace}
@@ -493,17 +506,22 @@ def plan(
             if problem:
                 out.problems.append(problem)
     for g in gone:
-        stranded = _volumes_of(observed, g)
-        if stranded:
-            out.problems.append(
-                f"{key_path(('deployments',))}: {g!r} (deployed by this stack) is no longer "
-                f"configured but still has volumes: {_listing(stranded)} name its CSI "
-                "driver; removing it would leave them without a driver (they could no longer "
-                "be mounted, unmounted or deleted). Keep it configured and first delete the "
-                "PersistentVolumeClaims (their volumes are deleted by the running driver) "
-                "and StorageClasses that use it, then remove it"
-            )
-    new = [(i, d) for i, d in enumerate(deps) if d.name not in observed.crs]
+        problem = _stranding_problem(
+            key_path(("deployments",)),
+            f"{g!r} (deployed by this stack) is no longer configured but still has volumes",
+            g,
+            observed,
+            "; removing it would leave them without a driver (they could no longer be "
+            "mounted, unmounted or deleted). Keep it configured and first",
+            "then remove it",
+        )
+        if problem:
+            out.problems.append(problem)
+    new = [
+        (i, d)
+        for i, d in enumerate(deps)
+        if d.name not in observed.crs and d.name not in held_only
+    ]
     new = [(i, d) for i, d in new if i not in out.previous]
     if gone and new:
         i, d = new[0]
@@ -586,15 +604,189 @@ def plan(
             # The engine would delete it otherwise. Without any stack annotation it was
             # released by the last update (program.deploy): this one drops it from the state.
             # Not one another stack took over since (refused above): keeping it would write it.
-            if (
-                state.holds(live.key, live.uid)
-                and live.stack_owner is not None
-                and _taker(live, state) is None
-            ):
+            if _still_held(live, state):
                 out.keep_namespaces.add(ns)
         elif identity.names_this_stack(live.stack_owner, stack_id):
             out.keep_namespaces.add(ns)
+    if state is not None:
+        used = {d.namespace for d in deps}
+        for ns in state.namespaces():
+            live = observed.namespaces.get(ns)
+            if ns in used or live is None or not _still_held(live, state):
+                continue
+            others = _others_in(ns, observed, state, set(mine) | set(held_only))
+            if others:
+                out.keep_namespaces.add(ns)
+                out.kept_namespaces[ns] = KeptNamespace(
+                    _listing(others, most=3),
+                    {k: v for k, v in live.labels.items() if k != "kubernetes.io/metadata.name"},
+                )
     return out
+
+
+def _still_held(live: ObservedObject, state: identity.StackState) -> bool:
+    """Whether a namespace is still this stack's to keep: the state holds it, no other stack
+    took it over since (refused above: keeping it would write it), and it is not one the last
+    update released. A released one lost the stack annotation (program.deploy) and the next
+    update drops it from the state; one registered by a version from before that annotation
+    has none either, but the state holds it under its old URN, as a child of the
+    PmemCsiDeployment component."""
+    if not state.holds(live.key, live.uid) or _taker(live, state) is not None:
+        return False
+    if live.stack_owner is not None:
+        return True
+    return _PER_DEPLOYMENT_NAMESPACE in (state.urn(live.key) or "")
+
+
+# The type of a namespace in the URN it had when each deployment registered its own (before
+# the stack annotation): ``...::pmem-csi:index:PmemCsiDeployment$kubernetes:core/v1:Namespace::``.
+_PER_DEPLOYMENT_NAMESPACE = "$kubernetes:core/v1:Namespace::"
+
+
+def _others_in(
+    ns: str, observed: Observed, state: identity.StackState, this_stacks: set[str]
+) -> list[ObservedObject]:
+    """What lives in namespace ``ns`` that is not this stack's and that deleting the
+    namespace would delete: other stacks' (or the operator's) Deployment CRs recording it as
+    their namespace, DaemonSets the state does not hold (another driver, the operator's)."""
+    crs = [
+        cr
+        for name, cr in observed.crs.items()
+        if str(cr.spec.get("namespace") or "") == ns and name not in this_stacks
+    ]
+    daemon_sets = [
+        ds
+        for ds in observed.daemon_sets
+        if ds.namespace == ns and not state.holds(ds.key, ds.uid)
+    ]
+    return [*daemon_sets, *crs]
+
+
+def _held_without_cr(state: identity.StackState | None, observed: Observed) -> dict[str, str]:
+    """This stack's deployments whose CR is not in the cluster, by the stack's state: the CRs
+    it holds and the driver names of the node DaemonSets it holds. Name -> namespace (the
+    namespace of its node DaemonSet in the state or in the cluster; "" if none is known).
+
+    Without them a removal or rename after the CR (or the CRD) was deleted by hand would be
+    judged as if the deployment had never been there: no volume guard, no ordered move.
+    Without the state (library use) the CR is the only record: DaemonSets carry no stack
+    identity."""
+    if state is None:
+        return {}
+    out: dict[str, str] = {}
+    for group, kind, _, name in state.objects:
+        if (group, kind) == (names.CRD_GROUP, names.CRD_KIND) and name not in observed.crs:
+            out[name] = ""
+    for ds in observed.daemon_sets:
+        driver = _driver_name_of(ds)
+        if (
+            driver
+            and driver != UNREADABLE
+            and driver not in observed.crs
+            and state.holds(ds.key, ds.uid)
+        ):
+            out[driver] = ds.namespace
+    for name, namespace in out.items():
+        if namespace:
+            continue
+        node = names.DeploymentNames(name).node_driver
+        out[name] = next(
+            (n for g, k, n, nm in state.objects if (g, k, nm) == ("apps", "DaemonSet", node)), ""
+        )
+    return out
+
+
+def _namespace_of(
+    name: str | None, mine: Mapping[str, ObservedObject], held_only: Mapping[str, str]
+) -> str | None:
+    """Where this stack's deployment ``name`` runs (its CR's ``spec.namespace``, or by the
+    state when the CR is gone); None when it is not this stack's."""
+    if not name:
+        return None
+    if name in mine:
+        return str(mine[name].spec.get("namespace") or "")
+    return held_only.get(name)
+
+
+def _unclaimed(volume: ObservedObject) -> bool:
+    """A PersistentVolume no claim holds any more: Released or Failed (its claim was
+    deleted), or Available without a ``claimRef``. Deleting claims cannot remove it."""
+    if volume.kind != "PersistentVolume":
+        return False
+    return volume.phase in ("Released", "Failed") or (
+        volume.phase == "Available" and not volume.spec.get("claimRef")
+    )
+
+
+def _claim_of(volume: ObservedObject) -> str | None:
+    ref = volume.spec.get("claimRef") or {}
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        return None
+    return f"{ref.get('namespace') or ''}/{ref['name']}".lstrip("/")
+
+
+def _names(items: list[str], most: int = 5) -> str:
+    text = ", ".join(items[:most])
+    return text + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def _pods_of(observed: Observed, driver: str) -> list[ObservedObject]:
+    """Pods with an inline CSI ephemeral volume of ``driver`` (``spec.volumes[].csi``)."""
+    return [
+        p
+        for p in observed.pods
+        if any(
+            isinstance(v, Mapping) and (v.get("csi") or {}).get("driver") == driver
+            for v in p.spec.get("volumes") or []
+        )
+    ]
+
+
+def _stranding_problem(
+    key: str, what: str, driver: str, observed: Observed, why: str, then: str
+) -> str | None:
+    """The refusal of a removal or rename of ``driver`` while it has volumes or pods with its
+    inline volumes: what they are, and per kind what to do while the driver still runs."""
+    volumes = _volumes_of(observed, driver)
+    pods = _pods_of(observed, driver)
+    if not volumes and not pods:
+        return None
+    steps = []
+    claimed = [v for v in volumes if v.kind == "PersistentVolume" and not _unclaimed(v)]
+    unclaimed = [v for v in volumes if _unclaimed(v)]
+    if claimed:
+        claims = sorted({c for c in map(_claim_of, claimed) if c})
+        steps.append(
+            "delete the PersistentVolumeClaims"
+            + (f" {_names(claims)}" if claims else "")
+            + " (the running driver deletes their volumes)"
+        )
+    if unclaimed:
+        steps.append(
+            "the PersistentVolumes that have no claim any more (Released, or "
+            f"Available/Failed without a claimRef: {_listing(unclaimed)}) are not removed "
+            "by deleting claims: for a Released "
+            "one, `kubectl patch pv NAME -p "
+            "'{\"spec\":{\"persistentVolumeReclaimPolicy\":\"Delete\"}}'` makes the "
+            "running driver delete its volume; otherwise `kubectl delete pv NAME` once its "
+            "data is no longer needed (with reclaim policy Retain the data stays on the node)"
+        )
+    if pods:
+        steps.append(
+            f"delete the pods that use inline volumes of it ({_listing(pods)}, or scale "
+            "down their controllers)"
+        )
+    if any(v.kind == "StorageClass" for v in volumes):
+        steps.append("delete the StorageClasses that name it")
+    if any(v.kind == "VolumeAttachment" for v in volumes):
+        steps.append("its VolumeAttachments go once no pod uses their volumes")
+    in_use = [*volumes, *pods]
+    return (
+        f"{key}: {what}: {_listing(in_use)} name the CSI driver {driver!r}, and Kubernetes "
+        f"finds a volume's driver by that name only{why}, while it runs: "
+        + "; ".join(steps)
+        + f"; {then}"
+    )
 
 
 def _unheld(
@@ -894,13 +1086,13 @@ class _Reader:
             body = {}
         return resp.status, body if isinstance(body, dict) else {}
 
-    def get(self, path: str) -> dict[str, Any] | None:
+    def get(self, path: str, query: list[tuple[str, str]] | None = None) -> dict[str, Any] | None:
         """GET ``path`` as JSON; None on 404 (through the client's auth and TLS settings)."""
         import json
 
         from kubernetes.client.exceptions import ApiException
 
-        resp = kubecall.request(self.api, "GET", path, timeout=15)
+        resp = kubecall.request(self.api, "GET", path, timeout=15, query=query)
         if resp.status == 404:
             return None
         if not 200 <= resp.status <= 299:
@@ -949,10 +1141,14 @@ def observe(
     out.patch_rejections = patch_rejections(reader, stack, by_path)
     daemon_sets = reader.get(_path("apps/v1", "DaemonSet", None)) or {}
     out.daemon_sets = [_observed(d, "DaemonSet") for d in daemon_sets.get("items") or []]
-    # Volumes of the drivers that could be renamed or removed or change device mode: this
-    # stack's CRs (a removed deployment is known only by its CR) and the configured names.
-    drivers = set(out.crs) | {d.name for d in stack.deployments}
+    # Volumes of the drivers that could be renamed or removed or change device mode: the CRs
+    # (a removed deployment is known by its CR), the deployments the state holds (whose CR
+    # may be gone) and the configured names.
+    leaving = _leaving(stack, out, state)
+    drivers = set(out.crs) | {d.name for d in stack.deployments} | leaving
     drivers |= {d.renamed_from for d in stack.deployments if d.renamed_from}
+    if leaving:
+        out.pods = _inline_volume_pods(reader, leaving)
     for api_version, kind in (
         ("v1", "PersistentVolume"),
         ("storage.k8s.io/v1", "VolumeAttachment"),
@@ -965,6 +1161,56 @@ def observe(
             if volume_driver(o) in drivers:
                 out.volumes.append(o)
     return out
+
+
+def _leaving(stack: StackConfig, out: Observed, state: identity.StackState | None) -> set[str]:
+    """The drivers of this stack that this update would remove or rename away: the
+    deployments the state holds (their CR, or their node DaemonSet: a CR may be gone), or
+    without the state this program's CRs, that are not configured any more."""
+    configured = {d.name for d in stack.deployments}
+    if state is None:
+        held = {name for name, cr in out.crs.items() if cr.ours}
+    else:
+        held = {
+            name
+            for group, kind, _, name in state.objects
+            if (group, kind) == (names.CRD_GROUP, names.CRD_KIND)
+        }
+        held |= {
+            str(_driver_name_of(ds))
+            for ds in out.daemon_sets
+            if state.holds(ds.key, ds.uid) and _driver_name_of(ds) not in (None, UNREADABLE)
+        }
+    return held - configured
+
+
+# Pods per page when listing every pod of the cluster (as certrollout.PAGE_SIZE).
+POD_PAGE = 500
+
+
+def _inline_volume_pods(reader: _Reader, drivers: set[str]) -> list[ObservedObject]:
+    """Every pod of the cluster with an inline CSI volume of one of ``drivers``.
+
+    Kubernetes cannot select pods by a volume's driver, so this lists them all, with their
+    spec, in pages of :data:`POD_PAGE`: costly on a large cluster, so only when a driver is
+    about to be removed or renamed (:func:`_leaving`), never on an ordinary preview. Only the
+    inline volumes of those drivers are kept."""
+    found: list[ObservedObject] = []
+    token = ""
+    while True:
+        query = [("limit", str(POD_PAGE))] + ([("continue", token)] if token else [])
+        page = reader.get("/api/v1/pods", query) or {}
+        for item in page.get("items") or []:
+            volumes = [
+                v
+                for v in ((item.get("spec") or {}).get("volumes") or [])
+                if isinstance(v, Mapping) and (v.get("csi") or {}).get("driver") in drivers
+            ]
+            if volumes:
+                found.append(_observed({**item, "spec": {"volumes": volumes}}, "Pod"))
+        token = str((page.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return found
 
 
 # Managers for the dry run when the live object has no entry of the provider's.
@@ -1069,9 +1315,10 @@ def run(
         raise PreflightError(
             f"pmem-csi:preflight: cannot read the cluster ({type(err).__name__}: "
             f"{str(err)[:200]}); the preflight checks need get/list on Deployment CRs, "
-            "namespaces, DaemonSets, PersistentVolumes, VolumeAttachments, StorageClasses and "
-            "the deployment's objects, and patch (server-side dry run) on the objects patches "
-            "select. Set pmem-csi:preflight: "
+            "namespaces, DaemonSets, PersistentVolumes, VolumeAttachments, StorageClasses, "
+            "pods (only when a driver is removed or renamed) and the deployment's objects, "
+            "and patch (server-side dry run) on the objects patches select. Set "
+            "pmem-csi:preflight: "
             "false to skip them (adoption, rename and migration are then not checked)"
         ) from None
     return plan(stack, observed, stack_id, state)

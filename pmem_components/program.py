@@ -161,6 +161,7 @@ def deploy(
     keep_namespaces: Collection[str] = (),
     running_certificates: Mapping[int, Any] | None = None,
     adopted: Collection[str] = (),
+    kept_namespaces: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
 
@@ -186,6 +187,9 @@ def deploy(
     (``pmem-csi:adopt``). They are applied with force, as ``adoptNamespace`` /
     ``adoptExisting`` do, and the field managers the earlier stack left on them are merged
     into this stack's once they are created (:mod:`pmem_components.takeover_transform`).
+    ``kept_namespaces``: of ``keep_namespaces``, those no configured deployment uses (another
+    stack's deployment or driver lives there), each a
+    :class:`pmem_components.preflight.KeptNamespace`: registered with its labels as they are.
     """
     from pmem_components import certrollout, registry
     from pmem_components.components import (
@@ -206,7 +210,13 @@ def deploy(
     released = [ns for ns in keep_namespaces if ns not in creators]
     for ns in [*creators, *released]:
         members = [d for d in stack.deployments if d.namespace == ns]
-        obj = bundle.build_shared_namespace(ns, members)
+        if members:
+            obj = bundle.build_shared_namespace(ns, members)
+        else:  # kept for what else lives in it (preflight.KeptNamespace): labels as they are
+            kept = (kept_namespaces or {}).get(ns)
+            labels = dict(getattr(kept, "labels", None) or {})
+            obj = {"apiVersion": "v1", "kind": "Namespace",
+                   "metadata": {"name": ns, "labels": labels}}  # fmt: skip
         annotations = {names.STACK_ANNOTATION: stack_id()} if ns in creators else {}
         # Adopted now, or since, while the consent still names it: dropping the forced apply
         # in the update right after the adoption would be a change nobody asked for.
@@ -388,6 +398,12 @@ def preflight(stack: StackConfig) -> Any:
         raise ConfigError(result.problems)
     for ref in result.adopted:
         pulumi.log.info(f"pmem-csi:adopt: taking over {ref} (another stack's, or retained)")
+    for ns, kept in result.kept_namespaces.items():
+        pulumi.log.warn(
+            f"pmem-csi: namespace {ns!r} is used by no deployment of this stack any more but "
+            f"is kept (left in the cluster, out of the stack from the next pulumi up): "
+            f"{kept.reason} live in it and would be deleted with it"
+        )
     return result
 
 
@@ -432,6 +448,7 @@ def main() -> None:
         checked.keep_namespaces,
         running_certificates=checked.running_certificates,
         adopted=checked.adopted,
+        kept_namespaces=checked.kept_namespaces,
     )
     pulumi.export("crd", "deployments.pmem-csi.intel.com" if stack.manage_crd else None)
     pulumi.export("deployments", outputs)

@@ -654,17 +654,19 @@ def test_a_rename_stranding_volumes_and_a_removal_with_volumes_whole_texts() -> 
         "'old.example', and Kubernetes finds a volume's driver by that name only (the node "
         "state directory /var/lib/old.example would be left behind too). A rename is refused "
         "while the old driver has volumes: keep the name 'old.example' (a namespace change "
-        "with allowReinstall keeps the volumes), or first delete the PersistentVolumeClaims "
-        "and StorageClasses that use it while it runs, then rename"
+        "with allowReinstall keeps the volumes), or first, while it runs: delete the "
+        "PersistentVolumeClaims (the running driver deletes their volumes); delete the "
+        "StorageClasses that name it; then rename"
     ]
     two = {**observed.crs, DRIVER: cr(DRIVER)}
     assert problems(stack({}), Observed(crs=two, volumes=volumes)) == [
         "pmem-csi:deployments: 'old.example' (deployed by this stack) is no longer configured "
-        "but still has volumes: PersistentVolume pvc-1, StorageClass sc name its CSI driver; "
-        "removing it would leave them without a driver (they could no longer be mounted, "
-        "unmounted or deleted). Keep it configured and first delete the PersistentVolumeClaims "
-        "(their volumes are deleted by the running driver) and StorageClasses that use it, "
-        "then remove it"
+        "but still has volumes: PersistentVolume pvc-1, StorageClass sc name the CSI driver "
+        "'old.example', and Kubernetes finds a volume's driver by that name only; removing it "
+        "would leave them without a driver (they could no longer be mounted, unmounted or "
+        "deleted). Keep it configured and first, while it runs: delete the "
+        "PersistentVolumeClaims (the running driver deletes their volumes); delete the "
+        "StorageClasses that name it; then remove it"
     ]
 
 

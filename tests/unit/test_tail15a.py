@@ -220,8 +220,10 @@ def test_a_driver_known_only_by_its_daemon_set_in_the_state_is_guarded_too() -> 
     # The CR never reached the state (an interrupted run), the DaemonSet did.
     ds = node_ds("a.example")
     observed = Observed(daemon_sets=[ds], volumes=[pv("pvc-1", "a.example")])
-    (problem,) = plan(stack({"name": "b.example"}), observed, ME, state_of(ds)).problems
-    assert "'a.example' (deployed by this stack)" in problem
+    volumes, new = plan(stack({"name": "b.example"}), observed, ME, state_of(ds)).problems
+    assert "'a.example' (deployed by this stack) is no longer configured" in volumes
+    assert "PersistentVolume pvc-1" in volumes
+    assert "pmem-csi:deployments[0].renamedFrom: 'a.example'" in new  # b.example is new
 
 
 def test_another_stacks_driver_without_a_cr_is_not_this_stacks_to_guard() -> None:
@@ -321,7 +323,9 @@ def test_pods_are_listed_in_pages_only_when_a_driver_would_go(monkeypatch: Any) 
         for i in range(1203)
     ]  # fmt: skip
     api = PodApi(crs, pods)
-    monkeypatch.setattr(preflight._Reader, "get", lambda self, path, query=None: api.get(path, query))
+    monkeypatch.setattr(
+        preflight._Reader, "get", lambda self, path, query=None: api.get(path, query)
+    )
     monkeypatch.setattr(preflight, "patch_rejections", lambda *a: [])
     held = state_of(cr("a.example"), cr("b.example"))
     both = stack({"name": "a.example"}, {"name": "b.example"})
@@ -338,21 +342,25 @@ def test_pods_are_listed_in_pages_only_when_a_driver_would_go(monkeypatch: Any) 
 
 def test_a_namespace_no_deployment_of_the_stack_uses_is_kept_while_another_lives_in_it() -> None:
     shared = ns("shared")
-    held = state_of(shared, *deployment_of("a.example", "shared"))
+    held = state_of(
+        shared, *deployment_of("a.example", "shared"), *deployment_of("b.example", "other")
+    )
     cfg = stack({"name": "b.example", "namespace": "other"}, retainNamespaces=False)
     theirs = cr("x.example", "shared", owner="organization/other/prod")
     observed = Observed(crs={"x.example": theirs}, namespaces={"shared": shared})
     result = plan(cfg, observed, ME, held)
     assert result.problems == [] and result.keep_namespaces == {"shared"}
-    assert "Deployment x.example" in result.kept_namespaces["shared"]
+    assert "Deployment x.example" in result.kept_namespaces["shared"].reason
     # Another driver's DaemonSet (the operator's, made by hand) counts the same.
     foreign = node_ds("y.example", "shared", uid="theirs")
     observed = Observed(namespaces={"shared": shared}, daemon_sets=[foreign])
     result = plan(cfg, observed, ME, held)
     assert result.keep_namespaces == {"shared"}
-    assert "DaemonSet shared/" in result.kept_namespaces["shared"]
+    assert "DaemonSet shared/" in result.kept_namespaces["shared"].reason
     # Only this stack's own deployment (being removed) there: it goes, as asked.
-    mine_only = Observed(namespaces={"shared": shared}, daemon_sets=[node_ds("a.example", "shared")])
+    mine_only = Observed(
+        namespaces={"shared": shared}, daemon_sets=[node_ds("a.example", "shared")]
+    )
     assert plan(cfg, mine_only, ME, held).keep_namespaces == set()
     # Released by the update before (no stack annotation any more): not registered again.
     released = ns("shared", owner=None)
@@ -376,6 +384,7 @@ def test_a_namespace_from_before_the_stack_annotation_is_kept_while_used() -> No
     theirs = cr("x.example", "pmem-csi", owner="organization/other/prod")
     observed = Observed(crs={"x.example": theirs}, namespaces={"pmem-csi": old})
     cfg = stack({"name": "b.example", "namespace": "other"})
+    held = state_of(old, *deployment_of("b.example", "other"), urns={"pmem-csi": OLD_NS_URN})
     assert plan(cfg, observed, ME, held).keep_namespaces == {"pmem-csi"}
     # A released one (registered at stack level, annotation dropped) is not.
     stack_level = "urn:pulumi:prod::pmem-csi-pulumi::kubernetes:core/v1:Namespace::pmem-csi"
@@ -386,9 +395,10 @@ def test_a_namespace_from_before_the_stack_annotation_is_kept_while_used() -> No
 
 def test_a_cr_from_before_the_stack_annotation_in_the_namespace_counts_as_another() -> None:
     shared = ns("shared")
-    held = state_of(shared, *deployment_of("a.example", "shared"))
+    held = state_of(
+        shared, *deployment_of("a.example", "shared"), *deployment_of("b.example", "other")
+    )
     operators = cr("x.example", "shared", owner=None)  # not in this stack's state
     observed = Observed(crs={"x.example": operators}, namespaces={"shared": shared})
     cfg = stack({"name": "b.example", "namespace": "other"})
     assert plan(cfg, observed, ME, held).keep_namespaces == {"shared"}
-

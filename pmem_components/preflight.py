@@ -35,13 +35,19 @@ So this module answers, before anything changes:
 * Does a driver that would be renamed or removed still have volumes (PersistentVolumes,
   VolumeAttachments, StorageClasses naming its CSI driver)? Kubernetes finds the driver of a
   volume by that name only, so they would be left with no driver that can mount, unmount or
-  delete them; refused, listing them. A device mode change is judged by what runs (the node
-  DaemonSet's ``-deviceManager=``) as well as by the CR, which may be gone.
+  delete them; refused, listing them, and the pods with inline CSI volumes of it (listed only
+  when a driver would go: :func:`_leaving`), with per case the way forward (claims to delete,
+  PersistentVolumes no claim holds any more). A deployment whose CR (or the CRD) was deleted
+  by hand is still known by the stack's state (:func:`_held_without_cr`). A device mode
+  change is judged by what runs (the node DaemonSet's ``-deviceManager``, read as Go's flag
+  package reads it) as well as by the CR, which may be gone.
 * Would a move's delete of the old node DaemonSet not be awaited (``pulumi.com/skipAwait``
   makes the provider return from the delete at once)? Then two node drivers would overlap.
 * Which namespaces did this stack create that configured deployments still use although no
   deployment creates them any more (``createNamespace: false``)? Returned in
-  :attr:`Plan.keep_namespaces`, so the program keeps them instead of deleting them.
+  :attr:`Plan.keep_namespaces`, so the program keeps them instead of deleting them; so are
+  those no configured deployment uses any more while another stack's deployment or another
+  driver lives in them (:attr:`Plan.kept_namespaces`).
 * Would a patch make the provider replace an object (delete it and create it anew)? It does
   so when the update changes a field Kubernetes does not let change in place. Rather than a
   list of such fields kept here, each object a patch selects that exists is applied in a

@@ -459,18 +459,18 @@ def plan(
                     "(the driver keeps running) and set "
                     f"{key_path(('deployments', i, 'adoptExisting'))}: true; {RUNBOOK}"
                 )
-        if cr is not None and d.name in mine:
-            old_ns = str(cr.spec.get("namespace") or "")
-            if old_ns and old_ns != d.namespace:
-                if d.allow_reinstall:
-                    out.previous[i] = Previous(d.name, old_ns)
-                else:
-                    out.problems.append(
-                        f"{key_path(('deployments', i, 'namespace'))}: changing it from "
-                        f"{old_ns!r} to {d.namespace!r} reinstalls the driver (every object is "
-                        "deleted and created anew; the driver is down meanwhile, volumes stay); "
-                        f"set {key_path(('deployments', i, 'allowReinstall'))}: true to do it"
-                    )
+        # Where it runs now: its CR's record, or the state's when the CR is gone.
+        old_ns = _namespace_of(d.name, mine, held_only)
+        if old_ns and old_ns != d.namespace:
+            if d.allow_reinstall:
+                out.previous[i] = Previous(d.name, old_ns)
+            else:
+                out.problems.append(
+                    f"{key_path(('deployments', i, 'namespace'))}: changing it from "
+                    f"{old_ns!r} to {d.namespace!r} reinstalls the driver (every object is "
+                    "deleted and created anew; the driver is down meanwhile, volumes stay); "
+                    f"set {key_path(('deployments', i, 'allowReinstall'))}: true to do it"
+                )
         if not d.allow_device_mode_change:
             problem = _device_mode_problem(i, d.name, d.device_mode, cr, observed)
             if problem:
@@ -570,8 +570,8 @@ def plan(
                 continue
             if prev is not None and ds.namespace == prev.namespace:
                 continue  # the reinstall replaces it, old one first
-            if d.name in mine and ds.ours:
-                continue
+            if (d.name in mine or d.name in held_only) and ds.ours:
+                continue  # this stack's own (a refused move says so above)
             out.problems.append(
                 f"{key_path(('deployments', i, 'namespace'))}: {ds.ref} runs node drivers "
                 f"for {d.name!r} in another namespace; a second node driver of the same name "

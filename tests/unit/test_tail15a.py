@@ -402,3 +402,13 @@ def test_a_cr_from_before_the_stack_annotation_in_the_namespace_counts_as_anothe
     observed = Observed(crs={"x.example": operators}, namespaces={"shared": shared})
     cfg = stack({"name": "b.example", "namespace": "other"})
     assert plan(cfg, observed, ME, held).keep_namespaces == {"shared"}
+
+
+def test_a_namespace_move_of_a_deployment_whose_cr_was_deleted_by_hand() -> None:
+    held = state_of(*deployment_of(DRIVER, "old"))
+    observed = Observed(daemon_sets=[node_ds(DRIVER, "old")])
+    (problem,) = plan(stack({}), observed, ME, held).problems
+    assert problem.startswith("pmem-csi:deployments[0].namespace: changing it from 'old'")
+    result = plan(stack({"allowReinstall": True}), observed, ME, held)
+    assert result.problems == []
+    assert result.previous == {0: Previous(DRIVER, "old")}

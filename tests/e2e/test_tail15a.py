@@ -114,6 +114,9 @@ def test_removal_and_rename_are_refused_with_volumes_when_the_cr_and_the_crd_are
     core = client.CoreV1Api(api_client)
     cfg = cfg_of(tail.v)
     refs = _create_volumes(kube, cfg.name, tail.sfx)
+    pod_ns = cfg_of(tail.d).namespace
+    inline = _inline_volume_pod(core, pod_ns, f"inline-{tail.sfx}", cfg.name)
+    refs.append(f"Pod {pod_ns}/{inline}")
     try:
         kubectl("delete", f"deployments.{names.CRD_GROUP}", cfg.name, "--wait=true")
         before = snapshot_without_cr(kube, core, cfg)
@@ -138,6 +141,23 @@ def test_removal_and_rename_are_refused_with_volumes_when_the_cr_and_the_crd_are
         assert snapshot_without_cr(kube, core, cfg) == before  # refused before any change
     finally:
         ensure_crd(RawApi(api_client))  # the next test and the other modules need it
+        delete_quietly(core.delete_namespaced_pod, inline, pod_ns)
+
+
+def _inline_volume_pod(core: client.CoreV1Api, namespace: str, name: str, driver: str) -> str:
+    """A pod with an inline CSI ephemeral volume of ``driver`` (kwok runs it on paper)."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "containers": [{"name": "app", "image": "registry.invalid/app:1",
+                            "volumeMounts": [{"name": "scratch", "mountPath": "/data"}]}],
+            "volumes": [{"name": "scratch", "csi": {"driver": driver}}],
+        },
+    }  # fmt: skip
+    core.create_namespaced_pod(namespace, body)
+    return name
 
 
 def test_removing_the_last_deployment_of_a_namespace_keeps_it_for_another_stacks_deployment(

@@ -1114,7 +1114,9 @@ def observe(
     api_client: Any, stack: StackConfig, state: identity.StackState | None = None
 ) -> Observed:
     """Read what :func:`plan` needs: CRs, the namespaces (the configured ones and those the
-    stack's ``state`` holds), same-named objects, DaemonSets."""
+    stack's ``state`` holds), same-named objects, DaemonSets, the volumes of the drivers
+    concerned, and, only when a driver would be removed or renamed, pods with inline
+    volumes of it."""
     reader = _Reader(api_client)
     out = Observed()
     cr_api = f"{names.CRD_GROUP}/{names.CRD_STORAGE_VERSION}"

@@ -168,6 +168,9 @@ class Plan:
     # Objects another (or an earlier) stack made that this update takes over because
     # pmem-csi:adopt names them ("Namespace <name>", "Deployment <name>").
     adopted: list[str] = field(default_factory=list)
+    # Per kept namespace: its labels and annotations as read (filled by ``run``), so that
+    # releasing it leaves them as they are (those a ``kind: Namespace`` patch added too).
+    kept_metadata: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
 
 # Where each kind names its CSI driver.
@@ -1147,4 +1150,13 @@ def run(
             "select. Set pmem-csi:preflight: "
             "false to skip them (adoption, rename and migration are then not checked)"
         ) from None
-    return plan(stack, observed, stack_id, state)
+    result = plan(stack, observed, stack_id, state)
+    result.kept_metadata = {
+        ns: {
+            "labels": dict(observed.namespaces[ns].labels),
+            "annotations": dict(observed.namespaces[ns].annotations),
+        }
+        for ns in sorted(result.keep_namespaces)
+        if ns in observed.namespaces
+    }
+    return result

@@ -266,3 +266,82 @@ def test_await_off_only_now_needs_await_on_in_the_moving_update() -> None:
     )
     assert text is not None and "Set await.enabled: true for the update that moves" in text
     assert "first run pulumi up" not in text
+
+
+# ------------------------------------------------- item 3: a kept namespace keeps its labels
+
+ENFORCE = {"pod-security.kubernetes.io/enforce": "privileged"}
+
+
+def test_run_hands_the_kept_namespaces_live_labels_and_annotations_to_the_program(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pmem_components import names
+
+    live = ObservedObject(
+        "Namespace",
+        "pmem-csi",
+        labels={**ENFORCE, "team": "storage"},
+        annotations={names.STACK_ANNOTATION: ME, "owner": "ops"},
+    )
+    monkeypatch.setattr(preflight, "observe", lambda *_: Observed(namespaces={"pmem-csi": live}))
+    result = preflight.run(stack({"createNamespace": False}), ME, object())
+    assert result.keep_namespaces == {"pmem-csi"}
+    assert result.kept_metadata == {
+        "pmem-csi": {
+            "labels": {**ENFORCE, "team": "storage"},
+            "annotations": {names.STACK_ANNOTATION: ME, "owner": "ops"},
+        }
+    }
+
+
+def test_a_released_namespace_is_registered_with_the_labels_a_namespace_patch_had_added(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The namespace was created with a ``kind: Namespace`` patch (PSA enforce: privileged,
+    which the privileged driver pods need); the deployment switches to createNamespace: false
+    and the patch has to go with it (it would select nothing). The release registers the
+    namespace once more: on main without that label, so server-side apply removed it (the
+    stack's field manager had set it) -- silently, until the next driver pod is refused."""
+    import pulumi
+
+    from pmem_components import names, registry
+    from pmem_components.program import deploy as program_deploy
+    from tests.unit.pulumi_mocks import RecordingMocks, project_config
+
+    seen: list[dict[str, Any]] = []
+    real = registry.register
+
+    def spy(obj: dict[str, Any], opts: pulumi.ResourceOptions, **kw: Any) -> Any:
+        if obj.get("kind") == "Namespace":  # the others hold Outputs
+            seen.append(copy.deepcopy(obj))
+        return real(obj, opts, **kw)
+
+    monkeypatch.setattr(registry, "register", spy)
+    s = load_config(
+        {"deployments": [{"createNamespace": False}], "retainNamespaces": False},
+        check_certificates=False,
+    )
+    kept = {
+        "pmem-csi": {
+            "labels": {**ENFORCE},
+            "annotations": {names.STACK_ANNOTATION: ME, "owner": "ops",
+                            "pulumi.com/patchForce": "true"},
+        }
+    }
+    mocks = RecordingMocks({"ca_cert": "CA", "registry_cert": "RC", "registry_key": "RK",
+                            "node_controller_cert": "NC", "node_controller_key": "NK"})
+    pulumi.runtime.set_mocks(mocks, project="pmem-csi-pulumi", stack="unit", preview=False)
+
+    @pulumi.runtime.test
+    def program() -> Any:
+        return pulumi.Output.all(
+            program_deploy(s, keep_namespaces={"pmem-csi"}, kept_metadata=kept)
+        )
+
+    with project_config():
+        program()
+    (ns,) = [o for o in seen if o["kind"] == "Namespace"]
+    meta = ns["metadata"]
+    assert meta["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert meta["annotations"] == {"owner": "ops"}  # not the stack's, no provider directive

@@ -963,6 +963,8 @@ def _dropped(declared: Mapping[str, Any], live: Mapping[str, Any], manager: str)
         if entry.get("subresource"):
             continue
         for path in _owned_paths(entry.get("fieldsV1")):
+            if _not_judged(declared.get("kind"), path):
+                continue
             node: Any = declared
             for part in path:
                 if not isinstance(node, Mapping) or part not in node:
@@ -972,11 +974,47 @@ def _dropped(declared: Mapping[str, Any], live: Mapping[str, Any], manager: str)
     return out
 
 
+# Fields whose change the API server never refuses as immutable, and which the program sets
+# at registration (the component's annotations: spec digest, certificate hash, deletion
+# policy, await) and a Secret's generated data (mutable; the provider updates it in place with
+# ``enableSecretMutable``, see secretmutable): the built object differs from the live one
+# there on every update, which is neither a change to judge nor a field to name.
+_NOT_JUDGED: tuple[tuple[str | None, tuple[str, ...]], ...] = (
+    (None, ("metadata", "annotations")),
+    (None, ("spec", "template", "metadata", "annotations")),
+    ("Secret", ("data",)),
+    ("Secret", ("stringData",)),
+)
+
+
+def _judged(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` without the fields of :data:`_NOT_JUDGED`."""
+    from pmem_components.patches import _plain_copy
+
+    out: dict[str, Any] = _plain_copy(obj)
+    for kind, path in _NOT_JUDGED:
+        if kind is not None and obj.get("kind") != kind:
+            continue
+        node: Any = out
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return out
+
+
+def _not_judged(kind: Any, path: tuple[str, ...]) -> bool:
+    return any(
+        (k is None or k == kind) and path[: len(p)] == p for k, p in _NOT_JUDGED
+    )
+
+
 def _unchanged(run: _DryRun, manager: str) -> bool:
     """Whether applying ``run.patched`` changes nothing the provider's manager set: then no
     field can change, mutable or not, and the dry run is not needed (most objects, most
     updates: the check costs requests only where the config changed something)."""
-    return _contained(run.patched, run.live) and not _dropped(run.patched, run.live, manager)
+    declared, live = _judged(run.patched), _judged(run.live)
+    return _contained(declared, live) and not _dropped(declared, live, manager)
 
 
 def _dry_runs(stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]) -> list[_DryRun]:
@@ -1020,13 +1058,9 @@ def _changed_fields(run: _DryRun, manager: str) -> list[str]:
     fields the provider set before that it no longer sets."""
     from pmem_components.patches import changed_paths
 
-    live = {k: run.live.get(k) for k in run.patched}
-    changed = [
-        p
-        for p in changed_paths(_projected(live, run.patched), run.patched)
-        if not p.startswith("metadata.managedFields")
-    ]
-    return [*changed, *_dropped(run.patched, run.live, manager)]
+    declared, live = _judged(run.patched), _judged(run.live)
+    changed = changed_paths(_projected(live, declared), declared)
+    return [*changed, *_dropped(declared, live, manager)]
 
 
 def _projected(live: Any, declared: Any) -> Any:

@@ -329,7 +329,8 @@ def _as_kept(
     annotations: Mapping[str, str],
 ) -> dict[str, Any]:
     """A released namespace as it is: its live labels and annotations (but the stack's
-    annotation and the provider's ``pulumi.com/`` directives) under those the program sets (``annotations``: the stack's directives).
+    annotation and the provider's ``pulumi.com/`` directives) under those the program sets
+    (``annotations``: the stack's directives).
 
     The provider applies with server-side apply: a label the stack's field manager set
     before (a ``kind: Namespace`` patch's, e.g. ``pod-security.kubernetes.io/enforce``) and

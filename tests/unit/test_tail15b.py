@@ -345,3 +345,29 @@ def test_a_released_namespace_is_registered_with_the_labels_a_namespace_patch_ha
     meta = ns["metadata"]
     assert meta["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     assert meta["annotations"] == {"owner": "ops"}  # not the stack's, no provider directive
+
+
+def test_the_components_annotations_and_generated_secret_data_are_no_change_to_judge() -> None:
+    """The component stamps annotations (spec digest, certificate hash, deletion policy) and
+    the Secrets carry generated data the built objects do not have: no dry run for them,
+    and never named as a refused field (seen with the real engine: the certificate hash
+    was named next to podManagementPolicy)."""
+    from pmem_components.patches import merge_patch
+
+    cfg = stack({})
+    live = lives(cfg.deployments[0], {"StatefulSet": POLICY["mergePatch"]})
+    for obj in live.values():
+        extra: dict[str, Any] = {"metadata": {"annotations": {"pmem-csi.intel.com/d": "d"}}}
+        if obj["kind"] in ("StatefulSet", "DaemonSet"):
+            extra["spec"] = {"template": {"metadata": {"annotations": {"h": "1"}}}}
+        if obj["kind"] == "Secret":
+            extra["data"] = {"ca.crt": "Q0E="}
+        merged = merge_patch(obj, extra)
+        meta = {k: v for k, v in merged["metadata"].items() if k != "managedFields"}
+        merged["metadata"]["managedFields"][0]["fieldsV1"] = _owned({**merged, "metadata": meta})
+        obj.clear()
+        obj.update(merged)
+    api = SsaApi(live_policy="Parallel")
+    (rejection,) = preflight.patch_rejections(api, cfg, live)
+    assert rejection.fields == ("spec.podManagementPolicy",)
+    assert api.calls == [STS_PATH]

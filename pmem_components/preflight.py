@@ -1013,7 +1013,12 @@ def _unchanged(run: _DryRun, manager: str) -> bool:
     """Whether applying ``run.patched`` changes nothing the provider's manager set: then no
     field can change, mutable or not, and the dry run is not needed (most objects, most
     updates: the check costs requests only where the config changed something)."""
-    declared, live = _judged(run.patched), _judged(run.live)
+    # What patches change is the API server's to judge, annotations included (as before
+    # this check covered objects without patches): only unpatched objects leave out what
+    # the component sets at registration.
+    declared, live = (
+        (run.patched, run.live) if run.labels else (_judged(run.patched), _judged(run.live))
+    )
     return _contained(declared, live) and not _dropped(declared, live, manager)
 
 

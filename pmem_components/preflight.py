@@ -42,12 +42,16 @@ So this module answers, before anything changes:
 * Which namespaces did this stack create that configured deployments still use although no
   deployment creates them any more (``createNamespace: false``)? Returned in
   :attr:`Plan.keep_namespaces`, so the program keeps them instead of deleting them.
-* Would a patch make the provider replace an object (delete it and create it anew)? It does
-  so when the update changes a field Kubernetes does not let change in place. Rather than a
-  list of such fields kept here, each object a patch selects that exists is applied in a
-  server-side dry run against the live one, as the provider applies it (its field manager),
-  with and without the patches: a refusal only with them is a config error naming the
-  patch entry and the fields (:class:`Rejection`).
+* Would the update make the provider replace an object (delete it and create it anew)? It
+  does so when the update changes a field Kubernetes does not let change in place: by a
+  patch, by removing a patch that had set it, or by another config change. Rather than a
+  list of such fields kept here, each declared object that exists and that the update
+  changes (compared locally with the live one first, so an unchanged stack sends no request)
+  is applied in a server-side dry run against the live one, as the provider applies it (its
+  field manager), with the patches and, when refused, without: a refusal only with them is
+  a config error naming the patch entry and the fields, one without them too names the
+  deployment (:class:`Rejection`). A dry run answered with no verdict (403, 409, 5xx, a
+  timeout) stops the update naming the patch and the object (:class:`DryRunError`).
 
 :func:`plan` is pure (observations in, problems and moves out) and unit tested;
 :func:`observe` does the reads with the Kubernetes client (``get``/``list`` only), which the

@@ -47,13 +47,18 @@ So this module answers, before anything changes:
   deployment creates them any more (``createNamespace: false``)? Returned in
   :attr:`Plan.keep_namespaces`, so the program keeps them instead of deleting them; so are
   those no configured deployment uses any more while another stack's deployment or another
-  driver lives in them (:attr:`Plan.kept_namespaces`).
-* Would a patch make the provider replace an object (delete it and create it anew)? It does
-  so when the update changes a field Kubernetes does not let change in place. Rather than a
-  list of such fields kept here, each object a patch selects that exists is applied in a
-  server-side dry run against the live one, as the provider applies it (its field manager),
-  with and without the patches: a refusal only with them is a config error naming the
-  patch entry and the fields (:class:`Rejection`).
+  driver lives in them (:attr:`Plan.kept_namespaces`). Either way the program registers them
+  with their live labels and annotations (:attr:`Plan.kept_metadata`).
+* Would the update make the provider replace an object (delete it and create it anew)? It
+  does so when the update changes a field Kubernetes does not let change in place: by a
+  patch, by removing a patch that had set it, or by another config change. Rather than a
+  list of such fields kept here, each declared object that exists and that the update
+  changes (compared locally with the live one first, so an unchanged stack sends no request)
+  is applied in a server-side dry run against the live one, as the provider applies it (its
+  field manager), with the patches and, when refused, without: a refusal only with them is
+  a config error naming the patch entry and the fields, one without them too names the
+  deployment (:class:`Rejection`). A dry run answered with no verdict (403, 409, 5xx, a
+  timeout) stops the update naming the patch and the object (:class:`DryRunError`).
 
 :func:`plan` is pure (observations in, problems and moves out) and unit tested;
 :func:`observe` does the reads with the Kubernetes client (``get``/``list`` only), which the
@@ -170,7 +175,6 @@ class KeptNamespace:
     """A namespace the stack keeps although none of its deployments uses it any more."""
 
     reason: str  # what else lives in it: "DaemonSet ns/name, Deployment x"
-    labels: Mapping[str, str]  # its labels now (no configured deployment to build them from)
 
 
 @dataclass
@@ -190,6 +194,9 @@ class Plan:
     # Why a namespace in :attr:`keep_namespaces` that no configured deployment uses is kept:
     # what else lives in it ("Deployment x (stack ...)", "DaemonSet ns/name").
     kept_namespaces: dict[str, KeptNamespace] = field(default_factory=dict)
+    # Per kept namespace: its labels and annotations as read (filled by ``run``), so that
+    # releasing it leaves them as they are (those a ``kind: Namespace`` patch added too).
+    kept_metadata: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
 
 # Where each kind names its CSI driver.
@@ -579,13 +586,7 @@ def plan(
                 + (f" ({RUNBOOK})" if ds.operator_owner or not ds.ours else "")
             )
 
-    for r in observed.patch_rejections:
-        out.problems.append(
-            f"{', '.join(r.labels)}: changes {', '.join(r.fields)} of {r.ref}, which the API "
-            f"server refuses to change in place ({r.reason}); the provider would delete the "
-            "object and create it anew. Leave that field out of the patch (to change it "
-            "anyway, delete the object first and run pulumi up again)"
-        )
+    out.problems += [rejection_problem(r) for r in observed.patch_rejections]
 
     if out.adopted and not stack.take_over_fields:
         # The take-over's hooks are what merge the earlier owner's field manager into this
@@ -623,10 +624,7 @@ def plan(
             others = _others_in(ns, observed, state, set(mine) | set(held_only))
             if others:
                 out.keep_namespaces.add(ns)
-                out.kept_namespaces[ns] = KeptNamespace(
-                    _listing(others, most=3),
-                    {k: v for k, v in live.labels.items() if k != "kubernetes.io/metadata.name"},
-                )
+                out.kept_namespaces[ns] = KeptNamespace(_listing(others, most=3))
     return out
 
 
@@ -978,27 +976,38 @@ def _unawaited_move_problem(
     last applied: turning await on in the same update does not help.
     """
     key = key_path(("deployments", i, "await", "enabled"))
-    if not d.await_.enabled:
-        return (
-            f"{key}: false sets pulumi.com/skipAwait, with which the provider does not wait "
-            "for a delete either: the old node DaemonSet of this "
-            f"{'rename' if prev.name != d.name else 'reinstall'} would still run its pods "
-            "when the new one starts, two node drivers on the same nodes. Set "
-            "await.enabled: true for the update that moves the deployment"
-        )
+    what = "rename" if prev.name != d.name else "reinstall"
     old_ds = names.DeploymentNames(prev.name).node_driver
-    for ds in observed.daemon_sets:
-        if ds.namespace != prev.namespace or ds.name != old_ds:
-            continue
-        if str(ds.annotations.get(SKIP_AWAIT_ANNOTATION, "")).lower() == "true":
-            return (
-                f"{key}: {ds.ref} carries {SKIP_AWAIT_ANNOTATION} (from await.enabled: false), "
-                "which the provider reads when it deletes it, so the move would not wait for "
-                "the old node driver's pods to go: two node drivers on the same nodes; "
-                "first run pulumi up with await.enabled: true and the deployment where it is "
-                f"(name {prev.name!r}, namespace {prev.namespace!r}), then move it"
-            )
-    return None
+    carried = next(
+        (
+            ds
+            for ds in observed.daemon_sets
+            if ds.namespace == prev.namespace
+            and ds.name == old_ds
+            and str(ds.annotations.get(SKIP_AWAIT_ANNOTATION, "")).lower() == "true"
+        ),
+        None,
+    )
+    off = (
+        f"{key}: false sets pulumi.com/skipAwait, with which the provider does not wait "
+        f"for a delete either: the old node DaemonSet of this {what} would still run its pods "
+        "when the new one starts, two node drivers on the same nodes"
+    )
+    if carried is None:
+        return None if d.await_.enabled else (
+            f"{off}. Set await.enabled: true for the update that moves the deployment"
+        )
+    # Turning await on in the moving update is not enough (the old DaemonSet keeps the
+    # annotation until an update without the move rewrites it): say both steps at once, or
+    # the administrator following the first refusal meets a second one.
+    return (
+        (f"{off}; and " if not d.await_.enabled else f"{key}: ")
+        + f"{carried.ref} carries {SKIP_AWAIT_ANNOTATION} (from await.enabled: false), "
+        "which the provider reads when it deletes it, so the move would not wait for "
+        "the old node driver's pods to go: two node drivers on the same nodes; "
+        "first run pulumi up with await.enabled: true and the deployment where it is "
+        f"(name {prev.name!r}, namespace {prev.namespace!r}), then move it"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -1259,55 +1268,269 @@ def _same_field(changed: str, refused: str) -> bool:
     )
 
 
-def patch_rejections(
-    reader: Any, stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]
-) -> list[Rejection]:
-    """Dry-run every live object a patch selects, patched and as built (see module doc).
+class DryRunError(PreflightError):
+    """A server-side dry run got no answer the preflight can judge (not a refusal)."""
 
-    ``reader.dry_apply(path, obj, manager)`` returns (HTTP status, body). Only a refusal of
-    the patched object that the unpatched one does not get counts: the patch is its cause.
-    """
-    from pmem_components.patches import PatchSet, changed_paths
 
-    out: list[Rejection] = []
-    for i, d in enumerate(stack.deployments):
-        if not d.patches:
+@dataclass(frozen=True)
+class _DryRun:
+    """One declared object that exists live, to apply in a dry run."""
+
+    index: int  # the deployment
+    labels: tuple[str, ...]  # the patch entries that select it (none: config change only)
+    path: str
+    ref: str  # "StatefulSet ns/name"
+    declared: dict[str, Any]  # as built, before the patches
+    patched: dict[str, Any]  # as the provider will apply it
+    live: Mapping[str, Any]
+
+
+def _contained(declared: Any, live: Any) -> bool:
+    """Whether every value ``declared`` sets is the same in ``live`` (lists: same length,
+    item by item). The live object has more (defaults, status): those do not count."""
+    if isinstance(declared, Mapping):
+        return isinstance(live, Mapping) and all(
+            _contained(v, live.get(k)) for k, v in declared.items()
+        )
+    if isinstance(declared, list):
+        return (
+            isinstance(live, list)
+            and len(declared) == len(live)
+            and all(_contained(d, x) for d, x in zip(declared, live, strict=True))
+        )
+    return bool(declared == live)
+
+
+def _owned_paths(fields: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The paths a managedFields entry's ``fieldsV1`` owns, down to maps (a list entry
+    (``k:``, ``v:``, ``i:``) stands for its list: the list is compared whole)."""
+    if not isinstance(fields, Mapping):
+        return [prefix] if prefix else []
+    keys = [k for k in fields if k != "."]
+    if not keys:
+        return [prefix] if prefix else []
+    if any(not str(k).startswith("f:") for k in keys):
+        return [prefix] if prefix else []
+    out: list[tuple[str, ...]] = []
+    for k in keys:
+        out += _owned_paths(fields[k], (*prefix, str(k)[2:]))
+    return out
+
+
+def _dropped(declared: Mapping[str, Any], live: Mapping[str, Any], manager: str) -> list[str]:
+    """Fields ``manager`` set on ``live`` (its last apply) that ``declared`` no longer has:
+    applying ``declared`` removes them (and the API server may default them anew)."""
+    out: list[str] = []
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") != manager or entry.get("operation") != "Apply":
             continue
-        patch_set = PatchSet.for_deployment(i, d.patches)
+        if entry.get("subresource"):
+            continue
+        for path in _owned_paths(entry.get("fieldsV1")):
+            if _not_judged(declared.get("kind"), path):
+                continue
+            node: Any = declared
+            for part in path:
+                if not isinstance(node, Mapping) or part not in node:
+                    out.append(".".join(path))
+                    break
+                node = node[part]
+    return out
+
+
+# Fields whose change the API server never refuses as immutable, and which the program sets
+# at registration (the component's annotations: spec digest, certificate hash, deletion
+# policy, await) and a Secret's generated data (mutable; the provider updates it in place with
+# ``enableSecretMutable``, see secretmutable): the built object differs from the live one
+# there on every update, which is neither a change to judge nor a field to name.
+_NOT_JUDGED: tuple[tuple[str | None, tuple[str, ...]], ...] = (
+    (None, ("metadata", "annotations")),
+    (None, ("spec", "template", "metadata", "annotations")),
+    ("Secret", ("data",)),
+    ("Secret", ("stringData",)),
+)
+
+
+def _judged(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` without the fields of :data:`_NOT_JUDGED`."""
+    from pmem_components.patches import _plain_copy
+
+    out: dict[str, Any] = _plain_copy(obj)
+    for kind, path in _NOT_JUDGED:
+        if kind is not None and obj.get("kind") != kind:
+            continue
+        node: Any = out
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return out
+
+
+def _not_judged(kind: Any, path: tuple[str, ...]) -> bool:
+    return any(
+        (k is None or k == kind) and path[: len(p)] == p for k, p in _NOT_JUDGED
+    )
+
+
+def _unchanged(run: _DryRun, manager: str) -> bool:
+    """Whether applying ``run.patched`` changes nothing the provider's manager set: then no
+    field can change, mutable or not, and the dry run is not needed (most objects, most
+    updates: the check costs requests only where the config changed something)."""
+    # What patches change is the API server's to judge, annotations included (as before
+    # this check covered objects without patches): only unpatched objects leave out what
+    # the component sets at registration.
+    declared, live = (
+        (run.patched, run.live) if run.labels else (_judged(run.patched), _judged(run.live))
+    )
+    return _contained(declared, live) and not _dropped(declared, live, manager)
+
+
+def _dry_runs(stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]) -> list[_DryRun]:
+    """Every declared object of every deployment that exists live, patched as registered."""
+    from pmem_components.patches import PatchSet
+
+    out: list[_DryRun] = []
+    for i, d in enumerate(stack.deployments):
+        patch_set = PatchSet.for_deployment(i, d.patches) if d.patches else None
         for obj in bundle.build_deployment_objects(d, create_namespace=False).all():
             meta = obj["metadata"]
             path = _path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
             live = lives.get(path)
+            if live is None:
+                continue  # not created yet: nothing to replace
             kind, api_version = obj["kind"], obj["apiVersion"]
-            labels = tuple(
-                e.label for e in patch_set.entries if e.selects(kind, obj, api_version)
-            )
-            if live is None or not labels:
-                continue
-            patched = patch_set.apply(f"kubernetes:{api_version}:{kind}", obj) or obj
-            manager = _provider_manager(live)
-            status, body = reader.dry_apply(path, patched, manager)
-            if 200 <= status <= 299:
-                continue
-            if status != 422:
-                raise RuntimeError(f"dry-run apply of {path}: HTTP {status}")
-            plain_status, _ = reader.dry_apply(path, obj, manager)
-            if plain_status != 200 and plain_status != 201:
-                continue  # refused without the patches too: not theirs to answer for
-            fields, reason = _refusal(body, secret=kind == "Secret")
-            changed = changed_paths(obj, patched)
-            named = [c for c in changed if any(_same_field(c, f) for f in fields)]
-            ns = meta.get("namespace")
-            out.append(
-                Rejection(
-                    index=i,
-                    labels=labels,
-                    ref=f"{kind} {ns + '/' if ns else ''}{meta['name']}",
-                    fields=tuple(named or fields or changed),
-                    reason=reason,
+            labels: tuple[str, ...] = ()
+            patched = obj
+            if patch_set is not None:
+                labels = tuple(
+                    e.label for e in patch_set.entries if e.selects(kind, obj, api_version)
                 )
-            )
+                patched = patch_set.apply(f"kubernetes:{api_version}:{kind}", obj) or obj
+            ns = meta.get("namespace")
+            ref = f"{kind} {ns + '/' if ns else ''}{meta['name']}"
+            out.append(_DryRun(i, labels, path, ref, obj, patched, live))
     return out
+
+
+def _answer(reader: Any, path: str, obj: Mapping[str, Any], manager: str) -> tuple[int, Any]:
+    """(status, body) of a dry run; status 0 and the error's words when none came (a
+    timeout, a refused connection): no answer is not an acceptance."""
+    try:
+        return reader.dry_apply(path, obj, manager)
+    except Exception as err:  # judged by the caller: not checked
+        return 0, f"{type(err).__name__}: {str(err)[:200]}"
+
+
+def _changed_fields(run: _DryRun, manager: str) -> list[str]:
+    """What the declared object changes on the live one: values it sets differently, and
+    fields the provider set before that it no longer sets."""
+    from pmem_components.patches import changed_paths
+
+    declared, live = _judged(run.patched), _judged(run.live)
+    changed = changed_paths(_projected(live, declared), declared)
+    return [*changed, *_dropped(declared, live, manager)]
+
+
+def _projected(live: Any, declared: Any) -> Any:
+    """``live`` cut down to the keys ``declared`` has (lists item by item)."""
+    if isinstance(declared, Mapping) and isinstance(live, Mapping):
+        return {k: _projected(live.get(k), v) for k, v in declared.items() if k in live}
+    if isinstance(declared, list) and isinstance(live, list) and len(declared) == len(live):
+        return [_projected(x, d) for x, d in zip(live, declared, strict=True)]
+    return live
+
+
+def _judge(reader: Any, run: _DryRun) -> Rejection | str | None:
+    """A :class:`Rejection`, the reason the check could not be done (a line), or None."""
+    from pmem_components.patches import changed_paths
+
+    manager = _provider_manager(run.live)
+    if _unchanged(run, manager):
+        return None
+    status, body = _answer(reader, run.path, run.patched, manager)
+    if 200 <= status <= 299 or status == 404:
+        return None  # accepted; 404: gone since it was read, so nothing to replace
+    if status != 422:
+        return _not_checked(run, status, body)
+    secret = run.patched.get("kind") == "Secret"
+    fields, reason = _refusal(body if isinstance(body, dict) else {}, secret=secret)
+    if run.labels and run.patched is not run.declared:
+        plain_status, plain_body = _answer(reader, run.path, run.declared, manager)
+        if 200 <= plain_status <= 299:  # refused only with the patches: theirs
+            changed = changed_paths(run.declared, run.patched)
+            named = [c for c in changed if any(_same_field(c, f) for f in fields)]
+            return Rejection(run.index, run.labels, run.ref, tuple(named or fields or changed),
+                             reason)
+        if plain_status != 422:
+            return _not_checked(run, plain_status, plain_body)
+    changed = _changed_fields(run, manager)
+    named = [c for c in changed if any(_same_field(c, f) for f in fields)]
+    return Rejection(run.index, (), run.ref, tuple(named or fields or changed), reason)
+
+
+def _not_checked(run: _DryRun, status: int, body: Any) -> str:
+    """The line for a dry run the API server did not answer with a verdict on the fields."""
+    if isinstance(body, str):
+        got = f"no answer ({body})"
+    else:
+        secret = run.patched.get("kind") == "Secret"
+        words = body.get("reason") if secret else (body.get("message") or body.get("reason"))
+        got = f"HTTP {status}" + (f" ({str(words)[:200]})" if words else "")
+    key = ", ".join(run.labels) or key_path(("deployments", run.index))
+    return (
+        f"{key}: the server-side dry run of {run.ref} (which tells whether the update would "
+        f"change a field Kubernetes cannot change in place) got {got}, so that is not checked"
+    )
+
+
+def rejection_problem(r: Rejection) -> str:
+    """The config error for a dry-run refusal: the patch's, or the config change's."""
+    if r.labels:
+        return (
+            f"{', '.join(r.labels)}: changes {', '.join(r.fields)} of {r.ref}, which the API "
+            f"server refuses to change in place ({r.reason}); the provider would delete the "
+            "object and create it anew. Leave that field out of the patch (to change it "
+            "anyway, delete the object first and run pulumi up again)"
+        )
+    return (
+        f"{key_path(('deployments', r.index))}: this update changes {', '.join(r.fields)} "
+        f"of {r.ref}, which the API server refuses to change in place ({r.reason}); the "
+        "provider would delete the object and create it anew. This happens when a patch that "
+        "set the field is removed or changed, or a config change alters it: put back the "
+        "value the object has (for a removed patch, the patch), or, to change it anyway, "
+        "delete the object first and run pulumi up again"
+    )
+
+
+def patch_rejections(
+    reader: Any, stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]
+) -> list[Rejection]:
+    """Dry-run every declared object that exists live and that the update changes (see the
+    module doc), patched and, when refused, as built.
+
+    ``reader.dry_apply(path, obj, manager)`` returns (HTTP status, body). A refusal of the
+    patched object that the unpatched one does not get is the patch's; one both get (or an
+    object without patches gets) is the config change's: the provider would replace the
+    object either way. An answer that is neither (403, 409, 500, a timeout) stops the update
+    with :class:`DryRunError`, naming the patch or deployment and the object: a check not
+    done is not a check passed.
+    """
+    runs = _dry_runs(stack, lives)
+    with ThreadPoolExecutor(max_workers=_PARALLEL_GETS) as pool:
+        verdicts = list(pool.map(lambda r: _judge(reader, r), runs))
+    unchecked = [v for v in verdicts if isinstance(v, str)]
+    if unchecked:
+        raise DryRunError(
+            "pmem-csi:preflight: "
+            + "; ".join(unchecked)
+            + ". Nothing was changed. Run pulumi up again (a timeout or a server error passes);"
+            " a 403 needs patch permission on the object for the credentials of the "
+            "kubeconfig (the provider needs it anyway); or set pmem-csi:preflight: false to "
+            "skip the checks (a change of such a field then makes the provider delete and "
+            "re-create the object)"
+        )
+    return [v for v in verdicts if isinstance(v, Rejection)]
 
 
 def run(
@@ -1319,6 +1542,8 @@ def run(
     """Observe and plan; cluster errors become :class:`PreflightError` with the way out."""
     try:
         observed = observe(api_client, stack, state)
+    except DryRunError:
+        raise  # names the patch and the object itself
     except Exception as err:  # any failure to read must stop the update, with the reason
         raise PreflightError(
             f"pmem-csi:preflight: cannot read the cluster ({type(err).__name__}: "
@@ -1329,4 +1554,13 @@ def run(
             "pmem-csi:preflight: "
             "false to skip them (adoption, rename and migration are then not checked)"
         ) from None
-    return plan(stack, observed, stack_id, state)
+    result = plan(stack, observed, stack_id, state)
+    result.kept_metadata = {
+        ns: {
+            "labels": dict(observed.namespaces[ns].labels),
+            "annotations": dict(observed.namespaces[ns].annotations),
+        }
+        for ns in sorted(result.keep_namespaces)
+        if ns in observed.namespaces
+    }
+    return result

@@ -161,7 +161,7 @@ def deploy(
     keep_namespaces: Collection[str] = (),
     running_certificates: Mapping[int, Any] | None = None,
     adopted: Collection[str] = (),
-    kept_namespaces: Mapping[str, Any] | None = None,
+    kept_metadata: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None,
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
 
@@ -177,6 +177,8 @@ def deploy(
     the state says so), and with them the deployments that live there. They are registered
     once more, kept on delete and without the stack annotation: the next ``pulumi up`` no
     longer counts them as the stack's and drops them from the state, leaving them in place.
+    ``kept_metadata`` (:attr:`pmem_components.preflight.Plan.kept_metadata`): their live
+    labels and annotations, registered as they are (:func:`_as_kept`).
 
     ``running_certificates``: per deployment index, its running driver pods
     (:func:`certificate_rollout`, a ``certrollout.Rollout``); None: not read at all (then a
@@ -187,9 +189,9 @@ def deploy(
     (``pmem-csi:adopt``). They are applied with force, as ``adoptNamespace`` /
     ``adoptExisting`` do, and the field managers the earlier stack left on them are merged
     into this stack's once they are created (:mod:`pmem_components.takeover_transform`).
-    ``kept_namespaces``: of ``keep_namespaces``, those no configured deployment uses (another
-    stack's deployment or driver lives there), each a
-    :class:`pmem_components.preflight.KeptNamespace`: registered with its labels as they are.
+    Of ``keep_namespaces``, those no configured deployment uses any more (another stack's
+    deployment or another driver lives there, :attr:`~pmem_components.preflight.Plan.
+    kept_namespaces`) are registered from ``kept_metadata`` alone.
     """
     from pmem_components import certrollout, registry
     from pmem_components.components import (
@@ -212,11 +214,8 @@ def deploy(
         members = [d for d in stack.deployments if d.namespace == ns]
         if members:
             obj = bundle.build_shared_namespace(ns, members)
-        else:  # kept for what else lives in it (preflight.KeptNamespace): labels as they are
-            kept = (kept_namespaces or {}).get(ns)
-            labels = dict(getattr(kept, "labels", None) or {})
-            obj = {"apiVersion": "v1", "kind": "Namespace",
-                   "metadata": {"name": ns, "labels": labels}}  # fmt: skip
+        else:  # kept for what else lives in it: its labels as they are (_as_kept)
+            obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
         annotations = {names.STACK_ANNOTATION: stack_id()} if ns in creators else {}
         # Adopted now, or since, while the consent still names it: dropping the forced apply
         # in the update right after the adoption would be a change nobody asked for.
@@ -225,6 +224,8 @@ def deploy(
             annotations[PATCH_FORCE_ANNOTATION] = "true"
         obj["metadata"]["annotations"] = annotations
         obj = _patched_namespace(stack, obj, annotations)
+        if ns not in creators:
+            obj = _as_kept(obj, (kept_metadata or {}).get(ns), annotations)
         # Stacks made before namespaces moved to stack level have it under a deployment.
         old_urn = (
             f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
@@ -325,6 +326,34 @@ def _patched_namespace(
         obj = patched if patched is not None else obj
     meta = obj.setdefault("metadata", {})
     meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+    return obj
+
+
+def _as_kept(
+    obj: dict[str, Any],
+    live: Mapping[str, Mapping[str, str]] | None,
+    annotations: Mapping[str, str],
+) -> dict[str, Any]:
+    """A released namespace as it is: its live labels and annotations (but the stack's
+    annotation and the provider's ``pulumi.com/`` directives) under those the program sets
+    (``annotations``: the stack's directives).
+
+    The provider applies with server-side apply: a label the stack's field manager set
+    before (a ``kind: Namespace`` patch's, e.g. ``pod-security.kubernetes.io/enforce``) and
+    no longer sends would be removed by the very update that means to leave the namespace
+    alone; the patch itself cannot stay in the config, since the deployment no longer builds
+    the namespace. The administrator keeps a namespace as it is, not stripped.
+    """
+    if not live:
+        return obj
+    meta = obj.setdefault("metadata", {})
+    meta["labels"] = {**dict(live.get("labels") or {}), **(meta.get("labels") or {})}
+    kept = {
+        k: v
+        for k, v in (live.get("annotations") or {}).items()
+        if k != names.STACK_ANNOTATION and not k.startswith("pulumi.com/")
+    }
+    meta["annotations"] = {**kept, **(meta.get("annotations") or {}), **annotations}
     return obj
 
 
@@ -448,7 +477,7 @@ def main() -> None:
         checked.keep_namespaces,
         running_certificates=checked.running_certificates,
         adopted=checked.adopted,
-        kept_namespaces=checked.kept_namespaces,
+        kept_metadata=checked.kept_metadata,
     )
     pulumi.export("crd", "deployments.pmem-csi.intel.com" if stack.manage_crd else None)
     pulumi.export("deployments", outputs)

@@ -48,7 +48,8 @@ So this module answers, before anything changes:
   :attr:`Plan.keep_namespaces`, so the program keeps them instead of deleting them; so are
   those no configured deployment uses any more while another stack's deployment or another
   driver lives in them (:attr:`Plan.kept_namespaces`). Either way the program registers them
-  with their live labels and annotations (:attr:`Plan.kept_metadata`).
+  with the live labels and annotations this stack's field manager applied
+  (:attr:`Plan.kept_metadata`, :func:`own_metadata`).
 * Would the update make the provider replace an object (delete it and create it anew)? It
   does so when the update changes a field Kubernetes does not let change in place: by a
   patch, by removing a patch that had set it, or by another config change. Rather than a
@@ -106,6 +107,9 @@ class ObservedObject:
     pulumi_managers: tuple[str, ...] = ()
     # ``status.phase`` (a PersistentVolume's Bound, Released, Available, Failed).
     phase: str = ""
+    # A Namespace's labels and annotations per field manager that applied them (managedFields,
+    # Apply entries on the object itself): manager -> ("labels"|"annotations") -> keys.
+    applied_metadata: Mapping[str, Mapping[str, frozenset[str]]] = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -194,8 +198,9 @@ class Plan:
     # Why a namespace in :attr:`keep_namespaces` that no configured deployment uses is kept:
     # what else lives in it ("Deployment x (stack ...)", "DaemonSet ns/name").
     kept_namespaces: dict[str, KeptNamespace] = field(default_factory=dict)
-    # Per kept namespace: its labels and annotations as read (filled by ``run``), so that
-    # releasing it leaves them as they are (those a ``kind: Namespace`` patch added too).
+    # Per kept namespace: the labels and annotations this stack's field manager applied, as
+    # read (filled by ``run``, :func:`own_metadata`), so that releasing it leaves them as
+    # they are (those a ``kind: Namespace`` patch added too) and others' untouched.
     kept_metadata: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
 
@@ -222,18 +227,30 @@ def _volumes_of(observed: Observed, driver: str) -> list[ObservedObject]:
 def _running_modes(observed: Observed, driver: str) -> list[tuple[ObservedObject, str]]:
     """(DaemonSet, device mode) of every node DaemonSet running ``driver``, from its
     ``-deviceManager`` flag as the driver reads it: what manages the PMEM now, whatever the
-    CR says."""
+    CR says. A driver container (one with ``-drivername``, or whose command is
+    pmem-csi-driver) without the flag runs the flag's default, :data:`DEFAULT_DEVICE_MANAGER`."""
     out = []
     for ds in observed.daemon_sets:
         if not _runs(ds, driver):
             continue
         for container in _containers(ds):
             env = _env_of(container)
-            mode = _go_flags(_words(container)).get("deviceManager")
+            flags = _go_flags(_words(container))
+            mode = flags.get("deviceManager")
+            if mode is None and (
+                _container_driver(container) is not None or _is_driver_program(container)
+            ):
+                mode = DEFAULT_DEVICE_MANAGER
             if mode is not None:
                 mode = _expand(mode, env) or mode
                 out.append((ds, DEVICE_MODE_ALIASES.get(mode, mode)))
     return out
+
+
+# pmem-csi-driver's defaults (pkg/pmem-csi-driver/main.go): ``-deviceManager`` and
+# ``-drivername`` when not given.
+DEFAULT_DEVICE_MANAGER = "lvm"
+DRIVER_PROGRAM = "pmem-csi-driver"
 
 
 # A driver name set through ``valueFrom`` (a ConfigMap, a field): the kubelet resolves it when
@@ -255,11 +272,35 @@ def _words(container: Mapping[str, Any]) -> list[str]:
     return [*command[1:], *(str(w) for w in container.get("args") or [])]
 
 
+# Boolean flags of pmem-csi-driver and of klog, which it registers: Go's flag package gives
+# a boolean flag written without ``=`` no value, so the next word is not its value but an
+# argument, where parsing stops (``-testEndpoint x -deviceManager=direct``: not a flag).
+BOOLEAN_FLAGS = frozenset(
+    {
+        "testEndpoint",
+        "version",
+        "logtostderr",
+        "alsologtostderr",
+        "skip_headers",
+        "skip_log_headers",
+        "add_dir_header",
+        "one_output",
+        "help",
+        "h",
+    }
+)
+
+
+# The driver's string flags the preflight reads: Go gives them the next word whatever it is.
+_STRING_FLAGS = frozenset({"deviceManager", "drivername"})
+
+
 def _go_flags(words: list[str]) -> dict[str, str]:
     """Flag values as Go's ``flag`` package parses them: ``-f=X``, ``--f=X``, ``-f X`` and
     ``--f X``; the last occurrence wins; parsing stops at ``--`` or at the first word that is
-    not a flag. A flag without ``=`` is taken to consume the next word unless that word is a
-    flag itself (a boolean flag); the driver's own flags of interest are strings."""
+    not a flag. A flag without ``=`` consumes the next word: always the driver's string flags
+    read here, never :data:`BOOLEAN_FLAGS`; another (not known here) unless that word is a
+    flag itself."""
     out: dict[str, str] = {}
     i = 0
     while i < len(words):
@@ -271,7 +312,10 @@ def _go_flags(words: list[str]) -> dict[str, str]:
             break  # Go: a bad flag syntax error; the driver would not start
         if "=" in name:
             name, value = name.split("=", 1)
-        elif i + 1 < len(words) and not words[i + 1].startswith("-"):
+        elif i + 1 < len(words) and (
+            name in _STRING_FLAGS
+            or (name not in BOOLEAN_FLAGS and not words[i + 1].startswith("-"))
+        ):
             i += 1
             value = words[i]
         else:
@@ -283,21 +327,31 @@ def _go_flags(words: list[str]) -> dict[str, str]:
 
 def _env_of(container: Mapping[str, Any]) -> dict[str, str | None]:
     """The container's environment as the kubelet builds it: the last entry of a name wins,
-    ``$(VAR)`` in a value refers to the entries before it; None: set through ``valueFrom``."""
+    ``$(VAR)`` in a value refers to the entries before it; None: set through ``valueFrom``,
+    or referring to a variable only ``envFrom`` can set (its ConfigMap or Secret is not
+    read here)."""
     env: dict[str, str | None] = {}
+    open_ = _has_env_from(container)
     for entry in container.get("env") or []:
         if not isinstance(entry, Mapping) or not entry.get("name"):
             continue
         if "valueFrom" in entry and entry.get("valueFrom") is not None:
             env[str(entry["name"])] = None
         else:
-            env[str(entry["name"])] = _expand(str(entry.get("value") or ""), env)
+            env[str(entry["name"])] = _expand(str(entry.get("value") or ""), env, open_)
     return env
 
 
-def _expand(value: str | None, env: Mapping[str, str | None]) -> str | None:
+def _has_env_from(container: Mapping[str, Any]) -> bool:
+    return bool(container.get("envFrom"))
+
+
+def _expand(
+    value: str | None, env: Mapping[str, str | None], env_from: bool = False
+) -> str | None:
     """``$(VAR)`` references replaced as the kubelet does (``$$`` escapes, unknown names
-    stay as written); None when a referenced variable is set through ``valueFrom``."""
+    stay as written); None when a referenced variable is set through ``valueFrom``, or is
+    unknown while the container has ``envFrom`` (which may set it: not readable here)."""
     if value is None:
         return None
     out, i = [], 0
@@ -316,24 +370,49 @@ def _expand(value: str | None, env: Mapping[str, str | None]) -> str | None:
                 out.append(resolved)
                 i = end + 1
                 continue
+            if env_from:
+                return None
         out.append(value[i])
         i += 1
     return "".join(out)
 
 
+def _container_driver(container: Mapping[str, Any]) -> str | None:
+    """The CSI driver name a driver container runs with, from its ``-drivername`` flag;
+    :data:`UNREADABLE` when it comes from ``valueFrom`` or ``envFrom``; None: no such flag
+    (a sidecar, or a driver that runs the flag's default)."""
+    flag = _go_flags(_words(container)).get("drivername")
+    if flag is None:
+        return None
+    name = _expand(flag, _env_of(container), _has_env_from(container))
+    return name if name is not None else UNREADABLE
+
+
+def _is_driver_program(container: Mapping[str, Any]) -> bool:
+    """Whether the container's command is pmem-csi-driver (by its file name)."""
+    command = [str(w) for w in container.get("command") or []]
+    return bool(command) and command[0].rsplit("/", 1)[-1] == DRIVER_PROGRAM
+
+
 def _driver_name_of(ds: ObservedObject) -> str | None:
-    """The CSI driver name a DaemonSet's pods run with: the driver's ``-drivername`` flag
+    """The CSI driver name a DaemonSet's pods run with: a driver container's ``-drivername``
     (the program sets ``-drivername=$(PMEM_CSI_DRIVER_NAME)``), or without the flag the
-    ``PMEM_CSI_DRIVER_NAME`` variable; :data:`UNREADABLE` when it comes from ``valueFrom``."""
-    for container in _containers(ds):
+    ``PMEM_CSI_DRIVER_NAME`` variable (the sidecars' registration path); with neither, the
+    flag's default when a container's command is pmem-csi-driver (a DaemonSet that runs it
+    through the image's entrypoint without either setting is not identified);
+    :data:`UNREADABLE` when it comes from ``valueFrom`` (or ``envFrom``)."""
+    containers = _containers(ds)
+    for container in containers:
+        name = _container_driver(container)
+        if name is not None:
+            return name
+    for container in containers:
         env = _env_of(container)
-        flag = _go_flags(_words(container)).get("drivername")
-        if flag is not None:
-            name = _expand(flag, env)
-            return name if name is not None else UNREADABLE
         if DRIVER_NAME_ENV in env:
             name = env[DRIVER_NAME_ENV]
             return name if name else UNREADABLE
+    if any(_is_driver_program(c) for c in containers):
+        return names.DEFAULT_DRIVER_NAME
     return None
 
 
@@ -483,7 +562,10 @@ def plan(
             if problem:
                 out.problems.append(problem)
         old_ns = _namespace_of(d.renamed_from, mine, held_only)
-        if old_ns is not None and d.name not in mine and d.name not in held_only:
+        gone_cr = d.renamed_from not in mine
+        if gone_cr and old_ns == "" and d.name not in mine and d.name not in held_only:
+            out.problems.append(_rename_from_nowhere(i, str(d.renamed_from), d.name))
+        elif old_ns is not None and d.name not in mine and d.name not in held_only:
             out.previous[i] = Previous(str(d.renamed_from), old_ns)
             problem = _stranding_problem(
                 key_path(("deployments", i, "renamedFrom")),
@@ -652,7 +734,9 @@ def _others_in(
 ) -> list[ObservedObject]:
     """What lives in namespace ``ns`` that is not this stack's and that deleting the
     namespace would delete: other stacks' (or the operator's) Deployment CRs recording it as
-    their namespace, DaemonSets the state does not hold (another driver, the operator's)."""
+    their namespace, DaemonSets the state does not hold (another driver, the operator's).
+    A DaemonSet of one of this stack's drivers is this stack's even with another uid (deleted
+    and re-created by hand): it goes with its deployment."""
     crs = [
         cr
         for name, cr in observed.crs.items()
@@ -661,7 +745,9 @@ def _others_in(
     daemon_sets = [
         ds
         for ds in observed.daemon_sets
-        if ds.namespace == ns and not state.holds(ds.key, ds.uid)
+        if ds.namespace == ns
+        and not state.holds(ds.key, ds.uid)
+        and not any(_runs(ds, name) for name in this_stacks)
     ]
     return [*daemon_sets, *crs]
 
@@ -669,7 +755,8 @@ def _others_in(
 def _held_without_cr(state: identity.StackState | None, observed: Observed) -> dict[str, str]:
     """This stack's deployments whose CR is not in the cluster, by the stack's state: the CRs
     it holds and the driver names of the node DaemonSets it holds. Name -> namespace (the
-    namespace of its node DaemonSet in the state or in the cluster; "" if none is known).
+    namespace of its node DaemonSet in the cluster, or of its objects in the state:
+    :func:`_held_namespace`; "" if none is known).
 
     Without them a removal or rename after the CR (or the CRD) was deleted by hand would be
     judged as if the deployment had never been there: no volume guard, no ordered move.
@@ -691,13 +778,40 @@ def _held_without_cr(state: identity.StackState | None, observed: Observed) -> d
         ):
             out[driver] = ds.namespace
     for name, namespace in out.items():
-        if namespace:
-            continue
-        node = names.DeploymentNames(name).node_driver
-        out[name] = next(
-            (n for g, k, n, nm in state.objects if (g, k, nm) == ("apps", "DaemonSet", node)), ""
-        )
+        if not namespace:
+            out[name] = _held_namespace(state, name)
     return out
+
+
+def _held_namespace(state: identity.StackState, driver: str) -> str:
+    """The namespace of ``driver``'s objects in the stack's state: its node DaemonSet's,
+    else its controller StatefulSet's, else any namespaced object of its names (Secrets,
+    Services, ServiceAccount, Role, reporter); "" when the state holds none."""
+    n = names.DeploymentNames(driver)
+    preferred = [("apps", "DaemonSet", n.node_driver), ("apps", "StatefulSet", n.controller_driver)]
+    own = {
+        n.registry_secret, n.node_secret, n.controller_service, n.metrics_service,
+        n.service_account, n.provisioner_role, n.provisioner_role_binding, n.reporter,
+    }  # fmt: skip
+    held = [(g, k, ns, nm) for g, k, ns, nm in state.objects if ns]
+    for want in preferred:
+        found = next((ns for g, k, ns, nm in held if (g, k, nm) == want), "")
+        if found:
+            return found
+    return next((ns for _, _, ns, nm in held if nm in own), "")
+
+
+def _rename_from_nowhere(i: int, old: str, new: str) -> str:
+    """The refusal of a rename whose old deployment's namespace is unknown: its CR (which
+    records it) is gone and the stack's state holds no namespaced object of it, so the
+    rename could not delete its old objects (they would be looked for in namespace "")."""
+    return (
+        f"{key_path(('deployments', i, 'renamedFrom'))}: {old!r} is in this stack's state "
+        "but its Deployment CR is gone (deleted by hand, or with the CRD) and the state holds "
+        "no object of it with a namespace, so where its old objects are cannot be told. "
+        f"Rename in two pulumi ups instead: first one without {old!r} (nor renamedFrom; its "
+        f"volumes are checked then), then one that adds {new!r}"
+    )
 
 
 def _namespace_of(
@@ -713,13 +827,25 @@ def _namespace_of(
 
 
 def _unclaimed(volume: ObservedObject) -> bool:
-    """A PersistentVolume no claim holds any more: Released or Failed (its claim was
-    deleted), or Available without a ``claimRef``. Deleting claims cannot remove it."""
+    """A PersistentVolume no claim holds: Released or Failed (its claim was deleted), or
+    Available (with a ``claimRef`` it is pre-bound to a claim that does not bind it yet, or
+    does not exist). Deleting claims cannot remove it."""
     if volume.kind != "PersistentVolume":
         return False
-    return volume.phase in ("Released", "Failed") or (
-        volume.phase == "Available" and not volume.spec.get("claimRef")
-    )
+    return volume.phase in ("Released", "Failed", "Available")
+
+
+# The annotation the external-provisioner sets on the PersistentVolumes it created: only
+# those it deletes (with their volume) when their reclaim policy is Delete.
+PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
+
+
+def _provisioned(volume: ObservedObject) -> bool:
+    return bool(volume.annotations.get(PROVISIONED_BY))
+
+
+def _retained(volume: ObservedObject) -> bool:
+    return volume.spec.get("persistentVolumeReclaimPolicy") == "Retain"
 
 
 def _claim_of(volume: ObservedObject) -> str | None:
@@ -734,16 +860,82 @@ def _names(items: list[str], most: int = 5) -> str:
     return text + (f" and {len(items) - most} more" if len(items) > most else "")
 
 
+# Phases of a pod whose containers have all ended: the kubelet has unmounted its volumes
+# (or will, without the driver's help for an ephemeral volume already torn down).
+_COMPLETED = ("Succeeded", "Failed")
+
+
 def _pods_of(observed: Observed, driver: str) -> list[ObservedObject]:
-    """Pods with an inline CSI ephemeral volume of ``driver`` (``spec.volumes[].csi``)."""
+    """Pods that are not completed (:data:`_COMPLETED`) with an inline CSI ephemeral volume
+    of ``driver`` (``spec.volumes[].csi``): a completed pod no longer uses its volume."""
     return [
         p
         for p in observed.pods
-        if any(
+        if p.phase not in _COMPLETED
+        and any(
             isinstance(v, Mapping) and (v.get("csi") or {}).get("driver") == driver
             for v in p.spec.get("volumes") or []
         )
     ]
+
+
+_RECLAIM_DELETE = (
+    "`kubectl patch pv NAME -p '{\"spec\":{\"persistentVolumeReclaimPolicy\":\"Delete\"}}'`"
+)
+
+
+def _volume_steps(volumes: list[ObservedObject]) -> list[str]:
+    """What to do with a driver's PersistentVolumes before it goes, per kind of volume:
+    claims to delete; a Retain volume stays (Released) when its claim goes, so the PV is to
+    be deleted after it; one no claim holds cannot be removed by deleting claims. Making the
+    driver delete a volume by setting the reclaim policy to Delete works only for a PV the
+    external-provisioner created (:data:`PROVISIONED_BY`): it deletes no other."""
+    steps = []
+    claimed = [v for v in volumes if v.kind == "PersistentVolume" and not _unclaimed(v)]
+    unclaimed = [v for v in volumes if _unclaimed(v)]
+    deleting = [v for v in claimed if not _retained(v)]
+    retained = [v for v in claimed if _retained(v)]
+    if deleting:
+        steps.append(
+            "delete the PersistentVolumeClaims"
+            + _claims_of(deleting)
+            + " (the running driver deletes their volumes)"
+        )
+    if retained:
+        provisioned = [v for v in retained if _provisioned(v)]
+        steps.append(
+            "delete the PersistentVolumeClaims"
+            + _claims_of(retained)
+            + f": their PersistentVolumes ({_listing(retained)}) have reclaim policy Retain, "
+            "so each stays, Released, when its claim goes: delete the PV after its claim "
+            "(`kubectl delete pv NAME`; the data stays on the node)"
+            + (
+                f", or, for {_listing(provisioned)} (made by the provisioner), first "
+                f"{_RECLAIM_DELETE} to make the running driver delete the volume with its claim"
+                if provisioned
+                else ""
+            )
+        )
+    if unclaimed:
+        provisioned = [v for v in unclaimed if v.phase != "Available" and _provisioned(v)]
+        steps.append(
+            "the PersistentVolumes that no claim holds (Released, Failed, or Available, "
+            f"pre-bound or not: {_listing(unclaimed)}) are not removed by deleting claims: "
+            "`kubectl delete pv NAME` once its data is no longer needed (with reclaim policy "
+            "Retain the data stays on the node)"
+            + (
+                f"; for {_listing(provisioned)} (made by the provisioner), {_RECLAIM_DELETE} "
+                "makes the running driver delete its volume"
+                if provisioned
+                else ""
+            )
+        )
+    return steps
+
+
+def _claims_of(volumes: list[ObservedObject]) -> str:
+    claims = sorted({c for c in map(_claim_of, volumes) if c})
+    return f" {_names(claims)}" if claims else ""
 
 
 def _stranding_problem(
@@ -755,26 +947,7 @@ def _stranding_problem(
     pods = _pods_of(observed, driver)
     if not volumes and not pods:
         return None
-    steps = []
-    claimed = [v for v in volumes if v.kind == "PersistentVolume" and not _unclaimed(v)]
-    unclaimed = [v for v in volumes if _unclaimed(v)]
-    if claimed:
-        claims = sorted({c for c in map(_claim_of, claimed) if c})
-        steps.append(
-            "delete the PersistentVolumeClaims"
-            + (f" {_names(claims)}" if claims else "")
-            + " (the running driver deletes their volumes)"
-        )
-    if unclaimed:
-        steps.append(
-            "the PersistentVolumes that have no claim any more (Released, or "
-            f"Available/Failed without a claimRef: {_listing(unclaimed)}) are not removed "
-            "by deleting claims: for a Released "
-            "one, `kubectl patch pv NAME -p "
-            "'{\"spec\":{\"persistentVolumeReclaimPolicy\":\"Delete\"}}'` makes the "
-            "running driver delete its volume; otherwise `kubectl delete pv NAME` once its "
-            "data is no longer needed (with reclaim policy Retain the data stays on the node)"
-        )
+    steps = _volume_steps(volumes)
     if pods:
         steps.append(
             f"delete the pods that use inline volumes of it ({_listing(pods)}, or scale "
@@ -1071,7 +1244,23 @@ def _observed(obj: Mapping[str, Any], kind: str) -> ObservedObject:
             and not e.get("subresource")
         ),
         phase=str((obj.get("status") or {}).get("phase") or ""),
+        applied_metadata=_applied_metadata(meta) if kind == "Namespace" else {},
     )
+
+
+def _applied_metadata(meta: Mapping[str, Any]) -> dict[str, dict[str, frozenset[str]]]:
+    """Per field manager with an Apply entry on the object itself: the label and annotation
+    keys it owns (``fieldsV1`` ``f:metadata`` / ``f:labels`` / ``f:<key>``)."""
+    out: dict[str, dict[str, frozenset[str]]] = {}
+    for entry in meta.get("managedFields") or []:
+        if entry.get("operation") != "Apply" or entry.get("subresource"):
+            continue
+        fields = (entry.get("fieldsV1") or {}).get("f:metadata") or {}
+        owned = out.setdefault(str(entry.get("manager") or ""), {})
+        for part in ("labels", "annotations"):
+            keys = {k[2:] for k in fields.get(f"f:{part}") or {} if str(k).startswith("f:")}
+            owned[part] = owned.get(part, frozenset()) | keys
+    return out
 
 
 class _Reader:
@@ -1205,13 +1394,32 @@ def _leaving(stack: StackConfig, out: Observed, state: identity.StackState | Non
 POD_PAGE = 500
 
 
+# How often the pod list starts anew when its continue token expired (HTTP 410).
+POD_LIST_RESTARTS = 3
+
+
 def _inline_volume_pods(reader: _Reader, drivers: set[str]) -> list[ObservedObject]:
     """Every pod of the cluster with an inline CSI volume of one of ``drivers``.
 
     Kubernetes cannot select pods by a volume's driver, so this lists them all, with their
     spec, in pages of :data:`POD_PAGE`: costly on a large cluster, so only when a driver is
     about to be removed or renamed (:func:`_leaving`), never on an ordinary preview. Only the
-    inline volumes of those drivers are kept."""
+    inline volumes of those drivers are kept. A continue token expires (410 Gone) when the
+    list takes longer than the API server keeps its snapshot (5 minutes by default): the
+    list starts anew, at most :data:`POD_LIST_RESTARTS` times, before it counts as not read."""
+    from kubernetes.client.exceptions import ApiException
+
+    for attempt in range(POD_LIST_RESTARTS + 1):
+        try:
+            return _pod_pages(reader, drivers)
+        except ApiException as err:
+            if err.status != 410 or attempt == POD_LIST_RESTARTS:
+                raise
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _pod_pages(reader: _Reader, drivers: set[str]) -> list[ObservedObject]:
+    """One paged list of every pod (see :func:`_inline_volume_pods`)."""
     found: list[ObservedObject] = []
     token = ""
     while True:
@@ -1556,11 +1764,31 @@ def run(
         ) from None
     result = plan(stack, observed, stack_id, state)
     result.kept_metadata = {
-        ns: {
-            "labels": dict(observed.namespaces[ns].labels),
-            "annotations": dict(observed.namespaces[ns].annotations),
-        }
+        ns: own_metadata(observed.namespaces[ns], state)
         for ns in sorted(result.keep_namespaces)
         if ns in observed.namespaces
     }
     return result
+
+
+def own_metadata(
+    live: ObservedObject, state: identity.StackState | None
+) -> dict[str, dict[str, str]]:
+    """The labels and annotations of a namespace to keep that this stack's field manager
+    applied (a ``kind: Namespace`` patch's, the component's), with their live values.
+
+    Registering the released namespace with them keeps them: not sending them would make
+    server-side apply remove them. Registering others' too (a platform stack's
+    NamespacePatch, a ``kubectl apply``) would make this stack's manager co-own them, and
+    that entry stays after the release: their owner could then neither remove them nor
+    change them without a conflict. The manager is the one the state records for the
+    namespace (the provider's); without it (library use, an older state) the one Pulumi
+    manager that applied it, if exactly one did."""
+    manager = state.field_manager(live.key) if state is not None else None
+    if manager is None and len(set(live.pulumi_managers)) == 1:
+        manager = live.pulumi_managers[0]
+    owned = live.applied_metadata.get(manager or "", {})
+    return {
+        part: {k: v for k, v in values.items() if k in owned.get(part, frozenset())}
+        for part, values in (("labels", live.labels), ("annotations", live.annotations))
+    }

@@ -177,8 +177,9 @@ def deploy(
     the state says so), and with them the deployments that live there. They are registered
     once more, kept on delete and without the stack annotation: the next ``pulumi up`` no
     longer counts them as the stack's and drops them from the state, leaving them in place.
-    ``kept_metadata`` (:attr:`pmem_components.preflight.Plan.kept_metadata`): their live
-    labels and annotations, registered as they are (:func:`_as_kept`).
+    ``kept_metadata`` (:attr:`pmem_components.preflight.Plan.kept_metadata`): the live
+    labels and annotations this stack's field manager applied to them, registered as they
+    are (:func:`_as_kept`); others' are not sent, so this stack never co-owns them.
 
     ``running_certificates``: per deployment index, its running driver pods
     (:func:`certificate_rollout`, a ``certrollout.Rollout``); None: not read at all (then a
@@ -334,9 +335,10 @@ def _as_kept(
     live: Mapping[str, Mapping[str, str]] | None,
     annotations: Mapping[str, str],
 ) -> dict[str, Any]:
-    """A released namespace as it is: its live labels and annotations (but the stack's
-    annotation and the provider's ``pulumi.com/`` directives) under those the program sets
-    (``annotations``: the stack's directives).
+    """A released namespace as it is: the live labels and annotations this stack's field
+    manager applied (``live``, :func:`pmem_components.preflight.own_metadata`; but the
+    stack's annotation and the provider's ``pulumi.com/`` directives) under those the
+    program sets (``annotations``: the stack's directives).
 
     The provider applies with server-side apply: a label the stack's field manager set
     before (a ``kind: Namespace`` patch's, e.g. ``pod-security.kubernetes.io/enforce``) and
@@ -428,12 +430,32 @@ def preflight(stack: StackConfig) -> Any:
     for ref in result.adopted:
         pulumi.log.info(f"pmem-csi:adopt: taking over {ref} (another stack's, or retained)")
     for ns, kept in result.kept_namespaces.items():
-        pulumi.log.warn(
-            f"pmem-csi: namespace {ns!r} is used by no deployment of this stack any more but "
-            f"is kept (left in the cluster, out of the stack from the next pulumi up): "
-            f"{kept.reason} live in it and would be deleted with it"
-        )
+        pulumi.log.warn(kept_namespace_warning(stack, ns, kept.reason))
     return result
+
+
+def kept_namespace_warning(stack: StackConfig, ns: str, reason: str) -> str:
+    """The warning for a namespace kept for what else lives in it (``reason``).
+
+    Whether the engine would have deleted it depends on the retainOnDelete the state
+    recorded for it (the last update's ``retainNamespaces``), which the program cannot read:
+    it is registered once more, kept on delete, either way. With ``retainNamespaces: true``
+    now the warning says it is released as every namespace is; only with false does it say
+    that it would have been deleted with what lives in it."""
+    head = (
+        f"pmem-csi: namespace {ns!r} is used by no deployment of this stack any more but "
+        f"is kept (left in the cluster, out of the stack from the next pulumi up): {reason} "
+        "live in it"
+    )
+    if stack.retain_namespaces:
+        return (
+            f"{head}; with pmem-csi:retainNamespaces: true it is released as any namespace "
+            "of the stack (kept on delete also where the state recorded it with "
+            "retainNamespaces: false)"
+        )
+    return (
+        f"{head} and, with pmem-csi:retainNamespaces: false, would be deleted with it"
+    )
 
 
 def certificate_rollout(

@@ -251,7 +251,8 @@ def test_the_refusal_says_what_to_do_with_volumes_that_have_no_claim() -> None:
     unclaimed = problem.split("no claim", 1)[1]
     for name in ("pv-released", "pv-free", "pv-failed"):
         assert f"PersistentVolume {name}" in unclaimed
-    assert "persistentVolumeReclaimPolicy" in problem and "kubectl delete pv" in problem
+    # None was made by the provisioner: no reclaim policy patch (test_tail15_review, item 7).
+    assert "persistentVolumeReclaimPolicy" not in problem and "kubectl delete pv" in problem
     # Only unclaimed ones: no claim to delete is suggested.
     only = Observed(crs=two, volumes=volumes[1:2])
     (problem,) = plan(stack({"name": "b.example"}), only, ME).problems

@@ -283,13 +283,23 @@ def test_run_hands_the_kept_namespaces_live_labels_and_annotations_to_the_progra
         "pmem-csi",
         labels={**ENFORCE, "team": "storage"},
         annotations={names.STACK_ANNOTATION: ME, "owner": "ops"},
+        pulumi_managers=("pulumi-kubernetes-1",),
+        # Only those this stack's manager applied (test_tail15_review, item 2): "team" is
+        # kubectl's.
+        applied_metadata={
+            "pulumi-kubernetes-1": {
+                "labels": frozenset(ENFORCE),
+                "annotations": frozenset({names.STACK_ANNOTATION, "owner"}),
+            },
+            "kubectl": {"labels": frozenset({"team"}), "annotations": frozenset()},
+        },
     )
     monkeypatch.setattr(preflight, "observe", lambda *_: Observed(namespaces={"pmem-csi": live}))
     result = preflight.run(stack({"createNamespace": False}), ME, object())
     assert result.keep_namespaces == {"pmem-csi"}
     assert result.kept_metadata == {
         "pmem-csi": {
-            "labels": {**ENFORCE, "team": "storage"},
+            "labels": {**ENFORCE},
             "annotations": {names.STACK_ANNOTATION: ME, "owner": "ops"},
         }
     }

@@ -108,6 +108,9 @@ def test_a_released_namespace_keeps_the_labels_its_namespace_patch_added(
         live = core.read_namespace(ns)
         assert live.metadata.labels["pod-security.kubernetes.io/enforce"] == "privileged"
         uid = live.metadata.uid
+        # Another actor's label (a platform stack's NamespacePatch, kubectl apply): not this
+        # stack's to co-own (test_tail15_review, item 2).
+        _platform_apply(api_client, ns, {"team": "a"})
 
         released = {**_config({**dep, "createNamespace": False}),
                     "pmem-csi:retainNamespaces": False}
@@ -118,10 +121,40 @@ def test_a_released_namespace_keeps_the_labels_its_namespace_patch_added(
             assert live.metadata.uid == uid and live.status.phase == "Active"
             labels = live.metadata.labels or {}
             assert labels.get("pod-security.kubernetes.io/enforce") == "privileged", (step, labels)
+            assert labels.get("team") == "a", (step, labels)
         resources = stack.export_stack().deployment["resources"]
         assert not [r for r in resources if r["type"] == "kubernetes:core/v1:Namespace"]
+        owners = [
+            e.manager
+            for e in core.read_namespace(ns).metadata.managed_fields or []
+            if "f:team" in ((e.fields_v1 or {}).get("f:metadata") or {}).get("f:labels", {})
+        ]
+        assert owners == [PLATFORM], owners
+        # ... so its owner can still remove it.
+        _platform_apply(api_client, ns, {})
+        assert "team" not in (core.read_namespace(ns).metadata.labels or {})
     finally:
         try:
             dispose(stack)
         finally:
             delete_quietly(core.delete_namespace, ns)
+
+
+PLATFORM = "platform-stack"
+
+
+def _platform_apply(api_client: Any, ns: str, labels: dict[str, str]) -> None:
+    """Server-side apply of the namespace's ``labels`` by another field manager."""
+    from pmem_components import kubecall
+
+    resp = kubecall.request(
+        api_client,
+        "PATCH",
+        f"/api/v1/namespaces/{ns}",
+        timeout=30,
+        body={"apiVersion": "v1", "kind": "Namespace",
+              "metadata": {"name": ns, "labels": labels}},
+        content_type="application/apply-patch+yaml",
+        query=[("fieldManager", PLATFORM)],
+    )  # fmt: skip
+    assert 200 <= resp.status <= 299, (resp.status, resp.body)

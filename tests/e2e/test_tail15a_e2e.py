@@ -187,6 +187,8 @@ def test_removing_the_last_deployment_of_a_namespace_keeps_it_for_another_stacks
     assert result.summary.result == "succeeded"
     assert f"namespace '{ns_v}' is used by no deployment of this stack any more" in result.stdout
     assert f"Deployment {other}" in result.stdout
+    # retainNamespaces: false (test_tail15_review, item 1: said only then).
+    assert "retainNamespaces: false, would be deleted with it" in result.stdout
     for obj in bundle.build_deployment_objects(cfg, create_namespace=False).all():
         if obj["kind"] == names.CRD_KIND and obj["apiVersion"] == CR_API:
             continue

@@ -35,19 +35,31 @@ So this module answers, before anything changes:
 * Does a driver that would be renamed or removed still have volumes (PersistentVolumes,
   VolumeAttachments, StorageClasses naming its CSI driver)? Kubernetes finds the driver of a
   volume by that name only, so they would be left with no driver that can mount, unmount or
-  delete them; refused, listing them. A device mode change is judged by what runs (the node
-  DaemonSet's ``-deviceManager=``) as well as by the CR, which may be gone.
+  delete them; refused, listing them, and the pods with inline CSI volumes of it (listed only
+  when a driver would go: :func:`_leaving`), with per case the way forward (claims to delete,
+  PersistentVolumes no claim holds any more). A deployment whose CR (or the CRD) was deleted
+  by hand is still known by the stack's state (:func:`_held_without_cr`). A device mode
+  change is judged by what runs (the node DaemonSet's ``-deviceManager``, read as Go's flag
+  package reads it) as well as by the CR, which may be gone.
 * Would a move's delete of the old node DaemonSet not be awaited (``pulumi.com/skipAwait``
   makes the provider return from the delete at once)? Then two node drivers would overlap.
 * Which namespaces did this stack create that configured deployments still use although no
   deployment creates them any more (``createNamespace: false``)? Returned in
-  :attr:`Plan.keep_namespaces`, so the program keeps them instead of deleting them.
-* Would a patch make the provider replace an object (delete it and create it anew)? It does
-  so when the update changes a field Kubernetes does not let change in place. Rather than a
-  list of such fields kept here, each object a patch selects that exists is applied in a
-  server-side dry run against the live one, as the provider applies it (its field manager),
-  with and without the patches: a refusal only with them is a config error naming the
-  patch entry and the fields (:class:`Rejection`).
+  :attr:`Plan.keep_namespaces`, so the program keeps them instead of deleting them; so are
+  those no configured deployment uses any more while another stack's deployment or another
+  driver lives in them (:attr:`Plan.kept_namespaces`). Either way the program registers them
+  with the live labels and annotations this stack's field manager applied
+  (:attr:`Plan.kept_metadata`, :func:`own_metadata`).
+* Would the update make the provider replace an object (delete it and create it anew)? It
+  does so when the update changes a field Kubernetes does not let change in place: by a
+  patch, by removing a patch that had set it, or by another config change. Rather than a
+  list of such fields kept here, each declared object that exists and that the update
+  changes (compared locally with the live one first, so an unchanged stack sends no request)
+  is applied in a server-side dry run against the live one, as the provider applies it (its
+  field manager), with the patches and, when refused, without: a refusal only with them is
+  a config error naming the patch entry and the fields, one without them too names the
+  deployment (:class:`Rejection`). A dry run answered with no verdict (403, 409, 5xx, a
+  timeout) stops the update naming the patch and the object (:class:`DryRunError`).
 
 :func:`plan` is pure (observations in, problems and moves out) and unit tested;
 :func:`observe` does the reads with the Kubernetes client (``get``/``list`` only), which the
@@ -93,6 +105,11 @@ class ObservedObject:
     api_version: str = ""
     # The Pulumi managers with an apply entry on the object itself (managedFields).
     pulumi_managers: tuple[str, ...] = ()
+    # ``status.phase`` (a PersistentVolume's Bound, Released, Available, Failed).
+    phase: str = ""
+    # A Namespace's labels and annotations per field manager that applied them (managedFields,
+    # Apply entries on the object itself): manager -> ("labels"|"annotations") -> keys.
+    applied_metadata: Mapping[str, Mapping[str, frozenset[str]]] = field(default_factory=dict)
 
     @property
     def ref(self) -> str:
@@ -151,7 +168,17 @@ class Observed:
     # PersistentVolumes, VolumeAttachments and StorageClasses that name one of the drivers
     # the plan judges (``spec`` holds the field that names it, see :func:`volume_driver`).
     volumes: list[ObservedObject] = field(default_factory=list)
+    # Pods with an inline CSI volume (``spec.volumes[].csi``) of such a driver; read only
+    # when one would be removed or renamed (see :func:`observe`).
+    pods: list[ObservedObject] = field(default_factory=list)
     patch_rejections: list[Rejection] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class KeptNamespace:
+    """A namespace the stack keeps although none of its deployments uses it any more."""
+
+    reason: str  # what else lives in it: "DaemonSet ns/name, Deployment x"
 
 
 @dataclass
@@ -168,6 +195,13 @@ class Plan:
     # Objects another (or an earlier) stack made that this update takes over because
     # pmem-csi:adopt names them ("Namespace <name>", "Deployment <name>").
     adopted: list[str] = field(default_factory=list)
+    # Why a namespace in :attr:`keep_namespaces` that no configured deployment uses is kept:
+    # what else lives in it ("Deployment x (stack ...)", "DaemonSet ns/name").
+    kept_namespaces: dict[str, KeptNamespace] = field(default_factory=dict)
+    # Per kept namespace: the labels and annotations this stack's field manager applied, as
+    # read (filled by ``run``, :func:`own_metadata`), so that releasing it leaves them as
+    # they are (those a ``kind: Namespace`` patch added too) and others' untouched.
+    kept_metadata: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)
 
 
 # Where each kind names its CSI driver.
@@ -192,29 +226,203 @@ def _volumes_of(observed: Observed, driver: str) -> list[ObservedObject]:
 
 def _running_modes(observed: Observed, driver: str) -> list[tuple[ObservedObject, str]]:
     """(DaemonSet, device mode) of every node DaemonSet running ``driver``, from its
-    ``-deviceManager=`` argument: what manages the PMEM now, whatever the CR says."""
+    ``-deviceManager`` flag as the driver reads it: what manages the PMEM now, whatever the
+    CR says. A driver container (one with ``-drivername``, or whose command is
+    pmem-csi-driver) without the flag runs the flag's default, :data:`DEFAULT_DEVICE_MANAGER`."""
     out = []
     for ds in observed.daemon_sets:
-        if _driver_name_of(ds) != driver:
+        if not _runs(ds, driver):
             continue
-        pod = ((ds.spec.get("template") or {}).get("spec")) or {}
-        for container in pod.get("containers") or []:
-            words = [*(container.get("command") or []), *(container.get("args") or [])]
-            for word in words:
-                if isinstance(word, str) and word.lstrip("-").startswith("deviceManager="):
-                    mode = word.split("=", 1)[1]
-                    out.append((ds, DEVICE_MODE_ALIASES.get(mode, mode)))
+        for container in _containers(ds):
+            env = _env_of(container)
+            flags = _go_flags(_words(container))
+            mode = flags.get("deviceManager")
+            if mode is None and (
+                _container_driver(container) is not None or _is_driver_program(container)
+            ):
+                mode = DEFAULT_DEVICE_MANAGER
+            if mode is not None:
+                mode = _expand(mode, env) or mode
+                out.append((ds, DEVICE_MODE_ALIASES.get(mode, mode)))
     return out
 
 
-def _driver_name_of(ds: ObservedObject) -> str | None:
-    """The CSI driver name a DaemonSet's pods run with (``PMEM_CSI_DRIVER_NAME``)."""
+# pmem-csi-driver's defaults (pkg/pmem-csi-driver/main.go): ``-deviceManager`` and
+# ``-drivername`` when not given.
+DEFAULT_DEVICE_MANAGER = "lvm"
+DRIVER_PROGRAM = "pmem-csi-driver"
+
+
+# A driver name set through ``valueFrom`` (a ConfigMap, a field): the kubelet resolves it when
+# the pod starts; the preflight cannot, so such a DaemonSet counts as the driver whose node
+# DaemonSet name it has (see :func:`_runs`).
+UNREADABLE = "<unreadable>"
+DRIVER_NAME_ENV = "PMEM_CSI_DRIVER_NAME"
+
+
+def _containers(ds: ObservedObject) -> list[Mapping[str, Any]]:
     pod = ((ds.spec.get("template") or {}).get("spec")) or {}
-    for container in pod.get("containers") or []:
-        for env in container.get("env") or []:
-            if env.get("name") == "PMEM_CSI_DRIVER_NAME" and env.get("value"):
-                return str(env["value"])
+    return [c for c in pod.get("containers") or [] if isinstance(c, Mapping)]
+
+
+def _words(container: Mapping[str, Any]) -> list[str]:
+    """The arguments the container's program gets: ``command`` without the program itself,
+    then ``args``; with no ``command`` the image's entrypoint gets ``args`` alone."""
+    command = [str(w) for w in container.get("command") or []]
+    return [*command[1:], *(str(w) for w in container.get("args") or [])]
+
+
+# Boolean flags of pmem-csi-driver and of klog, which it registers: Go's flag package gives
+# a boolean flag written without ``=`` no value, so the next word is not its value but an
+# argument, where parsing stops (``-testEndpoint x -deviceManager=direct``: not a flag).
+BOOLEAN_FLAGS = frozenset(
+    {
+        "testEndpoint",
+        "version",
+        "logtostderr",
+        "alsologtostderr",
+        "skip_headers",
+        "skip_log_headers",
+        "add_dir_header",
+        "one_output",
+        "help",
+        "h",
+    }
+)
+
+
+# The driver's string flags the preflight reads: Go gives them the next word whatever it is.
+_STRING_FLAGS = frozenset({"deviceManager", "drivername"})
+
+
+def _go_flags(words: list[str]) -> dict[str, str]:
+    """Flag values as Go's ``flag`` package parses them: ``-f=X``, ``--f=X``, ``-f X`` and
+    ``--f X``; the last occurrence wins; parsing stops at ``--`` or at the first word that is
+    not a flag. A flag without ``=`` consumes the next word: always the driver's string flags
+    read here, never :data:`BOOLEAN_FLAGS`; another (not known here) unless that word is a
+    flag itself."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--" or len(word) < 2 or not word.startswith("-"):
+            break
+        name = word[2:] if word.startswith("--") else word[1:]
+        if not name or name.startswith("-") or name.startswith("="):
+            break  # Go: a bad flag syntax error; the driver would not start
+        if "=" in name:
+            name, value = name.split("=", 1)
+        elif i + 1 < len(words) and (
+            name in _STRING_FLAGS
+            or (name not in BOOLEAN_FLAGS and not words[i + 1].startswith("-"))
+        ):
+            i += 1
+            value = words[i]
+        else:
+            value = "true"  # a boolean flag
+        out[name] = value
+        i += 1
+    return out
+
+
+def _env_of(container: Mapping[str, Any]) -> dict[str, str | None]:
+    """The container's environment as the kubelet builds it: the last entry of a name wins,
+    ``$(VAR)`` in a value refers to the entries before it; None: set through ``valueFrom``,
+    or referring to a variable only ``envFrom`` can set (its ConfigMap or Secret is not
+    read here)."""
+    env: dict[str, str | None] = {}
+    open_ = _has_env_from(container)
+    for entry in container.get("env") or []:
+        if not isinstance(entry, Mapping) or not entry.get("name"):
+            continue
+        if "valueFrom" in entry and entry.get("valueFrom") is not None:
+            env[str(entry["name"])] = None
+        else:
+            env[str(entry["name"])] = _expand(str(entry.get("value") or ""), env, open_)
+    return env
+
+
+def _has_env_from(container: Mapping[str, Any]) -> bool:
+    return bool(container.get("envFrom"))
+
+
+def _expand(
+    value: str | None, env: Mapping[str, str | None], env_from: bool = False
+) -> str | None:
+    """``$(VAR)`` references replaced as the kubelet does (``$$`` escapes, unknown names
+    stay as written); None when a referenced variable is set through ``valueFrom``, or is
+    unknown while the container has ``envFrom`` (which may set it: not readable here)."""
+    if value is None:
+        return None
+    out, i = [], 0
+    while i < len(value):
+        if value.startswith("$$", i):
+            out.append("$")
+            i += 2
+            continue
+        if value.startswith("$(", i) and ")" in value[i:]:
+            end = value.index(")", i)
+            name = value[i + 2 : end]
+            if name in env:
+                resolved = env[name]
+                if resolved is None:
+                    return None
+                out.append(resolved)
+                i = end + 1
+                continue
+            if env_from:
+                return None
+        out.append(value[i])
+        i += 1
+    return "".join(out)
+
+
+def _container_driver(container: Mapping[str, Any]) -> str | None:
+    """The CSI driver name a driver container runs with, from its ``-drivername`` flag;
+    :data:`UNREADABLE` when it comes from ``valueFrom`` or ``envFrom``; None: no such flag
+    (a sidecar, or a driver that runs the flag's default)."""
+    flag = _go_flags(_words(container)).get("drivername")
+    if flag is None:
+        return None
+    name = _expand(flag, _env_of(container), _has_env_from(container))
+    return name if name is not None else UNREADABLE
+
+
+def _is_driver_program(container: Mapping[str, Any]) -> bool:
+    """Whether the container's command is pmem-csi-driver (by its file name)."""
+    command = [str(w) for w in container.get("command") or []]
+    return bool(command) and command[0].rsplit("/", 1)[-1] == DRIVER_PROGRAM
+
+
+def _driver_name_of(ds: ObservedObject) -> str | None:
+    """The CSI driver name a DaemonSet's pods run with: a driver container's ``-drivername``
+    (the program sets ``-drivername=$(PMEM_CSI_DRIVER_NAME)``), or without the flag the
+    ``PMEM_CSI_DRIVER_NAME`` variable (the sidecars' registration path); with neither, the
+    flag's default when a container's command is pmem-csi-driver (a DaemonSet that runs it
+    through the image's entrypoint without either setting is not identified);
+    :data:`UNREADABLE` when it comes from ``valueFrom`` (or ``envFrom``)."""
+    containers = _containers(ds)
+    for container in containers:
+        name = _container_driver(container)
+        if name is not None:
+            return name
+    for container in containers:
+        env = _env_of(container)
+        if DRIVER_NAME_ENV in env:
+            name = env[DRIVER_NAME_ENV]
+            return name if name else UNREADABLE
+    if any(_is_driver_program(c) for c in containers):
+        return names.DEFAULT_DRIVER_NAME
     return None
+
+
+def _runs(ds: ObservedObject, driver: str) -> bool:
+    """Whether ``ds`` runs node drivers of ``driver``: by its driver name, or, where that is
+    unreadable here, by its name (the node DaemonSet's name is derived from the driver's)."""
+    name = _driver_name_of(ds)
+    if name == UNREADABLE:
+        return ds.name == names.DeploymentNames(driver).node_driver
+    return name == driver
 
 
 _WORKLOADS_FIRST = {
@@ -224,6 +432,7 @@ _WORKLOADS_FIRST = {
     "PersistentVolume": 3,
     "VolumeAttachment": 4,
     "StorageClass": 5,
+    "Pod": 6,
 }
 
 
@@ -298,6 +507,9 @@ def plan(
         return identity.names_this_stack(owner, stack_id) or (owner is None and cr.ours)
 
     mine = {name: cr for name, cr in observed.crs.items() if is_mine(cr)}
+    # ... and those whose CR is gone (deleted by hand, or with the CRD): the state still
+    # holds them (their CR, their node DaemonSet). Name -> namespace ("" if unknown).
+    held_only = _held_without_cr(state, observed)
     if state is not None:
         for i, d in enumerate(deps):
             cr = mine.get(d.name)
@@ -333,47 +545,51 @@ def plan(
                     "(the driver keeps running) and set "
                     f"{key_path(('deployments', i, 'adoptExisting'))}: true; {RUNBOOK}"
                 )
-        if cr is not None and d.name in mine:
-            old_ns = str(cr.spec.get("namespace") or "")
-            if old_ns and old_ns != d.namespace:
-                if d.allow_reinstall:
-                    out.previous[i] = Previous(d.name, old_ns)
-                else:
-                    out.problems.append(
-                        f"{key_path(('deployments', i, 'namespace'))}: changing it from "
-                        f"{old_ns!r} to {d.namespace!r} reinstalls the driver (every object is "
-                        "deleted and created anew; the driver is down meanwhile, volumes stay); "
-                        f"set {key_path(('deployments', i, 'allowReinstall'))}: true to do it"
-                    )
+        # Where it runs now: its CR's record, or the state's when the CR is gone.
+        old_ns = _namespace_of(d.name, mine, held_only)
+        if old_ns and old_ns != d.namespace:
+            if d.allow_reinstall:
+                out.previous[i] = Previous(d.name, old_ns)
+            else:
+                out.problems.append(
+                    f"{key_path(('deployments', i, 'namespace'))}: changing it from "
+                    f"{old_ns!r} to {d.namespace!r} reinstalls the driver (every object is "
+                    "deleted and created anew; the driver is down meanwhile, volumes stay); "
+                    f"set {key_path(('deployments', i, 'allowReinstall'))}: true to do it"
+                )
         if not d.allow_device_mode_change:
             problem = _device_mode_problem(i, d.name, d.device_mode, cr, observed)
             if problem:
                 out.problems.append(problem)
-        if d.renamed_from and d.renamed_from in mine and d.name not in mine:
-            old = mine[d.renamed_from]
-            out.previous[i] = Previous(d.renamed_from, str(old.spec.get("namespace") or ""))
-            stranded = _volumes_of(observed, d.renamed_from)
-            if stranded:
-                out.problems.append(
-                    f"{key_path(('deployments', i, 'renamedFrom'))}: renaming "
-                    f"{d.renamed_from!r} to {d.name!r} would strand its volumes: "
-                    f"{_listing(stranded)} name the CSI driver {d.renamed_from!r}, and "
-                    f"Kubernetes finds a volume's driver by that name only (the node state "
-                    f"directory /var/lib/{d.renamed_from} would be left behind too). A rename "
-                    "is refused while the old driver has volumes: keep the name "
-                    f"{d.renamed_from!r} (a namespace change with allowReinstall keeps the "
-                    "volumes), or first delete the PersistentVolumeClaims and StorageClasses "
-                    "that use it while it runs, then rename"
-                )
+        old_ns = _namespace_of(d.renamed_from, mine, held_only)
+        gone_cr = d.renamed_from not in mine
+        if gone_cr and old_ns == "" and d.name not in mine and d.name not in held_only:
+            out.problems.append(_rename_from_nowhere(i, str(d.renamed_from), d.name))
+        elif old_ns is not None and d.name not in mine and d.name not in held_only:
+            out.previous[i] = Previous(str(d.renamed_from), old_ns)
+            problem = _stranding_problem(
+                key_path(("deployments", i, "renamedFrom")),
+                f"renaming {d.renamed_from!r} to {d.name!r} would strand its volumes",
+                str(d.renamed_from),
+                observed,
+                f" (the node state directory /var/lib/{d.renamed_from} would be left behind "
+                "too). A rename is refused while the old driver has volumes: keep the name "
+                f"{d.renamed_from!r} (a namespace change with allowReinstall keeps the "
+                "volumes), or first",
+                "then rename",
+            )
+            if problem:
+                out.problems.append(problem)
         if i in out.previous:
             problem = _unawaited_move_problem(i, d, out.previous[i], observed)
             if problem:
                 out.problems.append(problem)
 
-    gone = sorted(n for n in mine if n not in configured and n not in renamed)
+    known = [*mine, *(n for n in held_only if n not in mine)]
+    gone = sorted(n for n in known if n not in configured and n not in renamed)
     if state is not None:
         for g in gone:
-            problem = _dropped_taken(mine[g], state)
+            problem = g in mine and _dropped_taken(mine[g], state)
             if problem:
                 out.problems.append(problem)
         created_here = {d.namespace for d in deps if d.create_namespace}
@@ -385,17 +601,22 @@ def plan(
             if problem:
                 out.problems.append(problem)
     for g in gone:
-        stranded = _volumes_of(observed, g)
-        if stranded:
-            out.problems.append(
-                f"{key_path(('deployments',))}: {g!r} (deployed by this stack) is no longer "
-                f"configured but still has volumes: {_listing(stranded)} name its CSI "
-                "driver; removing it would leave them without a driver (they could no longer "
-                "be mounted, unmounted or deleted). Keep it configured and first delete the "
-                "PersistentVolumeClaims (their volumes are deleted by the running driver) "
-                "and StorageClasses that use it, then remove it"
-            )
-    new = [(i, d) for i, d in enumerate(deps) if d.name not in observed.crs]
+        problem = _stranding_problem(
+            key_path(("deployments",)),
+            f"{g!r} (deployed by this stack) is no longer configured but still has volumes",
+            g,
+            observed,
+            "; removing it would leave them without a driver (they could no longer be "
+            "mounted, unmounted or deleted). Keep it configured and first",
+            "then remove it",
+        )
+        if problem:
+            out.problems.append(problem)
+    new = [
+        (i, d)
+        for i, d in enumerate(deps)
+        if d.name not in observed.crs and d.name not in held_only
+    ]
     new = [(i, d) for i, d in new if i not in out.previous]
     if gone and new:
         i, d = new[0]
@@ -434,12 +655,12 @@ def plan(
             )
         prev = out.previous.get(i)
         for ds in observed.daemon_sets:
-            if _driver_name_of(ds) != d.name or ds.namespace == d.namespace:
+            if not _runs(ds, d.name) or ds.namespace == d.namespace:
                 continue
             if prev is not None and ds.namespace == prev.namespace:
                 continue  # the reinstall replaces it, old one first
-            if d.name in mine and ds.ours:
-                continue
+            if (d.name in mine or d.name in held_only) and ds.ours:
+                continue  # this stack's own (a refused move says so above)
             out.problems.append(
                 f"{key_path(('deployments', i, 'namespace'))}: {ds.ref} runs node drivers "
                 f"for {d.name!r} in another namespace; a second node driver of the same name "
@@ -447,13 +668,7 @@ def plan(
                 + (f" ({RUNBOOK})" if ds.operator_owner or not ds.ours else "")
             )
 
-    for r in observed.patch_rejections:
-        out.problems.append(
-            f"{', '.join(r.labels)}: changes {', '.join(r.fields)} of {r.ref}, which the API "
-            f"server refuses to change in place ({r.reason}); the provider would delete the "
-            "object and create it anew. Leave that field out of the patch (to change it "
-            "anyway, delete the object first and run pulumi up again)"
-        )
+    out.problems += [rejection_problem(r) for r in observed.patch_rejections]
 
     if out.adopted and not stack.take_over_fields:
         # The take-over's hooks are what merge the earlier owner's field manager into this
@@ -478,15 +693,277 @@ def plan(
             # The engine would delete it otherwise. Without any stack annotation it was
             # released by the last update (program.deploy): this one drops it from the state.
             # Not one another stack took over since (refused above): keeping it would write it.
-            if (
-                state.holds(live.key, live.uid)
-                and live.stack_owner is not None
-                and _taker(live, state) is None
-            ):
+            if _still_held(live, state):
                 out.keep_namespaces.add(ns)
         elif identity.names_this_stack(live.stack_owner, stack_id):
             out.keep_namespaces.add(ns)
+    if state is not None:
+        used = {d.namespace for d in deps}
+        for ns in state.namespaces():
+            live = observed.namespaces.get(ns)
+            if ns in used or live is None or not _still_held(live, state):
+                continue
+            others = _others_in(ns, observed, state, set(mine) | set(held_only))
+            if others:
+                out.keep_namespaces.add(ns)
+                out.kept_namespaces[ns] = KeptNamespace(_listing(others, most=3))
     return out
+
+
+def _still_held(live: ObservedObject, state: identity.StackState) -> bool:
+    """Whether a namespace is still this stack's to keep: the state holds it, no other stack
+    took it over since (refused above: keeping it would write it), and it is not one the last
+    update released. A released one lost the stack annotation (program.deploy) and the next
+    update drops it from the state; one registered by a version from before that annotation
+    has none either, but the state holds it under its old URN, as a child of the
+    PmemCsiDeployment component."""
+    if not state.holds(live.key, live.uid) or _taker(live, state) is not None:
+        return False
+    if live.stack_owner is not None:
+        return True
+    return _PER_DEPLOYMENT_NAMESPACE in (state.urn(live.key) or "")
+
+
+# The type of a namespace in the URN it had when each deployment registered its own (before
+# the stack annotation): ``...::pmem-csi:index:PmemCsiDeployment$kubernetes:core/v1:Namespace::``.
+_PER_DEPLOYMENT_NAMESPACE = "$kubernetes:core/v1:Namespace::"
+
+
+def _others_in(
+    ns: str, observed: Observed, state: identity.StackState, this_stacks: set[str]
+) -> list[ObservedObject]:
+    """What lives in namespace ``ns`` that is not this stack's and that deleting the
+    namespace would delete: other stacks' (or the operator's) Deployment CRs recording it as
+    their namespace, DaemonSets the state does not hold (another driver, the operator's).
+    A DaemonSet of one of this stack's drivers is this stack's even with another uid (deleted
+    and re-created by hand): it goes with its deployment."""
+    crs = [
+        cr
+        for name, cr in observed.crs.items()
+        if str(cr.spec.get("namespace") or "") == ns and name not in this_stacks
+    ]
+    daemon_sets = [
+        ds
+        for ds in observed.daemon_sets
+        if ds.namespace == ns
+        and not state.holds(ds.key, ds.uid)
+        and not any(_runs(ds, name) for name in this_stacks)
+    ]
+    return [*daemon_sets, *crs]
+
+
+def _held_without_cr(state: identity.StackState | None, observed: Observed) -> dict[str, str]:
+    """This stack's deployments whose CR is not in the cluster, by the stack's state: the CRs
+    it holds and the driver names of the node DaemonSets it holds. Name -> namespace (the
+    namespace of its node DaemonSet in the cluster, or of its objects in the state:
+    :func:`_held_namespace`; "" if none is known).
+
+    Without them a removal or rename after the CR (or the CRD) was deleted by hand would be
+    judged as if the deployment had never been there: no volume guard, no ordered move.
+    Without the state (library use) the CR is the only record: DaemonSets carry no stack
+    identity."""
+    if state is None:
+        return {}
+    out: dict[str, str] = {}
+    for group, kind, _, name in state.objects:
+        if (group, kind) == (names.CRD_GROUP, names.CRD_KIND) and name not in observed.crs:
+            out[name] = ""
+    for ds in observed.daemon_sets:
+        driver = _driver_name_of(ds)
+        if (
+            driver
+            and driver != UNREADABLE
+            and driver not in observed.crs
+            and state.holds(ds.key, ds.uid)
+        ):
+            out[driver] = ds.namespace
+    for name, namespace in out.items():
+        if not namespace:
+            out[name] = _held_namespace(state, name)
+    return out
+
+
+def _held_namespace(state: identity.StackState, driver: str) -> str:
+    """The namespace of ``driver``'s objects in the stack's state: its node DaemonSet's,
+    else its controller StatefulSet's, else any namespaced object of its names (Secrets,
+    Services, ServiceAccount, Role, reporter); "" when the state holds none."""
+    n = names.DeploymentNames(driver)
+    preferred = [("apps", "DaemonSet", n.node_driver), ("apps", "StatefulSet", n.controller_driver)]
+    own = {
+        n.registry_secret, n.node_secret, n.controller_service, n.metrics_service,
+        n.service_account, n.provisioner_role, n.provisioner_role_binding, n.reporter,
+    }  # fmt: skip
+    held = [(g, k, ns, nm) for g, k, ns, nm in state.objects if ns]
+    for want in preferred:
+        found = next((ns for g, k, ns, nm in held if (g, k, nm) == want), "")
+        if found:
+            return found
+    return next((ns for _, _, ns, nm in held if nm in own), "")
+
+
+def _rename_from_nowhere(i: int, old: str, new: str) -> str:
+    """The refusal of a rename whose old deployment's namespace is unknown: its CR (which
+    records it) is gone and the stack's state holds no namespaced object of it, so the
+    rename could not delete its old objects (they would be looked for in namespace "")."""
+    return (
+        f"{key_path(('deployments', i, 'renamedFrom'))}: {old!r} is in this stack's state "
+        "but its Deployment CR is gone (deleted by hand, or with the CRD) and the state holds "
+        "no object of it with a namespace, so where its old objects are cannot be told. "
+        f"Rename in two pulumi ups instead: first one without {old!r} (nor renamedFrom; its "
+        f"volumes are checked then), then one that adds {new!r}"
+    )
+
+
+def _namespace_of(
+    name: str | None, mine: Mapping[str, ObservedObject], held_only: Mapping[str, str]
+) -> str | None:
+    """Where this stack's deployment ``name`` runs (its CR's ``spec.namespace``, or by the
+    state when the CR is gone); None when it is not this stack's."""
+    if not name:
+        return None
+    if name in mine:
+        return str(mine[name].spec.get("namespace") or "")
+    return held_only.get(name)
+
+
+def _unclaimed(volume: ObservedObject) -> bool:
+    """A PersistentVolume no claim holds: Released or Failed (its claim was deleted), or
+    Available (with a ``claimRef`` it is pre-bound to a claim that does not bind it yet, or
+    does not exist). Deleting claims cannot remove it."""
+    if volume.kind != "PersistentVolume":
+        return False
+    return volume.phase in ("Released", "Failed", "Available")
+
+
+# The annotation the external-provisioner sets on the PersistentVolumes it created: only
+# those it deletes (with their volume) when their reclaim policy is Delete.
+PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
+
+
+def _provisioned(volume: ObservedObject) -> bool:
+    return bool(volume.annotations.get(PROVISIONED_BY))
+
+
+def _retained(volume: ObservedObject) -> bool:
+    return volume.spec.get("persistentVolumeReclaimPolicy") == "Retain"
+
+
+def _claim_of(volume: ObservedObject) -> str | None:
+    ref = volume.spec.get("claimRef") or {}
+    if not isinstance(ref, Mapping) or not ref.get("name"):
+        return None
+    return f"{ref.get('namespace') or ''}/{ref['name']}".lstrip("/")
+
+
+def _names(items: list[str], most: int = 5) -> str:
+    text = ", ".join(items[:most])
+    return text + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+# Phases of a pod whose containers have all ended: the kubelet has unmounted its volumes
+# (or will, without the driver's help for an ephemeral volume already torn down).
+_COMPLETED = ("Succeeded", "Failed")
+
+
+def _pods_of(observed: Observed, driver: str) -> list[ObservedObject]:
+    """Pods that are not completed (:data:`_COMPLETED`) with an inline CSI ephemeral volume
+    of ``driver`` (``spec.volumes[].csi``): a completed pod no longer uses its volume."""
+    return [
+        p
+        for p in observed.pods
+        if p.phase not in _COMPLETED
+        and any(
+            isinstance(v, Mapping) and (v.get("csi") or {}).get("driver") == driver
+            for v in p.spec.get("volumes") or []
+        )
+    ]
+
+
+_RECLAIM_DELETE = (
+    "`kubectl patch pv NAME -p '{\"spec\":{\"persistentVolumeReclaimPolicy\":\"Delete\"}}'`"
+)
+
+
+def _volume_steps(volumes: list[ObservedObject]) -> list[str]:
+    """What to do with a driver's PersistentVolumes before it goes, per kind of volume:
+    claims to delete; a Retain volume stays (Released) when its claim goes, so the PV is to
+    be deleted after it; one no claim holds cannot be removed by deleting claims. Making the
+    driver delete a volume by setting the reclaim policy to Delete works only for a PV the
+    external-provisioner created (:data:`PROVISIONED_BY`): it deletes no other."""
+    steps = []
+    claimed = [v for v in volumes if v.kind == "PersistentVolume" and not _unclaimed(v)]
+    unclaimed = [v for v in volumes if _unclaimed(v)]
+    deleting = [v for v in claimed if not _retained(v)]
+    retained = [v for v in claimed if _retained(v)]
+    if deleting:
+        steps.append(
+            "delete the PersistentVolumeClaims"
+            + _claims_of(deleting)
+            + " (the running driver deletes their volumes)"
+        )
+    if retained:
+        provisioned = [v for v in retained if _provisioned(v)]
+        steps.append(
+            "delete the PersistentVolumeClaims"
+            + _claims_of(retained)
+            + f": their PersistentVolumes ({_listing(retained)}) have reclaim policy Retain, "
+            "so each stays, Released, when its claim goes: delete the PV after its claim "
+            "(`kubectl delete pv NAME`; the data stays on the node)"
+            + (
+                f", or, for {_listing(provisioned)} (made by the provisioner), first "
+                f"{_RECLAIM_DELETE} to make the running driver delete the volume with its claim"
+                if provisioned
+                else ""
+            )
+        )
+    if unclaimed:
+        provisioned = [v for v in unclaimed if v.phase != "Available" and _provisioned(v)]
+        steps.append(
+            "the PersistentVolumes that no claim holds (Released, Failed, or Available, "
+            f"pre-bound or not: {_listing(unclaimed)}) are not removed by deleting claims: "
+            "`kubectl delete pv NAME` once its data is no longer needed (with reclaim policy "
+            "Retain the data stays on the node)"
+            + (
+                f"; for {_listing(provisioned)} (made by the provisioner), {_RECLAIM_DELETE} "
+                "makes the running driver delete its volume"
+                if provisioned
+                else ""
+            )
+        )
+    return steps
+
+
+def _claims_of(volumes: list[ObservedObject]) -> str:
+    claims = sorted({c for c in map(_claim_of, volumes) if c})
+    return f" {_names(claims)}" if claims else ""
+
+
+def _stranding_problem(
+    key: str, what: str, driver: str, observed: Observed, why: str, then: str
+) -> str | None:
+    """The refusal of a removal or rename of ``driver`` while it has volumes or pods with its
+    inline volumes: what they are, and per kind what to do while the driver still runs."""
+    volumes = _volumes_of(observed, driver)
+    pods = _pods_of(observed, driver)
+    if not volumes and not pods:
+        return None
+    steps = _volume_steps(volumes)
+    if pods:
+        steps.append(
+            f"delete the pods that use inline volumes of it ({_listing(pods)}, or scale "
+            "down their controllers)"
+        )
+    if any(v.kind == "StorageClass" for v in volumes):
+        steps.append("delete the StorageClasses that name it")
+    if any(v.kind == "VolumeAttachment" for v in volumes):
+        steps.append("its VolumeAttachments go once no pod uses their volumes")
+    in_use = [*volumes, *pods]
+    return (
+        f"{key}: {what}: {_listing(in_use)} name the CSI driver {driver!r}, and Kubernetes "
+        f"finds a volume's driver by that name only{why}, while it runs: "
+        + "; ".join(steps)
+        + f"; {then}"
+    )
 
 
 def _unheld(
@@ -672,27 +1149,38 @@ def _unawaited_move_problem(
     last applied: turning await on in the same update does not help.
     """
     key = key_path(("deployments", i, "await", "enabled"))
-    if not d.await_.enabled:
-        return (
-            f"{key}: false sets pulumi.com/skipAwait, with which the provider does not wait "
-            "for a delete either: the old node DaemonSet of this "
-            f"{'rename' if prev.name != d.name else 'reinstall'} would still run its pods "
-            "when the new one starts, two node drivers on the same nodes. Set "
-            "await.enabled: true for the update that moves the deployment"
-        )
+    what = "rename" if prev.name != d.name else "reinstall"
     old_ds = names.DeploymentNames(prev.name).node_driver
-    for ds in observed.daemon_sets:
-        if ds.namespace != prev.namespace or ds.name != old_ds:
-            continue
-        if str(ds.annotations.get(SKIP_AWAIT_ANNOTATION, "")).lower() == "true":
-            return (
-                f"{key}: {ds.ref} carries {SKIP_AWAIT_ANNOTATION} (from await.enabled: false), "
-                "which the provider reads when it deletes it, so the move would not wait for "
-                "the old node driver's pods to go: two node drivers on the same nodes; "
-                "first run pulumi up with await.enabled: true and the deployment where it is "
-                f"(name {prev.name!r}, namespace {prev.namespace!r}), then move it"
-            )
-    return None
+    carried = next(
+        (
+            ds
+            for ds in observed.daemon_sets
+            if ds.namespace == prev.namespace
+            and ds.name == old_ds
+            and str(ds.annotations.get(SKIP_AWAIT_ANNOTATION, "")).lower() == "true"
+        ),
+        None,
+    )
+    off = (
+        f"{key}: false sets pulumi.com/skipAwait, with which the provider does not wait "
+        f"for a delete either: the old node DaemonSet of this {what} would still run its pods "
+        "when the new one starts, two node drivers on the same nodes"
+    )
+    if carried is None:
+        return None if d.await_.enabled else (
+            f"{off}. Set await.enabled: true for the update that moves the deployment"
+        )
+    # Turning await on in the moving update is not enough (the old DaemonSet keeps the
+    # annotation until an update without the move rewrites it): say both steps at once, or
+    # the administrator following the first refusal meets a second one.
+    return (
+        (f"{off}; and " if not d.await_.enabled else f"{key}: ")
+        + f"{carried.ref} carries {SKIP_AWAIT_ANNOTATION} (from await.enabled: false), "
+        "which the provider reads when it deletes it, so the move would not wait for "
+        "the old node driver's pods to go: two node drivers on the same nodes; "
+        "first run pulumi up with await.enabled: true and the deployment where it is "
+        f"(name {prev.name!r}, namespace {prev.namespace!r}), then move it"
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -755,7 +1243,24 @@ def _observed(obj: Mapping[str, Any], kind: str) -> ObservedObject:
             and e.get("operation") == "Apply"
             and not e.get("subresource")
         ),
+        phase=str((obj.get("status") or {}).get("phase") or ""),
+        applied_metadata=_applied_metadata(meta) if kind == "Namespace" else {},
     )
+
+
+def _applied_metadata(meta: Mapping[str, Any]) -> dict[str, dict[str, frozenset[str]]]:
+    """Per field manager with an Apply entry on the object itself: the label and annotation
+    keys it owns (``fieldsV1`` ``f:metadata`` / ``f:labels`` / ``f:<key>``)."""
+    out: dict[str, dict[str, frozenset[str]]] = {}
+    for entry in meta.get("managedFields") or []:
+        if entry.get("operation") != "Apply" or entry.get("subresource"):
+            continue
+        fields = (entry.get("fieldsV1") or {}).get("f:metadata") or {}
+        owned = out.setdefault(str(entry.get("manager") or ""), {})
+        for part in ("labels", "annotations"):
+            keys = {k[2:] for k in fields.get(f"f:{part}") or {} if str(k).startswith("f:")}
+            owned[part] = owned.get(part, frozenset()) | keys
+    return out
 
 
 class _Reader:
@@ -785,13 +1290,13 @@ class _Reader:
             body = {}
         return resp.status, body if isinstance(body, dict) else {}
 
-    def get(self, path: str) -> dict[str, Any] | None:
+    def get(self, path: str, query: list[tuple[str, str]] | None = None) -> dict[str, Any] | None:
         """GET ``path`` as JSON; None on 404 (through the client's auth and TLS settings)."""
         import json
 
         from kubernetes.client.exceptions import ApiException
 
-        resp = kubecall.request(self.api, "GET", path, timeout=15)
+        resp = kubecall.request(self.api, "GET", path, timeout=15, query=query)
         if resp.status == 404:
             return None
         if not 200 <= resp.status <= 299:
@@ -807,7 +1312,9 @@ def observe(
     api_client: Any, stack: StackConfig, state: identity.StackState | None = None
 ) -> Observed:
     """Read what :func:`plan` needs: CRs, the namespaces (the configured ones and those the
-    stack's ``state`` holds), same-named objects, DaemonSets."""
+    stack's ``state`` holds), same-named objects, DaemonSets, the volumes of the drivers
+    concerned, and, only when a driver would be removed or renamed, pods with inline
+    volumes of it."""
     reader = _Reader(api_client)
     out = Observed()
     cr_api = f"{names.CRD_GROUP}/{names.CRD_STORAGE_VERSION}"
@@ -840,10 +1347,14 @@ def observe(
     out.patch_rejections = patch_rejections(reader, stack, by_path)
     daemon_sets = reader.get(_path("apps/v1", "DaemonSet", None)) or {}
     out.daemon_sets = [_observed(d, "DaemonSet") for d in daemon_sets.get("items") or []]
-    # Volumes of the drivers that could be renamed or removed or change device mode: this
-    # stack's CRs (a removed deployment is known only by its CR) and the configured names.
-    drivers = set(out.crs) | {d.name for d in stack.deployments}
+    # Volumes of the drivers that could be renamed or removed or change device mode: the CRs
+    # (a removed deployment is known by its CR), the deployments the state holds (whose CR
+    # may be gone) and the configured names.
+    leaving = _leaving(stack, out, state)
+    drivers = set(out.crs) | {d.name for d in stack.deployments} | leaving
     drivers |= {d.renamed_from for d in stack.deployments if d.renamed_from}
+    if leaving:
+        out.pods = _inline_volume_pods(reader, leaving)
     for api_version, kind in (
         ("v1", "PersistentVolume"),
         ("storage.k8s.io/v1", "VolumeAttachment"),
@@ -856,6 +1367,75 @@ def observe(
             if volume_driver(o) in drivers:
                 out.volumes.append(o)
     return out
+
+
+def _leaving(stack: StackConfig, out: Observed, state: identity.StackState | None) -> set[str]:
+    """The drivers of this stack that this update would remove or rename away: the
+    deployments the state holds (their CR, or their node DaemonSet: a CR may be gone), or
+    without the state this program's CRs, that are not configured any more."""
+    configured = {d.name for d in stack.deployments}
+    if state is None:
+        held = {name for name, cr in out.crs.items() if cr.ours}
+    else:
+        held = {
+            name
+            for group, kind, _, name in state.objects
+            if (group, kind) == (names.CRD_GROUP, names.CRD_KIND)
+        }
+        held |= {
+            str(_driver_name_of(ds))
+            for ds in out.daemon_sets
+            if state.holds(ds.key, ds.uid) and _driver_name_of(ds) not in (None, UNREADABLE)
+        }
+    return held - configured
+
+
+# Pods per page when listing every pod of the cluster (as certrollout.PAGE_SIZE).
+POD_PAGE = 500
+
+
+# How often the pod list starts anew when its continue token expired (HTTP 410).
+POD_LIST_RESTARTS = 3
+
+
+def _inline_volume_pods(reader: _Reader, drivers: set[str]) -> list[ObservedObject]:
+    """Every pod of the cluster with an inline CSI volume of one of ``drivers``.
+
+    Kubernetes cannot select pods by a volume's driver, so this lists them all, with their
+    spec, in pages of :data:`POD_PAGE`: costly on a large cluster, so only when a driver is
+    about to be removed or renamed (:func:`_leaving`), never on an ordinary preview. Only the
+    inline volumes of those drivers are kept. A continue token expires (410 Gone) when the
+    list takes longer than the API server keeps its snapshot (5 minutes by default): the
+    list starts anew, at most :data:`POD_LIST_RESTARTS` times, before it counts as not read."""
+    from kubernetes.client.exceptions import ApiException
+
+    for attempt in range(POD_LIST_RESTARTS + 1):
+        try:
+            return _pod_pages(reader, drivers)
+        except ApiException as err:
+            if err.status != 410 or attempt == POD_LIST_RESTARTS:
+                raise
+    raise AssertionError("unreachable")  # the loop returns or raises
+
+
+def _pod_pages(reader: _Reader, drivers: set[str]) -> list[ObservedObject]:
+    """One paged list of every pod (see :func:`_inline_volume_pods`)."""
+    found: list[ObservedObject] = []
+    token = ""
+    while True:
+        query = [("limit", str(POD_PAGE))] + ([("continue", token)] if token else [])
+        page = reader.get("/api/v1/pods", query) or {}
+        for item in page.get("items") or []:
+            volumes = [
+                v
+                for v in ((item.get("spec") or {}).get("volumes") or [])
+                if isinstance(v, Mapping) and (v.get("csi") or {}).get("driver") in drivers
+            ]
+            if volumes:
+                found.append(_observed({**item, "spec": {"volumes": volumes}}, "Pod"))
+        token = str((page.get("metadata") or {}).get("continue") or "")
+        if not token:
+            return found
 
 
 # Managers for the dry run when the live object has no entry of the provider's.
@@ -896,55 +1476,269 @@ def _same_field(changed: str, refused: str) -> bool:
     )
 
 
-def patch_rejections(
-    reader: Any, stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]
-) -> list[Rejection]:
-    """Dry-run every live object a patch selects, patched and as built (see module doc).
+class DryRunError(PreflightError):
+    """A server-side dry run got no answer the preflight can judge (not a refusal)."""
 
-    ``reader.dry_apply(path, obj, manager)`` returns (HTTP status, body). Only a refusal of
-    the patched object that the unpatched one does not get counts: the patch is its cause.
-    """
-    from pmem_components.patches import PatchSet, changed_paths
 
-    out: list[Rejection] = []
-    for i, d in enumerate(stack.deployments):
-        if not d.patches:
+@dataclass(frozen=True)
+class _DryRun:
+    """One declared object that exists live, to apply in a dry run."""
+
+    index: int  # the deployment
+    labels: tuple[str, ...]  # the patch entries that select it (none: config change only)
+    path: str
+    ref: str  # "StatefulSet ns/name"
+    declared: dict[str, Any]  # as built, before the patches
+    patched: dict[str, Any]  # as the provider will apply it
+    live: Mapping[str, Any]
+
+
+def _contained(declared: Any, live: Any) -> bool:
+    """Whether every value ``declared`` sets is the same in ``live`` (lists: same length,
+    item by item). The live object has more (defaults, status): those do not count."""
+    if isinstance(declared, Mapping):
+        return isinstance(live, Mapping) and all(
+            _contained(v, live.get(k)) for k, v in declared.items()
+        )
+    if isinstance(declared, list):
+        return (
+            isinstance(live, list)
+            and len(declared) == len(live)
+            and all(_contained(d, x) for d, x in zip(declared, live, strict=True))
+        )
+    return bool(declared == live)
+
+
+def _owned_paths(fields: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """The paths a managedFields entry's ``fieldsV1`` owns, down to maps (a list entry
+    (``k:``, ``v:``, ``i:``) stands for its list: the list is compared whole)."""
+    if not isinstance(fields, Mapping):
+        return [prefix] if prefix else []
+    keys = [k for k in fields if k != "."]
+    if not keys:
+        return [prefix] if prefix else []
+    if any(not str(k).startswith("f:") for k in keys):
+        return [prefix] if prefix else []
+    out: list[tuple[str, ...]] = []
+    for k in keys:
+        out += _owned_paths(fields[k], (*prefix, str(k)[2:]))
+    return out
+
+
+def _dropped(declared: Mapping[str, Any], live: Mapping[str, Any], manager: str) -> list[str]:
+    """Fields ``manager`` set on ``live`` (its last apply) that ``declared`` no longer has:
+    applying ``declared`` removes them (and the API server may default them anew)."""
+    out: list[str] = []
+    for entry in (live.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") != manager or entry.get("operation") != "Apply":
             continue
-        patch_set = PatchSet.for_deployment(i, d.patches)
+        if entry.get("subresource"):
+            continue
+        for path in _owned_paths(entry.get("fieldsV1")):
+            if _not_judged(declared.get("kind"), path):
+                continue
+            node: Any = declared
+            for part in path:
+                if not isinstance(node, Mapping) or part not in node:
+                    out.append(".".join(path))
+                    break
+                node = node[part]
+    return out
+
+
+# Fields whose change the API server never refuses as immutable, and which the program sets
+# at registration (the component's annotations: spec digest, certificate hash, deletion
+# policy, await) and a Secret's generated data (mutable; the provider updates it in place with
+# ``enableSecretMutable``, see secretmutable): the built object differs from the live one
+# there on every update, which is neither a change to judge nor a field to name.
+_NOT_JUDGED: tuple[tuple[str | None, tuple[str, ...]], ...] = (
+    (None, ("metadata", "annotations")),
+    (None, ("spec", "template", "metadata", "annotations")),
+    ("Secret", ("data",)),
+    ("Secret", ("stringData",)),
+)
+
+
+def _judged(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` without the fields of :data:`_NOT_JUDGED`."""
+    from pmem_components.patches import _plain_copy
+
+    out: dict[str, Any] = _plain_copy(obj)
+    for kind, path in _NOT_JUDGED:
+        if kind is not None and obj.get("kind") != kind:
+            continue
+        node: Any = out
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+    return out
+
+
+def _not_judged(kind: Any, path: tuple[str, ...]) -> bool:
+    return any(
+        (k is None or k == kind) and path[: len(p)] == p for k, p in _NOT_JUDGED
+    )
+
+
+def _unchanged(run: _DryRun, manager: str) -> bool:
+    """Whether applying ``run.patched`` changes nothing the provider's manager set: then no
+    field can change, mutable or not, and the dry run is not needed (most objects, most
+    updates: the check costs requests only where the config changed something)."""
+    # What patches change is the API server's to judge, annotations included (as before
+    # this check covered objects without patches): only unpatched objects leave out what
+    # the component sets at registration.
+    declared, live = (
+        (run.patched, run.live) if run.labels else (_judged(run.patched), _judged(run.live))
+    )
+    return _contained(declared, live) and not _dropped(declared, live, manager)
+
+
+def _dry_runs(stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]) -> list[_DryRun]:
+    """Every declared object of every deployment that exists live, patched as registered."""
+    from pmem_components.patches import PatchSet
+
+    out: list[_DryRun] = []
+    for i, d in enumerate(stack.deployments):
+        patch_set = PatchSet.for_deployment(i, d.patches) if d.patches else None
         for obj in bundle.build_deployment_objects(d, create_namespace=False).all():
             meta = obj["metadata"]
             path = _path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
             live = lives.get(path)
+            if live is None:
+                continue  # not created yet: nothing to replace
             kind, api_version = obj["kind"], obj["apiVersion"]
-            labels = tuple(
-                e.label for e in patch_set.entries if e.selects(kind, obj, api_version)
-            )
-            if live is None or not labels:
-                continue
-            patched = patch_set.apply(f"kubernetes:{api_version}:{kind}", obj) or obj
-            manager = _provider_manager(live)
-            status, body = reader.dry_apply(path, patched, manager)
-            if 200 <= status <= 299:
-                continue
-            if status != 422:
-                raise RuntimeError(f"dry-run apply of {path}: HTTP {status}")
-            plain_status, _ = reader.dry_apply(path, obj, manager)
-            if plain_status != 200 and plain_status != 201:
-                continue  # refused without the patches too: not theirs to answer for
-            fields, reason = _refusal(body, secret=kind == "Secret")
-            changed = changed_paths(obj, patched)
-            named = [c for c in changed if any(_same_field(c, f) for f in fields)]
-            ns = meta.get("namespace")
-            out.append(
-                Rejection(
-                    index=i,
-                    labels=labels,
-                    ref=f"{kind} {ns + '/' if ns else ''}{meta['name']}",
-                    fields=tuple(named or fields or changed),
-                    reason=reason,
+            labels: tuple[str, ...] = ()
+            patched = obj
+            if patch_set is not None:
+                labels = tuple(
+                    e.label for e in patch_set.entries if e.selects(kind, obj, api_version)
                 )
-            )
+                patched = patch_set.apply(f"kubernetes:{api_version}:{kind}", obj) or obj
+            ns = meta.get("namespace")
+            ref = f"{kind} {ns + '/' if ns else ''}{meta['name']}"
+            out.append(_DryRun(i, labels, path, ref, obj, patched, live))
     return out
+
+
+def _answer(reader: Any, path: str, obj: Mapping[str, Any], manager: str) -> tuple[int, Any]:
+    """(status, body) of a dry run; status 0 and the error's words when none came (a
+    timeout, a refused connection): no answer is not an acceptance."""
+    try:
+        return reader.dry_apply(path, obj, manager)
+    except Exception as err:  # judged by the caller: not checked
+        return 0, f"{type(err).__name__}: {str(err)[:200]}"
+
+
+def _changed_fields(run: _DryRun, manager: str) -> list[str]:
+    """What the declared object changes on the live one: values it sets differently, and
+    fields the provider set before that it no longer sets."""
+    from pmem_components.patches import changed_paths
+
+    declared, live = _judged(run.patched), _judged(run.live)
+    changed = changed_paths(_projected(live, declared), declared)
+    return [*changed, *_dropped(declared, live, manager)]
+
+
+def _projected(live: Any, declared: Any) -> Any:
+    """``live`` cut down to the keys ``declared`` has (lists item by item)."""
+    if isinstance(declared, Mapping) and isinstance(live, Mapping):
+        return {k: _projected(live.get(k), v) for k, v in declared.items() if k in live}
+    if isinstance(declared, list) and isinstance(live, list) and len(declared) == len(live):
+        return [_projected(x, d) for x, d in zip(live, declared, strict=True)]
+    return live
+
+
+def _judge(reader: Any, run: _DryRun) -> Rejection | str | None:
+    """A :class:`Rejection`, the reason the check could not be done (a line), or None."""
+    from pmem_components.patches import changed_paths
+
+    manager = _provider_manager(run.live)
+    if _unchanged(run, manager):
+        return None
+    status, body = _answer(reader, run.path, run.patched, manager)
+    if 200 <= status <= 299 or status == 404:
+        return None  # accepted; 404: gone since it was read, so nothing to replace
+    if status != 422:
+        return _not_checked(run, status, body)
+    secret = run.patched.get("kind") == "Secret"
+    fields, reason = _refusal(body if isinstance(body, dict) else {}, secret=secret)
+    if run.labels and run.patched is not run.declared:
+        plain_status, plain_body = _answer(reader, run.path, run.declared, manager)
+        if 200 <= plain_status <= 299:  # refused only with the patches: theirs
+            changed = changed_paths(run.declared, run.patched)
+            named = [c for c in changed if any(_same_field(c, f) for f in fields)]
+            return Rejection(run.index, run.labels, run.ref, tuple(named or fields or changed),
+                             reason)
+        if plain_status != 422:
+            return _not_checked(run, plain_status, plain_body)
+    changed = _changed_fields(run, manager)
+    named = [c for c in changed if any(_same_field(c, f) for f in fields)]
+    return Rejection(run.index, (), run.ref, tuple(named or fields or changed), reason)
+
+
+def _not_checked(run: _DryRun, status: int, body: Any) -> str:
+    """The line for a dry run the API server did not answer with a verdict on the fields."""
+    if isinstance(body, str):
+        got = f"no answer ({body})"
+    else:
+        secret = run.patched.get("kind") == "Secret"
+        words = body.get("reason") if secret else (body.get("message") or body.get("reason"))
+        got = f"HTTP {status}" + (f" ({str(words)[:200]})" if words else "")
+    key = ", ".join(run.labels) or key_path(("deployments", run.index))
+    return (
+        f"{key}: the server-side dry run of {run.ref} (which tells whether the update would "
+        f"change a field Kubernetes cannot change in place) got {got}, so that is not checked"
+    )
+
+
+def rejection_problem(r: Rejection) -> str:
+    """The config error for a dry-run refusal: the patch's, or the config change's."""
+    if r.labels:
+        return (
+            f"{', '.join(r.labels)}: changes {', '.join(r.fields)} of {r.ref}, which the API "
+            f"server refuses to change in place ({r.reason}); the provider would delete the "
+            "object and create it anew. Leave that field out of the patch (to change it "
+            "anyway, delete the object first and run pulumi up again)"
+        )
+    return (
+        f"{key_path(('deployments', r.index))}: this update changes {', '.join(r.fields)} "
+        f"of {r.ref}, which the API server refuses to change in place ({r.reason}); the "
+        "provider would delete the object and create it anew. This happens when a patch that "
+        "set the field is removed or changed, or a config change alters it: put back the "
+        "value the object has (for a removed patch, the patch), or, to change it anyway, "
+        "delete the object first and run pulumi up again"
+    )
+
+
+def patch_rejections(
+    reader: Any, stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]
+) -> list[Rejection]:
+    """Dry-run every declared object that exists live and that the update changes (see the
+    module doc), patched and, when refused, as built.
+
+    ``reader.dry_apply(path, obj, manager)`` returns (HTTP status, body). A refusal of the
+    patched object that the unpatched one does not get is the patch's; one both get (or an
+    object without patches gets) is the config change's: the provider would replace the
+    object either way. An answer that is neither (403, 409, 500, a timeout) stops the update
+    with :class:`DryRunError`, naming the patch or deployment and the object: a check not
+    done is not a check passed.
+    """
+    runs = _dry_runs(stack, lives)
+    with ThreadPoolExecutor(max_workers=_PARALLEL_GETS) as pool:
+        verdicts = list(pool.map(lambda r: _judge(reader, r), runs))
+    unchecked = [v for v in verdicts if isinstance(v, str)]
+    if unchecked:
+        raise DryRunError(
+            "pmem-csi:preflight: "
+            + "; ".join(unchecked)
+            + ". Nothing was changed. Run pulumi up again (a timeout or a server error passes);"
+            " a 403 needs patch permission on the object for the credentials of the "
+            "kubeconfig (the provider needs it anyway); or set pmem-csi:preflight: false to "
+            "skip the checks (a change of such a field then makes the provider delete and "
+            "re-create the object)"
+        )
+    return [v for v in verdicts if isinstance(v, Rejection)]
 
 
 def run(
@@ -956,13 +1750,45 @@ def run(
     """Observe and plan; cluster errors become :class:`PreflightError` with the way out."""
     try:
         observed = observe(api_client, stack, state)
+    except DryRunError:
+        raise  # names the patch and the object itself
     except Exception as err:  # any failure to read must stop the update, with the reason
         raise PreflightError(
             f"pmem-csi:preflight: cannot read the cluster ({type(err).__name__}: "
             f"{str(err)[:200]}); the preflight checks need get/list on Deployment CRs, "
-            "namespaces, DaemonSets, PersistentVolumes, VolumeAttachments, StorageClasses and "
-            "the deployment's objects, and patch (server-side dry run) on the objects patches "
-            "select. Set pmem-csi:preflight: "
+            "namespaces, DaemonSets, PersistentVolumes, VolumeAttachments, StorageClasses, "
+            "pods (only when a driver is removed or renamed) and the deployment's objects, "
+            "and patch (server-side dry run) on the objects patches select. Set "
+            "pmem-csi:preflight: "
             "false to skip them (adoption, rename and migration are then not checked)"
         ) from None
-    return plan(stack, observed, stack_id, state)
+    result = plan(stack, observed, stack_id, state)
+    result.kept_metadata = {
+        ns: own_metadata(observed.namespaces[ns], state)
+        for ns in sorted(result.keep_namespaces)
+        if ns in observed.namespaces
+    }
+    return result
+
+
+def own_metadata(
+    live: ObservedObject, state: identity.StackState | None
+) -> dict[str, dict[str, str]]:
+    """The labels and annotations of a namespace to keep that this stack's field manager
+    applied (a ``kind: Namespace`` patch's, the component's), with their live values.
+
+    Registering the released namespace with them keeps them: not sending them would make
+    server-side apply remove them. Registering others' too (a platform stack's
+    NamespacePatch, a ``kubectl apply``) would make this stack's manager co-own them, and
+    that entry stays after the release: their owner could then neither remove them nor
+    change them without a conflict. The manager is the one the state records for the
+    namespace (the provider's); without it (library use, an older state) the one Pulumi
+    manager that applied it, if exactly one did."""
+    manager = state.field_manager(live.key) if state is not None else None
+    if manager is None and len(set(live.pulumi_managers)) == 1:
+        manager = live.pulumi_managers[0]
+    owned = live.applied_metadata.get(manager or "", {})
+    return {
+        part: {k: v for k, v in values.items() if k in owned.get(part, frozenset())}
+        for part, values in (("labels", live.labels), ("annotations", live.annotations))
+    }

@@ -161,6 +161,7 @@ def deploy(
     keep_namespaces: Collection[str] = (),
     running_certificates: Mapping[int, Any] | None = None,
     adopted: Collection[str] = (),
+    kept_metadata: Mapping[str, Mapping[str, Mapping[str, str]]] | None = None,
 ) -> dict[str, Any]:
     """Register the CRD (if managed here), the namespaces and every deployment.
 
@@ -176,6 +177,9 @@ def deploy(
     the state says so), and with them the deployments that live there. They are registered
     once more, kept on delete and without the stack annotation: the next ``pulumi up`` no
     longer counts them as the stack's and drops them from the state, leaving them in place.
+    ``kept_metadata`` (:attr:`pmem_components.preflight.Plan.kept_metadata`): the live
+    labels and annotations this stack's field manager applied to them, registered as they
+    are (:func:`_as_kept`); others' are not sent, so this stack never co-owns them.
 
     ``running_certificates``: per deployment index, its running driver pods
     (:func:`certificate_rollout`, a ``certrollout.Rollout``); None: not read at all (then a
@@ -186,6 +190,9 @@ def deploy(
     (``pmem-csi:adopt``). They are applied with force, as ``adoptNamespace`` /
     ``adoptExisting`` do, and the field managers the earlier stack left on them are merged
     into this stack's once they are created (:mod:`pmem_components.takeover_transform`).
+    Of ``keep_namespaces``, those no configured deployment uses any more (another stack's
+    deployment or another driver lives there, :attr:`~pmem_components.preflight.Plan.
+    kept_namespaces`) are registered from ``kept_metadata`` alone.
     """
     from pmem_components import certrollout, registry
     from pmem_components.components import (
@@ -206,7 +213,10 @@ def deploy(
     released = [ns for ns in keep_namespaces if ns not in creators]
     for ns in [*creators, *released]:
         members = [d for d in stack.deployments if d.namespace == ns]
-        obj = bundle.build_shared_namespace(ns, members)
+        if members:
+            obj = bundle.build_shared_namespace(ns, members)
+        else:  # kept for what else lives in it: its labels as they are (_as_kept)
+            obj = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
         annotations = {names.STACK_ANNOTATION: stack_id()} if ns in creators else {}
         # Adopted now, or since, while the consent still names it: dropping the forced apply
         # in the update right after the adoption would be a change nobody asked for.
@@ -215,6 +225,8 @@ def deploy(
             annotations[PATCH_FORCE_ANNOTATION] = "true"
         obj["metadata"]["annotations"] = annotations
         obj = _patched_namespace(stack, obj, annotations)
+        if ns not in creators:
+            obj = _as_kept(obj, (kept_metadata or {}).get(ns), annotations)
         # Stacks made before namespaces moved to stack level have it under a deployment.
         old_urn = (
             f"urn:pulumi:{pulumi.get_stack()}::{pulumi.get_project()}::"
@@ -318,6 +330,35 @@ def _patched_namespace(
     return obj
 
 
+def _as_kept(
+    obj: dict[str, Any],
+    live: Mapping[str, Mapping[str, str]] | None,
+    annotations: Mapping[str, str],
+) -> dict[str, Any]:
+    """A released namespace as it is: the live labels and annotations this stack's field
+    manager applied (``live``, :func:`pmem_components.preflight.own_metadata`; but the
+    stack's annotation and the provider's ``pulumi.com/`` directives) under those the
+    program sets (``annotations``: the stack's directives).
+
+    The provider applies with server-side apply: a label the stack's field manager set
+    before (a ``kind: Namespace`` patch's, e.g. ``pod-security.kubernetes.io/enforce``) and
+    no longer sends would be removed by the very update that means to leave the namespace
+    alone; the patch itself cannot stay in the config, since the deployment no longer builds
+    the namespace. The administrator keeps a namespace as it is, not stripped.
+    """
+    if not live:
+        return obj
+    meta = obj.setdefault("metadata", {})
+    meta["labels"] = {**dict(live.get("labels") or {}), **(meta.get("labels") or {})}
+    kept = {
+        k: v
+        for k, v in (live.get("annotations") or {}).items()
+        if k != names.STACK_ANNOTATION and not k.startswith("pulumi.com/")
+    }
+    meta["annotations"] = {**kept, **(meta.get("annotations") or {}), **annotations}
+    return obj
+
+
 def cluster_target() -> Any:
     """The cluster the default Kubernetes provider uses (:mod:`pmem_components.kubetarget`)."""
     from pmem_components import kubetarget
@@ -388,7 +429,33 @@ def preflight(stack: StackConfig) -> Any:
         raise ConfigError(result.problems)
     for ref in result.adopted:
         pulumi.log.info(f"pmem-csi:adopt: taking over {ref} (another stack's, or retained)")
+    for ns, kept in result.kept_namespaces.items():
+        pulumi.log.warn(kept_namespace_warning(stack, ns, kept.reason))
     return result
+
+
+def kept_namespace_warning(stack: StackConfig, ns: str, reason: str) -> str:
+    """The warning for a namespace kept for what else lives in it (``reason``).
+
+    Whether the engine would have deleted it depends on the retainOnDelete the state
+    recorded for it (the last update's ``retainNamespaces``), which the program cannot read:
+    it is registered once more, kept on delete, either way. With ``retainNamespaces: true``
+    now the warning says it is released as every namespace is; only with false does it say
+    that it would have been deleted with what lives in it."""
+    head = (
+        f"pmem-csi: namespace {ns!r} is used by no deployment of this stack any more but "
+        f"is kept (left in the cluster, out of the stack from the next pulumi up): {reason} "
+        "live in it"
+    )
+    if stack.retain_namespaces:
+        return (
+            f"{head}; with pmem-csi:retainNamespaces: true it is released as any namespace "
+            "of the stack (kept on delete also where the state recorded it with "
+            "retainNamespaces: false)"
+        )
+    return (
+        f"{head} and, with pmem-csi:retainNamespaces: false, would be deleted with it"
+    )
 
 
 def certificate_rollout(
@@ -432,6 +499,7 @@ def main() -> None:
         checked.keep_namespaces,
         running_certificates=checked.running_certificates,
         adopted=checked.adopted,
+        kept_metadata=checked.kept_metadata,
     )
     pulumi.export("crd", "deployments.pmem-csi.intel.com" if stack.manage_crd else None)
     pulumi.export("deployments", outputs)

@@ -242,8 +242,11 @@ def _running_modes(observed: Observed, driver: str) -> list[tuple[ObservedObject
             ):
                 mode = DEFAULT_DEVICE_MANAGER
             if mode is not None:
-                mode = _expand(mode, env) or mode
-                out.append((ds, DEVICE_MODE_ALIASES.get(mode, mode)))
+                # Set from valueFrom/envFrom: not readable here, so not judged (a literal
+                # "$(VAR)" would be taken for a mode and refuse every update of the driver).
+                mode = _expand(mode, env, bool(container.get("envFrom")))
+                if mode is not None:
+                    out.append((ds, DEVICE_MODE_ALIASES.get(mode, mode)))
     return out
 
 
@@ -291,16 +294,14 @@ BOOLEAN_FLAGS = frozenset(
 )
 
 
-# The driver's string flags the preflight reads: Go gives them the next word whatever it is.
-_STRING_FLAGS = frozenset({"deviceManager", "drivername"})
 
 
 def _go_flags(words: list[str]) -> dict[str, str]:
     """Flag values as Go's ``flag`` package parses them: ``-f=X``, ``--f=X``, ``-f X`` and
     ``--f X``; the last occurrence wins; parsing stops at ``--`` or at the first word that is
-    not a flag. A flag without ``=`` consumes the next word: always the driver's string flags
-    read here, never :data:`BOOLEAN_FLAGS`; another (not known here) unless that word is a
-    flag itself."""
+    not a flag. A flag without ``=`` consumes the next word, whatever it is, unless it is one
+    of :data:`BOOLEAN_FLAGS` (the driver's and klog's booleans; every other flag the driver
+    registers takes a value: pmem-csi d01bc59 ``pkg/pmem-csi-driver/main.go``)."""
     out: dict[str, str] = {}
     i = 0
     while i < len(words):
@@ -312,10 +313,7 @@ def _go_flags(words: list[str]) -> dict[str, str]:
             break  # Go: a bad flag syntax error; the driver would not start
         if "=" in name:
             name, value = name.split("=", 1)
-        elif i + 1 < len(words) and (
-            name in _STRING_FLAGS
-            or (name not in BOOLEAN_FLAGS and not words[i + 1].startswith("-"))
-        ):
+        elif i + 1 < len(words) and name not in BOOLEAN_FLAGS:
             i += 1
             value = words[i]
         else:
@@ -1248,18 +1246,43 @@ def _observed(obj: Mapping[str, Any], kind: str) -> ObservedObject:
     )
 
 
+# Field managers whose entries the provider renames to its own before each server-side apply
+# of an update (pulumi-kubernetes v4.25.0 ``await.fixCSAFieldManagers`` through fluxcd's
+# ``ssa.PatchReplaceFieldsManagers``, matched by prefix): (manager prefix, operation). What they
+# own becomes this stack's in that very apply, so a key of theirs not sent would be removed.
+ABSORBED_MANAGERS = (
+    ("kubectl", "Apply"),
+    ("kubectl", "Update"),
+    ("before-first-apply", "Update"),
+    ("pulumi-kubernetes", "Update"),
+    ("pulumi-resource-kubernetes", "Update"),
+)
+# The key under which ``_applied_metadata`` gathers the absorbed entries' keys.
+ABSORBED = "\0absorbed"
+
+
 def _applied_metadata(meta: Mapping[str, Any]) -> dict[str, dict[str, frozenset[str]]]:
     """Per field manager with an Apply entry on the object itself: the label and annotation
-    keys it owns (``fieldsV1`` ``f:metadata`` / ``f:labels`` / ``f:<key>``)."""
+    keys it owns (``fieldsV1`` ``f:metadata`` / ``f:labels`` / ``f:<key>``); under
+    :data:`ABSORBED`, those of the entries the provider takes over (:data:`ABSORBED_MANAGERS`)."""
     out: dict[str, dict[str, frozenset[str]]] = {}
     for entry in meta.get("managedFields") or []:
-        if entry.get("operation") != "Apply" or entry.get("subresource"):
+        if entry.get("subresource"):
+            continue
+        manager, operation = str(entry.get("manager") or ""), entry.get("operation")
+        absorbed = any(
+            manager.startswith(prefix) and operation == op for prefix, op in ABSORBED_MANAGERS
+        )
+        if operation != "Apply" and not absorbed:
             continue
         fields = (entry.get("fieldsV1") or {}).get("f:metadata") or {}
-        owned = out.setdefault(str(entry.get("manager") or ""), {})
-        for part in ("labels", "annotations"):
-            keys = {k[2:] for k in fields.get(f"f:{part}") or {} if str(k).startswith("f:")}
-            owned[part] = owned.get(part, frozenset()) | keys
+        for who in (manager, ABSORBED) if absorbed else (manager,):
+            if who == manager and operation != "Apply":
+                continue
+            owned = out.setdefault(who, {})
+            for part in ("labels", "annotations"):
+                keys = {k[2:] for k in fields.get(f"f:{part}") or {} if str(k).startswith("f:")}
+                owned[part] = owned.get(part, frozenset()) | keys
     return out
 
 
@@ -1781,14 +1804,24 @@ def own_metadata(
     server-side apply remove them. Registering others' too (a platform stack's
     NamespacePatch, a ``kubectl apply``) would make this stack's manager co-own them, and
     that entry stays after the release: their owner could then neither remove them nor
-    change them without a conflict. The manager is the one the state records for the
-    namespace (the provider's); without it (library use, an older state) the one Pulumi
-    manager that applied it, if exactly one did."""
+    change them without a conflict. Those of entries the provider absorbs anyway
+    (:data:`ABSORBED_MANAGERS`: ``kubectl label``, client-side apply) are sent as well: the
+    provider makes them this stack's before it applies, so leaving them out would remove
+    them (a PSA ``enforce: privileged`` set with ``kubectl label``). The manager is the one
+    the state records for the namespace (the provider's); without it (library use, an older
+    state) the one Pulumi manager that applied it, if exactly one did."""
     manager = state.field_manager(live.key) if state is not None else None
     if manager is None and len(set(live.pulumi_managers)) == 1:
         manager = live.pulumi_managers[0]
     owned = live.applied_metadata.get(manager or "", {})
+    # Keys of entries the provider folds into its own manager (kubectl's, client-side apply's)
+    # become this stack's in the release's apply: sent too, or that apply would remove them.
+    absorbed = live.applied_metadata.get(ABSORBED, {})
     return {
-        part: {k: v for k, v in values.items() if k in owned.get(part, frozenset())}
+        part: {
+            k: v
+            for k, v in values.items()
+            if k in owned.get(part, frozenset()) | absorbed.get(part, frozenset())
+        }
         for part, values in (("labels", live.labels), ("annotations", live.annotations))
     }

@@ -454,7 +454,8 @@ def kept_namespace_warning(stack: StackConfig, ns: str, reason: str) -> str:
             "retainNamespaces: false)"
         )
     return (
-        f"{head} and, with pmem-csi:retainNamespaces: false, would be deleted with it"
+        f"{head} and, with pmem-csi:retainNamespaces: false, would be deleted with it "
+        "(unless an earlier update recorded it as retained)"
     )
 
 

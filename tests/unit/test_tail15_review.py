@@ -89,7 +89,8 @@ OWN = "pulumi-kubernetes-0123abcd"
 def _namespace_item() -> dict[str, Any]:
     """A namespace as the API server returns it: this stack's provider applied the
     managed-by label, the stack annotation and a namespace patch's PSA label; a platform
-    stack's NamespacePatch applied ``team`` (another Pulumi manager), kubectl ``owner``."""
+    stack's NamespacePatch applied ``team`` (another Pulumi manager), kubectl ``owner`` (an
+    entry the provider absorbs into its own manager before it applies)."""
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
@@ -167,22 +168,63 @@ def test_a_released_namespace_keeps_only_the_labels_this_stacks_manager_applied(
             "labels": {
                 names.LABEL_MANAGED_BY: names.MANAGED_BY,
                 "pod-security.kubernetes.io/enforce": "privileged",
+                "owner": "ops",  # kubectl's: the provider makes it this stack's anyway
             },
             "annotations": {names.STACK_ANNOTATION: ME},
         }
     }
 
 
+@pytest.mark.parametrize(
+    ("manager", "operation", "kept"),
+    [
+        ("kubectl-label", "Update", True),  # kubectl label ns ... enforce=privileged
+        ("kubectl-client-side-apply", "Update", True),
+        ("kubectl-edit", "Update", True),
+        ("kubectl", "Apply", True),
+        ("before-first-apply", "Update", True),
+        ("pulumi-kubernetes", "Update", True),  # this stack's provider before server-side apply
+        ("pulumi-resource-kubernetes", "Update", True),
+        ("platform-stack", "Apply", False),  # left to its owner, not co-owned
+        ("kube-controller-manager", "Update", False),
+        ("kubectl-label", "Update-subresource", False),
+    ],
+)
+def test_labels_of_entries_the_provider_absorbs_are_sent_with_the_release(
+    manager: str, operation: str, kept: bool
+) -> None:
+    # pulumi-kubernetes v4.25.0 renames these entries to its own manager before it applies
+    # (await.fixCSAFieldManagers): a key of theirs not sent would be removed by that apply.
+    item = _namespace_item()
+    entry = {
+        "manager": manager,
+        "operation": operation.removesuffix("-subresource"),
+        "apiVersion": "v1",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": {"f:labels": {"f:pod-security.kubernetes.io/audit": {}}}},
+    }
+    if operation.endswith("-subresource"):
+        entry["subresource"] = "status"
+    item["metadata"]["labels"]["pod-security.kubernetes.io/audit"] = "privileged"
+    item["metadata"]["managedFields"].append(entry)
+    live = preflight._observed(item, "Namespace")
+    held = identity.StackState({live.key: identity.Held(live.uid, OWN, "")})
+    labels = preflight.own_metadata(live, held)["labels"]
+    assert ("pod-security.kubernetes.io/audit" in labels) is kept
+
+
 def test_without_a_recorded_manager_the_one_pulumi_manager_counts_else_none() -> None:
     live = preflight._observed(_namespace_item(), "Namespace")
-    # Two Pulumi managers, none recorded: none of them is known to be this stack's.
-    assert preflight.own_metadata(live, None) == {"labels": {}, "annotations": {}}
+    # Two Pulumi managers, none recorded: none of them is known to be this stack's (kubectl's
+    # label is sent all the same: the provider absorbs that entry).
+    assert preflight.own_metadata(live, None) == {"labels": {"owner": "ops"}, "annotations": {}}
     item = _namespace_item()
     del item["metadata"]["managedFields"][1]
     only = preflight._observed(item, "Namespace")
     assert preflight.own_metadata(only, None)["labels"] == {
         names.LABEL_MANAGED_BY: names.MANAGED_BY,
         "pod-security.kubernetes.io/enforce": "privileged",
+        "owner": "ops",
     }
 
 
@@ -413,3 +455,23 @@ def test_a_rename_whose_old_namespace_is_unknown_is_refused_naming_why() -> None
     assert problem.startswith("pmem-csi:deployments[0].renamedFrom: 'old.example' is in")
     assert "Deployment CR is gone" in problem and "two pulumi ups" in problem
     assert result.previous == {}
+
+
+def test_every_flag_but_the_booleans_takes_the_next_word_even_a_dashed_one() -> None:
+    # Go's flag.StringVar: `-nodeid -deviceManager=direct` sets nodeid to that word; the
+    # driver then runs the default device manager, lvm.
+    assert preflight._go_flags(["-nodeid", "-deviceManager=direct"]) == {
+        "nodeid": "-deviceManager=direct"
+    }
+
+
+def test_a_device_manager_set_from_env_from_is_not_taken_for_a_mode() -> None:
+    # `-deviceManager=$(MODE)` with MODE from a ConfigMap (envFrom): the literal "$(MODE)" is
+    # not a mode; taking it for one refused every update of the driver.
+    from test_tail15a import node_ds
+
+    ds = node_ds(command=["/usr/local/bin/pmem-csi-driver", "-deviceManager=$(MODE)"])
+    container = ds.spec["template"]["spec"]["containers"][0]
+    container["envFrom"] = [{"configMapRef": {"name": "modes"}}]
+    observed = Observed(daemon_sets=[ds])
+    assert preflight._running_modes(observed, names.DEFAULT_DRIVER_NAME) == []

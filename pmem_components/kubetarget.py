@@ -32,12 +32,19 @@ environment in, :class:`Target` out. Table tests compare it with the locally bui
 
 from __future__ import annotations
 
+import base64
 import copy
+import datetime
+import importlib.util
+import ipaddress
 import os
+import pwd
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -89,7 +96,12 @@ class Environment:
     """What of the process environment the provider's rules read."""
 
     kubeconfig: str | None = None  # $KUBECONFIG
-    home: str = ""
+    home: str = ""  # $HOME, and nothing else: client-go's homedir.HomeDir on Linux
+    # The passwd entry's home: what the provider's ``~`` in ``kubernetes:kubeconfig`` means
+    # (Go's user.Current().HomeDir), which is not $HOME.
+    user_home: str = ""
+    # HTTPS_PROXY, HTTP_PROXY, NO_PROXY (either case), REQUEST_METHOD: Go's proxy rules.
+    proxy_env: Mapping[str, str] = field(default_factory=dict)
     service_host: str | None = None  # $KUBERNETES_SERVICE_HOST
     service_port: str | None = None  # $KUBERNETES_SERVICE_PORT
     service_account_dir: Path = SERVICE_ACCOUNT_DIR
@@ -99,7 +111,11 @@ class Environment:
         env = os.environ
         return cls(
             kubeconfig=env.get("KUBECONFIG"),
-            home=env.get("HOME") or str(Path.home()),
+            # Not Path.home(): that falls back to the passwd entry when HOME is unset or
+            # empty, where client-go reads the relative path .kube/config.
+            home=env.get("HOME", ""),
+            user_home=_passwd_home(env.get("HOME", "")),
+            proxy_env={k: v for k, v in env.items() if k in _PROXY_VARS},
             service_host=env.get("KUBERNETES_SERVICE_HOST"),
             service_port=env.get("KUBERNETES_SERVICE_PORT"),
             service_account_dir=SERVICE_ACCOUNT_DIR,  # read now: tests point it elsewhere
@@ -109,6 +125,27 @@ class Environment:
         """client-go's test: service host and port set, and the token file is a file."""
         token = self.service_account_dir / "token"
         return bool(self.service_host) and bool(self.service_port) and token.is_file()
+
+
+_PROXY_VARS = frozenset(
+    {
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "NO_PROXY",
+        "no_proxy",
+        "REQUEST_METHOD",
+    }
+)
+
+
+def _passwd_home(fallback: str) -> str:
+    """Go's ``user.Current().HomeDir``: the passwd entry's home, else ``$HOME``."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return fallback
 
 
 @dataclass(frozen=True)
@@ -129,6 +166,9 @@ class Target:
     config: Mapping[str, Any] | None = None
     service_account_dir: Path = SERVICE_ACCOUNT_DIR
     render_directory: str = ""
+    # The proxy requests to ``server`` go through (None: direct), as client-go decides it:
+    # the cluster's proxy-url, else Go's ProxyFromEnvironment (:func:`go_proxy`).
+    proxy: str | None = None
 
     @property
     def makes_requests(self) -> bool:
@@ -148,38 +188,177 @@ class _Config:
 _LISTS = (("clusters", "cluster"), ("contexts", "context"), ("users", "user"))
 
 
-def parse(text: str, where: str) -> _Config:
-    """A kubeconfig's text (YAML or JSON) as :class:`_Config`; empty text is an empty config.
+# The kubeconfig v1 schema, as far as client-go's decoder checks value types (unknown keys
+# are ignored there too): "s" string, "b" bool, "d" base64 bytes, "*" anything,
+# ("list", item), ("map", value), or a dict of fields.
+_EXTENSIONS: Any = ("list", {"name": "s", "extension": "*"})
+_SCHEMA: dict[str, Any] = {
+    "apiVersion": "s",
+    "kind": "s",
+    "current-context": "s",
+    "preferences": {"colors": "b", "extensions": _EXTENSIONS},
+    "extensions": _EXTENSIONS,
+    "clusters": (
+        "list",
+        {
+            "name": "s",
+            "cluster": {
+                "server": "s",
+                "tls-server-name": "s",
+                "insecure-skip-tls-verify": "b",
+                "certificate-authority": "s",
+                "certificate-authority-data": "d",
+                "proxy-url": "s",
+                "disable-compression": "b",
+                "extensions": _EXTENSIONS,
+            },
+        },
+    ),
+    "contexts": (
+        "list",
+        {
+            "name": "s",
+            "context": {
+                "cluster": "s",
+                "user": "s",
+                "namespace": "s",
+                "extensions": _EXTENSIONS,
+            },
+        },
+    ),
+    "users": (
+        "list",
+        {
+            "name": "s",
+            "user": {
+                "client-certificate": "s",
+                "client-certificate-data": "d",
+                "client-key": "s",
+                "client-key-data": "d",
+                "token": "s",
+                "tokenFile": "s",
+                "as": "s",
+                "as-uid": "s",
+                "as-groups": ("list", "s"),
+                "as-user-extra": ("map", ("list", "s")),
+                "username": "s",
+                "password": "s",
+                "auth-provider": {"name": "s", "config": ("map", "s")},
+                "exec": {
+                    "command": "s",
+                    "args": ("list", "s"),
+                    "env": ("list", {"name": "s", "value": "s"}),
+                    "apiVersion": "s",
+                    "installHint": "s",
+                    "provideClusterInfo": "b",
+                    "interactiveMode": "s",
+                },
+                "extensions": _EXTENSIONS,
+            },
+        },
+    ),
+}
+
+
+def _type_problem(value: Any, schema: Any, path: str) -> str | None:
+    """The first value of a type client-go's decoder refuses (it fails the whole file)."""
+    if value is None or schema == "*":
+        return None  # null is the zero value
+    if schema == "s":
+        ok = isinstance(value, str | datetime.date)  # a YAML timestamp is a string to Go
+        return None if ok else f"{path} must be a string, not {_yaml_type(value)}"
+    if schema == "b":
+        return None if isinstance(value, bool) else f"{path} must be true or false"
+    if schema == "d":
+        try:
+            base64.b64decode(re.sub(r"[\r\n]", "", str(value)), validate=True)
+            return None if isinstance(value, str) else f"{path} must be base64 text"
+        except ValueError:
+            return f"{path} is not valid base64"
+    if isinstance(schema, dict):
+        if not isinstance(value, Mapping):
+            return f"{path} must be a mapping, not {_yaml_type(value)}"
+        for key, sub in schema.items():
+            problem = _type_problem(value.get(key), sub, f"{path}.{key}" if path else key)
+            if problem:
+                return problem
+        return None
+    kind, item = schema
+    if kind == "list":
+        if not isinstance(value, list):
+            return f"{path} must be a list, not {_yaml_type(value)}"
+        pairs = [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+    else:
+        if not isinstance(value, Mapping):
+            return f"{path} must be a mapping, not {_yaml_type(value)}"
+        pairs = [(f"{path}.{k}", v) for k, v in value.items()]
+    return next((p for w, v in pairs if (p := _type_problem(v, item, w))), None)
+
+
+def _yaml_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return {list: "a list", str: "a string"}.get(type(value), "a mapping")
+
+
+def _first_document(data: bytes, where: str) -> Any:
+    """The first YAML document of ``data``, as sigs.k8s.io/yaml reads it (a port of libyaml:
+    later documents are not even parsed, a leading BOM is skipped, tabs separate tokens
+    inside JSON's braces); PyYAML's libyaml binding where it is built, which parses alike."""
+    loader_class = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader = loader_class(data)
+    try:
+        return loader.get_data() if loader.check_data() else None
+    except yaml.YAMLError as err:
+        raise TargetError(f"{where}: not valid YAML or JSON ({str(err).splitlines()[0]})") from None
+    finally:
+        loader.dispose()
+
+
+def parse(text: str | bytes, where: str) -> _Config:
+    """A kubeconfig's text (YAML or JSON) as :class:`_Config`, as client-go's
+    ``clientcmd.Load`` reads it: empty text is an empty config, only the first YAML document
+    counts, ``apiVersion``/``kind`` must be ``v1``/``Config`` (or unset), a value of the wrong
+    type fails the whole text.
 
     Raises :class:`TargetError` naming ``where`` for text that is not a kubeconfig.
     """
-    if not text.strip():
+    data = text.encode() if isinstance(text, str) else text
+    if not data.strip():
         return _Config()
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise TargetError(f"{where}: not valid YAML or JSON ({str(err).splitlines()[0]})") from None
+    doc = _first_document(data, where)
     if doc is None:
         return _Config()
     if not isinstance(doc, Mapping):
         raise TargetError(f"{where}: not a kubeconfig (a {type(doc).__name__}, not a mapping)")
-    out = _Config(current_context=str(doc.get("current-context") or ""))
+    version, kind = doc.get("apiVersion") or "v1", doc.get("kind") or "Config"
+    if (version, kind) != ("v1", "Config"):
+        raise TargetError(
+            f"{where}: not a kubeconfig (apiVersion {version!r}, kind {kind!r}; a kubeconfig "
+            "has apiVersion v1 and kind Config)"
+        )
+    problem = _type_problem(doc, _SCHEMA, "")
+    if problem:
+        raise TargetError(f"{where}: {problem}")
+    out = _Config(current_context=_text(doc.get("current-context")))
     for key, inner in _LISTS:
-        entries = doc.get(key) or []
-        if not isinstance(entries, list):
-            raise TargetError(f"{where}: {key} must be a list")
         target: dict[str, dict[str, Any]] = getattr(out, key)
-        for entry in entries:
-            if not isinstance(entry, Mapping) or not entry.get("name"):
-                raise TargetError(f"{where}: every entry of {key} needs a name")
-            name = str(entry["name"])
+        for entry in doc.get(key) or []:
+            entry = entry or {}
+            name = _text(entry.get("name"))  # a missing name is "" to client-go
             if name in target:  # client-go refuses duplicates within one file
                 raise TargetError(f"{where}: duplicate name {name!r} in {key}")
-            value = entry.get(inner) or {}
-            if not isinstance(value, Mapping):
-                raise TargetError(f"{where}: {key}[{name}].{inner} must be a mapping")
-            target[name] = copy.deepcopy(dict(value))
+            target[name] = copy.deepcopy(dict(entry.get(inner) or {}))
     return out
+
+
+def _text(value: Any) -> str:
+    """A string field's value: null is empty, a YAML timestamp its ISO text."""
+    if value is None:
+        return ""
+    return value.isoformat() if isinstance(value, datetime.date) else str(value)
 
 
 def _resolve_paths(config: _Config, base: Path) -> None:
@@ -202,21 +381,40 @@ def _resolve_paths(config: _Config, base: Path) -> None:
 
 
 def kubeconfig_files(env: Environment) -> list[str]:
-    """client-go's precedence list: ``KUBECONFIG`` split and deduplicated, else the home file."""
+    """client-go's precedence list: ``KUBECONFIG`` split and deduplicated, else the home file.
+
+    ``~`` is not expanded in either: client-go takes ``KUBECONFIG`` entries as written, and the
+    home file is ``$HOME/.kube/config`` with ``$HOME`` as set (unset or empty: the relative
+    path ``.kube/config``, as Go's ``filepath.Join("", ".kube", "config")``)."""
     if env.kubeconfig:
         files = [f for f in env.kubeconfig.split(os.pathsep) if f]
         return list(dict.fromkeys(files))
-    return [str(Path(env.home) / ".kube" / "config")]
+    return [home_file(env)]
 
 
-def load_files(files: list[str]) -> _Config:
+def home_file(env: Environment) -> str:
+    """client-go's RecommendedHomeFile."""
+    return os.path.join(env.home, ".kube", "config")
+
+
+def _migrated(name: str, env: Environment | None) -> Path:
+    """client-go's migration rule: a missing home file is first copied from the old
+    ``$HOME/.kube/.kubeconfig``, so that file is what the provider reads then."""
+    path = Path(name)
+    if env is None or name != home_file(env) or path.exists():
+        return path
+    old = Path(os.path.join(env.home, ".kube", ".kubeconfig"))
+    return old if old.is_file() else path
+
+
+def load_files(files: list[str], env: Environment | None = None) -> _Config:
     """Merge kubeconfig files as client-go does: per name the first file wins, and the first
     non-empty ``current-context``; missing files are skipped, unreadable ones an error."""
     merged = _Config()
     for name in files:
-        path = Path(name)
+        path = _migrated(name, env)
         try:
-            text = path.read_text()
+            text = path.read_bytes()
         except FileNotFoundError:
             continue
         except OSError as err:
@@ -231,13 +429,16 @@ def load_files(files: list[str]) -> _Config:
     return merged
 
 
-def _load_setting(value: str, settings: ProviderSettings) -> tuple[_Config, str]:
-    """``kubeconfig`` as the provider reads it: an existing path's file, else content."""
+def _load_setting(value: str, settings: ProviderSettings, env: Environment) -> tuple[_Config, str]:
+    """``kubeconfig`` as the provider reads it: an existing path's file, else content.
+
+    ``~`` and ``~/`` stand for the passwd entry's home, as the provider expands them
+    (``user.Current().HomeDir``), not for ``$HOME``."""
     path = value
     if path == "~":
-        path = str(Path.home())
+        path = env.user_home
     elif path.startswith("~/"):
-        path = str(Path.home() / path[2:])
+        path = os.path.join(env.user_home, path[2:])
     try:
         os.stat(path)
         is_path = True
@@ -246,7 +447,7 @@ def _load_setting(value: str, settings: ProviderSettings) -> tuple[_Config, str]
     key = settings.key("kubeconfig")
     if is_path:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_bytes()
         except OSError as err:
             raise TargetError(f"{key}: cannot read {path} ({err.strerror})") from None
         return parse(text, f"{key} (file {path})"), f"{key} file {path}"
@@ -264,6 +465,7 @@ def _in_cluster(env: Environment, why: str) -> Target:
         server=f"https://{host}:{env.service_port}",
         description=f"in-cluster ServiceAccount credentials ({why})",
         service_account_dir=env.service_account_dir,
+        proxy=go_proxy(f"https://{host}:{env.service_port}", env.proxy_env),
     )
 
 
@@ -285,11 +487,11 @@ def resolve(settings: ProviderSettings, env: Environment | None = None) -> Targe
             render_directory=settings.render_yaml_to_directory,
         )
     if settings.kubeconfig:
-        config, source = _load_setting(settings.kubeconfig, settings)
+        config, source = _load_setting(settings.kubeconfig, settings, env)
         deferred = False
     else:
         files = kubeconfig_files(env)
-        config = load_files(files)
+        config = load_files(files, env)
         source = f"KUBECONFIG ({', '.join(files)})" if env.kubeconfig else f"kubeconfig {files[0]}"
         deferred = True
     return _select(config, settings, env, source, deferred)
@@ -350,23 +552,130 @@ def _select(
         context=context_name,
         cluster=cluster_name,
         config=minified,
+        proxy=_cluster_proxy(cluster, cluster_name, source) or go_proxy(server, env.proxy_env),
     )
+
+
+def _cluster_proxy(cluster: Mapping[str, Any], name: str, source: str) -> str | None:
+    """The cluster's ``proxy-url``: client-go sends every request through it (NO_PROXY does
+    not apply), and accepts only http, https and socks5 proxies."""
+    value = str(cluster.get("proxy-url") or "")
+    if not value:
+        return None
+    if urlsplit(value).scheme not in ("http", "https", "socks5"):
+        raise TargetError(
+            f"{source}: cluster {name!r} proxy-url {value!r}: the scheme must be http, https "
+            "or socks5"
+        )
+    return value
+
+
+def go_proxy(server: str, environ: Mapping[str, str]) -> str | None:
+    """Go's ``http.ProxyFromEnvironment`` (golang.org/x/net/http/httpproxy), which client-go
+    uses when the cluster names no proxy-url: the upper-case variable before the lower-case
+    one, HTTPS_PROXY for an https server and HTTP_PROXY for http only (no ALL_PROXY), never
+    for localhost or a loopback address, and NO_PROXY's hosts, domains, IPs and CIDRs.
+
+    The Python client's own rules differ in each of these points, so its result is not used.
+    """
+
+    def first(*names: str) -> str:
+        return next((environ[n] for n in names if environ.get(n)), "")
+
+    url = urlsplit(server)
+    if url.scheme == "https":
+        proxy = first("HTTPS_PROXY", "https_proxy")
+    elif url.scheme == "http":
+        proxy = first("HTTP_PROXY", "http_proxy")
+        if proxy and environ.get("REQUEST_METHOD"):
+            raise TargetError(
+                "HTTP_PROXY: Go refuses it in a CGI environment (REQUEST_METHOD is set), and "
+                "so does the provider's client; unset one of them"
+            )
+    else:
+        proxy = ""
+    if not proxy:
+        return None
+    parsed = urlsplit(proxy)
+    if not parsed.scheme or not parsed.netloc:
+        proxy = f"http://{proxy}"  # Go's parseProxy: a bare host:port is an http proxy
+    host = (url.hostname or "").lower()
+    port = str(url.port or (443 if url.scheme == "https" else 80))
+    return proxy if _use_proxy(host, port, first("NO_PROXY", "no_proxy")) else None
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _use_proxy(host: str, port: str, no_proxy: str) -> bool:
+    """httpproxy's useProxy: whether a request to ``host:port`` goes through the proxy."""
+    ip = _ip(host)
+    if host == "localhost" or (ip is not None and ip.is_loopback):
+        return False
+    for entry in (e.strip().lower() for e in no_proxy.split(",")):
+        if not entry:
+            continue
+        if entry == "*":
+            return False
+        if "/" in entry:
+            try:
+                network = ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                network = None
+            if network is not None:
+                if ip is not None and ip.version == network.version and ip in network:
+                    return False
+                continue
+        phost, pport = entry, ""
+        bracketed = re.fullmatch(r"\[([^\]]*)\]:(\d*)", entry)
+        if bracketed:
+            phost, pport = bracketed.groups()
+        elif entry.count(":") == 1:
+            phost, pport = entry.split(":")
+        if not phost:
+            continue
+        pip = _ip(phost)
+        if pip is not None:
+            if ip is not None and ip == pip and pport in ("", port):
+                return False
+            continue
+        if phost.startswith("*."):
+            phost = phost[1:]
+        match_host = not phost.startswith(".")
+        if match_host:
+            phost = "." + phost
+        if (host.endswith(phost) or (match_host and host == phost[1:])) and pport in ("", port):
+            return False
+    return True
 
 
 def api_client(target: Target) -> Any:
     """A Kubernetes API client (the official Python client) for ``target``.
 
-    Built from the minified kubeconfig only, so the Python client's own rules never choose.
+    Built from the minified kubeconfig only, so the Python client's own rules never choose;
+    where they differ from client-go's in how a request is sent, client-go's are applied on
+    top: the proxy (:attr:`Target.proxy`) and a ``tokenFile`` (:func:`_token_hook`).
     """
     if not target.makes_requests:
         raise TargetError(f"{target.description}: no requests are sent")
+    if (target.proxy or "").startswith("socks") and importlib.util.find_spec("socks") is None:
+        raise TargetError(
+            f"{target.description}: the cluster's proxy-url {target.proxy} is a SOCKS proxy, "
+            "which the program's own client reaches only with the Python package PySocks "
+            "(not installed); install it, or set pmem-csi:preflight: false and "
+            "pmem-csi:takeOverFields: false so that only the provider sends requests"
+        )
     from kubernetes import client
     from kubernetes import config as kconfig
     from kubernetes.config import incluster_config
 
+    configuration = client.Configuration()
     if target.kind == "in-cluster":
         host, _, port = target.server.removeprefix("https://").rpartition(":")
-        configuration = client.Configuration()
         incluster_config.InClusterConfigLoader(
             token_filename=str(target.service_account_dir / "token"),
             cert_filename=str(target.service_account_dir / "ca.crt"),
@@ -375,5 +684,42 @@ def api_client(target: Target) -> Any:
                 incluster_config.SERVICE_PORT_ENV_NAME: port,
             },
         ).load_and_set(configuration)
-        return client.ApiClient(configuration)
-    return kconfig.new_client_from_config_dict(dict(target.config or {}))
+    else:
+        config = copy.deepcopy(dict(target.config or {}))
+        user = config["users"][0]["user"]
+        hook = _token_hook(user) if user.get("tokenFile") else None
+        kconfig.load_kube_config_from_dict(config, client_configuration=configuration)
+        if hook is not None:
+            configuration.refresh_api_key_hook = hook
+            hook(configuration)
+    configuration.proxy = target.proxy  # also: no environment proxy any more
+    configuration.no_proxy = None
+    return client.ApiClient(configuration)
+
+
+def _token_hook(user: dict[str, Any]) -> Any:
+    """client-go's bearer token when the user names a ``tokenFile``: the file's content,
+    trimmed and read again for every request (a rotated ServiceAccount token), over a
+    ``token`` given as well, which is used only while the file cannot be read or is empty.
+    (The Python client prefers ``token`` and reads the file once, untrimmed.)
+
+    Rewrites ``user`` for the Python client's loader (``token`` only, the file read once,
+    as client-go does) and returns the hook that sets the header from then on.
+    """
+    path = str(user.pop("tokenFile"))
+    fallback = str(user.get("token") or "")
+    if not fallback:
+        try:
+            fallback = Path(path).read_text()  # client-go: unreadable here is an error
+        except OSError as err:
+            raise TargetError(f"user tokenFile {path}: cannot read it ({err.strerror})") from None
+    user["token"] = fallback
+
+    def refresh(configuration: Any) -> None:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError:
+            token = ""
+        configuration.api_key["BearerToken"] = f"Bearer {token or fallback}"
+
+    return refresh

@@ -1,0 +1,352 @@
+"""Issue 14's tail: the program's own requests choose and reach the cluster as client-go does.
+
+Each table states client-go's behaviour as measured, not ours:
+
+* the kubeconfig texts (:data:`LOAD_CASES`) were run through ``clientcmd.Load`` of client-go
+  v0.36.3 (a small Go program; ``tests/e2e/test_tail14_kubectl.py`` runs the same table
+  through the locally built kubectl, whose ``--kubeconfig`` file goes through the same
+  ``Load``);
+* home directory, ``~``, ``token``/``tokenFile`` and proxy rules are read from client-go's
+  and Go's source (``util/homedir/homedir.go``, ``tools/clientcmd/loader.go``,
+  ``client_config.go``, ``transport/round_trippers.go``, ``token_source.go``,
+  ``golang.org/x/net/http/httpproxy``) and from pulumi-kubernetes' ``parseKubeconfigString``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pmem_components import kubetarget
+from pmem_components.kubetarget import Environment, ProviderSettings, TargetError
+
+PROD, STAGING = "https://127.0.0.11:1", "https://127.0.0.12:1"
+
+
+def config(server: str = PROD, current: str = "a", **user: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": current,
+        "clusters": [{"name": "a", "cluster": {"server": server}}],
+        "contexts": [{"name": "a", "context": {"cluster": "a", "user": "u"}}],
+        "users": [{"name": "u", "user": user or {"token": "t"}}],
+    }
+
+
+PLAIN = yaml.safe_dump(config(), sort_keys=False)
+
+
+# --------------------------------------------------------------------------------------------
+# item 1: the home directory and ``~``
+
+
+def test_the_default_kubeconfig_is_under_HOME_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """HOME unset or empty: client-go's home file is the relative ``.kube/config``
+    (homedir.HomeDir returns $HOME on Linux), never the passwd entry's home."""
+    for value in (None, ""):
+        if value is None:
+            monkeypatch.delenv("HOME", raising=False)
+        else:
+            monkeypatch.setenv("HOME", value)
+        monkeypatch.delenv("KUBECONFIG", raising=False)
+        env = Environment.current()
+        assert env.home == ""
+        assert kubetarget.kubeconfig_files(env) == [".kube/config"]
+
+
+def test_the_home_file_is_read_relative_to_the_working_directory_without_HOME(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text(PLAIN)
+    monkeypatch.chdir(tmp_path)
+    env = Environment(home="", service_account_dir=tmp_path / "none")
+    assert kubetarget.resolve(ProviderSettings(), env).server == PROD
+
+
+def test_a_tilde_in_kubernetes_kubeconfig_is_the_passwd_home_not_HOME(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pulumi-kubernetes expands ``~/`` with ``user.Current().HomeDir`` (the passwd entry),
+    so with HOME pointing elsewhere (sudo -E, CI) the provider reads the passwd home's file."""
+    passwd_home, env_home = tmp_path / "passwd", tmp_path / "env"
+    for home, server in ((passwd_home, PROD), (env_home, STAGING)):
+        home.mkdir()
+        (home / "kc").write_text(yaml.safe_dump(config(server)))
+    monkeypatch.setenv("HOME", str(env_home))
+
+    class Entry:
+        pw_dir = str(passwd_home)
+
+    monkeypatch.setattr(kubetarget.pwd, "getpwuid", lambda uid: Entry)
+    target = kubetarget.resolve(ProviderSettings(kubeconfig="~/kc"), Environment.current())
+    assert target.server == PROD
+
+
+def test_a_tilde_in_KUBECONFIG_is_not_expanded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """client-go takes KUBECONFIG entries as written: ``~/kc`` is a relative path (a
+    directory named ``~``), not the home's file. Pinned: kubetarget agrees already."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "kc").write_text(PLAIN)
+    (tmp_path / "~").mkdir()
+    (tmp_path / "~" / "kc").write_text(yaml.safe_dump(config(STAGING)))
+    monkeypatch.chdir(tmp_path)
+    env = Environment(kubeconfig="~/kc", home=str(home), service_account_dir=tmp_path / "none")
+    assert kubetarget.resolve(ProviderSettings(), env).server == STAGING
+
+
+def test_the_old_home_file_is_read_as_client_go_migrates_it(tmp_path: Path) -> None:
+    """No ``$HOME/.kube/config`` but a ``$HOME/.kube/.kubeconfig``: client-go's migration
+    rule copies the old file over before loading, so the provider uses it."""
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / ".kubeconfig").write_text(PLAIN)
+    env = Environment(home=str(tmp_path), service_account_dir=tmp_path / "none")
+    assert kubetarget.resolve(ProviderSettings(), env).server == PROD
+
+
+# --------------------------------------------------------------------------------------------
+# item 2: kubeconfig content in every form clientcmd.Load accepts, and its refusals
+
+_ONE_LINE = json.dumps(config())
+_TABS = json.dumps(config(), indent="\t")
+# name -> (text, the current context and server client-go finds, or None: it refuses)
+LOAD_CASES: dict[str, tuple[str, tuple[str, str] | None]] = {
+    "json indented with tabs": (_TABS, ("a", PROD)),
+    "json on one line": (_ONE_LINE, ("a", PROD)),
+    "json with a BOM": ("\ufeff" + _TABS, ("a", PROD)),
+    "yaml with a BOM": ("\ufeff" + PLAIN, ("a", PROD)),
+    "yaml after a comment": ("# made by hand\n" + PLAIN, ("a", PROD)),
+    "several documents: the first counts": (
+        "---\n" + PLAIN + "---\n" + yaml.safe_dump(config(STAGING)),
+        ("a", PROD),
+    ),
+    "a document end, then anything": (PLAIN + "...\nnot: [yaml\n", ("a", PROD)),
+    "two json documents": (_ONE_LINE + "\n" + json.dumps(config(STAGING)), ("a", PROD)),
+    "an empty first document": ("---\n---\n" + PLAIN, ("", "")),
+    "no apiVersion and kind": (
+        PLAIN.replace("apiVersion: v1\n", "").replace("kind: Config\n", ""),
+        ("a", PROD),
+    ),
+    "tabs indenting yaml": (PLAIN.replace("  cluster:", "\tcluster:"), None),
+    "another kind": (PLAIN.replace("kind: Config", "kind: Pod"), None),
+    "another apiVersion": (PLAIN.replace("apiVersion: v1", "apiVersion: v2"), None),
+    "a number for a string": (PLAIN.replace("current-context: a", "current-context: 1"), None),
+    "a boolean for a string": (
+        PLAIN.replace("current-context: a", "current-context: yes"),
+        None,
+    ),
+    "a quoted boolean": (
+        PLAIN.replace("server:", "insecure-skip-tls-verify: 'true'\n    server:"),
+        None,
+    ),
+    "bad base64": (PLAIN.replace("server:", "certificate-authority-data: '!!'\n    server:"), None),
+    "a string for a list": (PLAIN.replace("token: t", "as-groups: admins"), None),
+}
+
+
+@pytest.mark.parametrize("name", list(LOAD_CASES))
+def test_content_is_read_as_clientcmd_load_reads_it(name: str) -> None:
+    text, expected = LOAD_CASES[name]
+    if expected is None:
+        with pytest.raises(TargetError, match=r"^kubernetes:kubeconfig"):
+            kubetarget.parse(text, "kubernetes:kubeconfig")
+        return
+    parsed = kubetarget.parse(text, "kubernetes:kubeconfig")
+    current, server = expected
+    assert parsed.current_context == current
+    assert {str(c.get("server")) for c in parsed.clusters.values()} == ({server} - {""})
+
+
+@pytest.mark.parametrize("name", ["json indented with tabs", "several documents: the first counts"])
+def test_content_in_kubernetes_kubeconfig_chooses_the_first_documents_cluster(
+    name: str, tmp_path: Path
+) -> None:
+    env = Environment(home=str(tmp_path), service_account_dir=tmp_path / "none")
+    target = kubetarget.resolve(ProviderSettings(kubeconfig=LOAD_CASES[name][0]), env)
+    assert target.server == PROD
+
+
+def test_a_kubeconfig_file_with_a_bom_and_tabs_is_read_too(tmp_path: Path) -> None:
+    (tmp_path / "kc").write_bytes(("\ufeff" + _TABS).encode())
+    env = Environment(kubeconfig=str(tmp_path / "kc"), service_account_dir=tmp_path / "none")
+    assert kubetarget.resolve(ProviderSettings(), env).server == PROD
+
+
+# --------------------------------------------------------------------------------------------
+# item 3: which token is sent, and through which proxy
+
+
+def _bearer(target: kubetarget.Target) -> str:
+    api = kubetarget.api_client(target)
+    return str(api.configuration.auth_settings()["BearerToken"]["value"])
+
+
+def _target(tmp_path: Path, doc: dict[str, Any]) -> kubetarget.Target:
+    return kubetarget.resolve(
+        ProviderSettings(kubeconfig=json.dumps(doc)),
+        Environment(home=str(tmp_path), service_account_dir=tmp_path / "none"),
+    )
+
+
+def test_token_file_wins_over_token_and_is_read_again(tmp_path: Path) -> None:
+    """rest.Config: BearerTokenFile's content (trimmed, re-read) over BearerToken."""
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    target = _target(tmp_path, config(token="static", tokenFile=str(token_file)))
+    api = kubetarget.api_client(target)
+    assert api.configuration.auth_settings()["BearerToken"]["value"] == "Bearer from-file"
+    token_file.write_text("rotated\n")
+    assert api.configuration.auth_settings()["BearerToken"]["value"] == "Bearer rotated"
+    token_file.unlink()  # unreadable: client-go falls back to the static token
+    assert api.configuration.auth_settings()["BearerToken"]["value"] == "Bearer static"
+
+
+def test_token_file_alone_is_trimmed(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("only-file\n")
+    assert _bearer(_target(tmp_path, config(tokenFile=str(token_file)))) == "Bearer only-file"
+
+
+def test_token_file_alone_that_cannot_be_read_is_refused(tmp_path: Path) -> None:
+    target = _target(tmp_path, config(tokenFile=str(tmp_path / "missing")))
+    with pytest.raises(TargetError, match="tokenFile"):
+        kubetarget.api_client(target)
+
+
+REMOTE = "https://10.1.2.3:6443"
+# (server, environment, proxy-url or None) -> the proxy client-go uses (None: direct)
+PROXY_CASES: list[tuple[str, str, dict[str, str], str | None, str | None]] = [
+    ("https via HTTPS_PROXY", REMOTE, {"HTTPS_PROXY": "http://p:3128"}, None, "http://p:3128"),
+    ("loopback never proxied", PROD, {"HTTPS_PROXY": "http://p:3128"}, None, None),
+    (
+        "localhost never proxied",
+        "https://localhost:6443",
+        {"HTTPS_PROXY": "http://p:1"},
+        None,
+        None,
+    ),
+    (
+        "upper case first",
+        REMOTE,
+        {"HTTPS_PROXY": "http://up:1", "https_proxy": "http://lo:1"},
+        None,
+        "http://up:1",
+    ),
+    ("lower case alone", REMOTE, {"https_proxy": "http://lo:1"}, None, "http://lo:1"),
+    ("no HTTP_PROXY for https", REMOTE, {"HTTP_PROXY": "http://p:1"}, None, None),
+    ("no ALL_PROXY", REMOTE, {"ALL_PROXY": "http://p:1", "all_proxy": "http://p:1"}, None, None),
+    ("bare host:port is http", REMOTE, {"HTTPS_PROXY": "p:3128"}, None, "http://p:3128"),
+    ("NO_PROXY cidr", REMOTE, {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.0.0.0/8"}, None, None),
+    ("NO_PROXY ip", REMOTE, {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.1.2.3"}, None, None),
+    (
+        "NO_PROXY other port",
+        REMOTE,
+        {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "10.1.2.3:443"},
+        None,
+        "http://p:1",
+    ),
+    (
+        "NO_PROXY domain",
+        "https://api.corp.example:6443",
+        {"HTTPS_PROXY": "http://p:1", "NO_PROXY": "corp.example"},
+        None,
+        None,
+    ),
+    ("NO_PROXY star", REMOTE, {"HTTPS_PROXY": "http://p:1", "no_proxy": "*"}, None, None),
+    (
+        "proxy-url over the environment",
+        REMOTE,
+        {"HTTPS_PROXY": "http://p:1"},
+        "http://cluster-proxy:8080",
+        "http://cluster-proxy:8080",
+    ),
+    ("proxy-url ignores NO_PROXY", REMOTE, {"NO_PROXY": "*"}, "http://cp:8080", "http://cp:8080"),
+    ("proxy-url for loopback too", PROD, {}, "http://cp:1", "http://cp:1"),
+]
+
+
+@pytest.mark.parametrize("case", PROXY_CASES, ids=[c[0] for c in PROXY_CASES])
+def test_the_client_uses_client_gos_proxy(
+    case: tuple[str, str, dict[str, str], str | None, str | None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, server, environ, proxy_url, expected = case
+    for name in (
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "NO_PROXY",
+        "no_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    doc = config(server)
+    if proxy_url:
+        doc["clusters"][0]["cluster"]["proxy-url"] = proxy_url
+    # The environment as the process has it: the Python client would read it by itself.
+    env_now = dataclasses.replace(
+        Environment.current(), home=str(tmp_path), service_account_dir=tmp_path / "none"
+    )
+    target = kubetarget.resolve(ProviderSettings(kubeconfig=json.dumps(doc)), env_now)
+    configuration = kubetarget.api_client(target).configuration
+    from kubernetes.client import rest
+
+    used = configuration.proxy
+    if used and rest.should_bypass_proxies(configuration.host, configuration.no_proxy or ""):
+        used = None
+    assert used == expected
+
+
+def test_an_unsupported_proxy_url_scheme_is_refused(tmp_path: Path) -> None:
+    doc = config(REMOTE)
+    doc["clusters"][0]["cluster"]["proxy-url"] = "ftp://p:21"
+    with pytest.raises(TargetError, match="proxy-url"):
+        _target(tmp_path, doc)
+
+
+def test_in_cluster_credentials_use_go_proxy_rules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No kubeconfig, in a pod: the environment's proxy by Go's rules (upper case first)."""
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("sa-token")
+    (sa / "ca.crt").write_text("not checked here")
+    monkeypatch.setenv("HTTPS_PROXY", "http://up:1")
+    monkeypatch.setenv("https_proxy", "http://lo:1")
+    env = dataclasses.replace(
+        Environment.current(),
+        kubeconfig=None,
+        home=str(tmp_path),
+        service_host="10.96.0.1",
+        service_port="443",
+        service_account_dir=sa,
+    )
+    target = kubetarget.resolve(ProviderSettings(), env)
+    assert target.kind == "in-cluster"
+    assert kubetarget.api_client(target).configuration.proxy == "http://up:1"
+
+
+def test_a_socks_proxy_the_client_cannot_use_is_refused_by_name(tmp_path: Path) -> None:
+    """client-go reaches the cluster through a socks5 proxy-url; the Python client needs
+    PySocks for it (not installed): the program says so instead of failing in urllib3."""
+    doc = config(REMOTE)
+    doc["clusters"][0]["cluster"]["proxy-url"] = "socks5://s:1080"
+    with pytest.raises(TargetError, match=r"proxy-url socks5://s:1080.*PySocks"):
+        kubetarget.api_client(_target(tmp_path, doc))

@@ -250,8 +250,11 @@ def owns_declared(fields: Any, declared: Any) -> bool:
                     return True
             except ValueError:
                 continue
-        elif kind == "i" and isinstance(declared, list) and rest.isdigit() and (
-            int(rest) < len(declared)
+        elif (
+            kind == "i"
+            and isinstance(declared, list)
+            and rest.isdigit()
+            and (int(rest) < len(declared))
         ):
             child = declared[int(rest)]
         if child is _MISSING:
@@ -335,9 +338,7 @@ class ClusterSource:
             if out is not None and not isinstance(out, str):
                 raise UnknownCluster(f"{self.name}'s argument {arg} is not a string")
             values[attr] = out or None
-        return kubetarget.ProviderSettings(
-            **values, origin=f"provider {self.provider._name}"
-        )
+        return kubetarget.ProviderSettings(**values, origin=f"provider {self.provider._name}")
 
     async def target(self) -> kubetarget.Target:
         async with self._lock:
@@ -475,6 +476,7 @@ class TakeOver:
             obj = seen
         if obj is None:
             return
+        obj = await _applied(args, obj)
         # Only then are other Pulumi managers' entries merged into this stack's: next to this
         # stack's own entry they are co-owners (a platform stack's NamespacePatch labels).
         await self._correct(obj, own if taken_away else None, apply=not self.stale_only)
@@ -494,7 +496,7 @@ class TakeOver:
         own = _field_manager(getattr(args, "new_outputs", None))
         if seen is None or not own:
             return
-        obj = self.pending.get(key) or seen[0]
+        obj = await _applied(args, self.pending.get(key) or seen[0])
         await self._correct(obj, own, apply=not self.stale_only)
 
     async def _correct(self, obj: dict[str, Any], own: str | None, apply: bool) -> None:
@@ -515,6 +517,30 @@ class TakeOver:
             ) from None
         if outcome is not None:
             self.info(outcome.message)
+
+
+async def _applied(args: pulumi.ResourceHookArgs, fallback: dict[str, Any]) -> dict[str, Any]:
+    """The object the provider applies: the hook's ``new_inputs``, which are the inputs after
+    every transform (also those registered after ours) and after the provider's Check
+    (its default namespace, its normalisation), secrets resolved. The transform-time object
+    can differ from them; force-applying it would make the object go through that state
+    (a DaemonSet rolled to an image a later transform replaces, then rolled again).
+
+    ``fallback`` (the transform-time object) only where the inputs are not there or not a
+    complete object of the same identity; the provider's internal keys (``__fieldManager``)
+    are not part of the object."""
+    inputs = getattr(args, "new_inputs", None)
+    if not inputs:
+        return fallback
+    try:
+        obj = await _plain({k: v for k, v in dict(inputs).items() if not k.startswith("__")})
+    except _Unknown:
+        return fallback
+    meta, before = obj.get("metadata") or {}, fallback.get("metadata") or {}
+    same = all(obj.get(k) == fallback.get(k) for k in ("apiVersion", "kind")) and meta.get(
+        "name"
+    ) == before.get("name")
+    return obj if same else fallback
 
 
 def _field_manager(outputs: Mapping[str, Any] | None) -> str | None:

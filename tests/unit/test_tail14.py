@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -350,3 +351,75 @@ def test_a_socks_proxy_the_client_cannot_use_is_refused_by_name(tmp_path: Path) 
     doc["clusters"][0]["cluster"]["proxy-url"] = "socks5://s:1080"
     with pytest.raises(TargetError, match=r"proxy-url socks5://s:1080.*PySocks"):
         kubetarget.api_client(_target(tmp_path, doc))
+
+
+# --------------------------------------------------------------------------------------------
+# item 4: the take-over applies what the provider applies
+
+
+def _take_over_with_a_later_change(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any]:
+    """A DaemonSet whose declared field a ``kubectl edit`` owns, registered with image ``a``;
+    the provider's checked inputs (a transform registered after ours, the provider's Check)
+    say image ``b``, a namespace the provider's Check filled in, and a secret value."""
+    import asyncio
+    import copy
+
+    import pulumi
+
+    from pmem_components import takeover_transform
+    from tests.unit import test_takeover_adopted as adopted
+
+    api = adopted.FakeApi()
+    api.entries = [
+        {"manager": adopted.MINE, "operation": "Apply", "fieldsV1": adopted.LABELS},
+        {"manager": "kubectl-edit", "operation": "Update",
+         "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:containers": {}}}}}},
+    ]  # fmt: skip
+    monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: False)
+    take = takeover_transform.TakeOver(
+        source=adopted.FakeSource(api),  # type: ignore[arg-type]
+        log=lambda _m: None,
+        skipped_types=frozenset(),
+    )
+    declared = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "d", "namespace": "pmem-csi"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "a"}]}}},
+    }
+    type_ = "kubernetes:apps/v1:DaemonSet"
+    args = pulumi.ResourceTransformArgs(
+        custom=True, type_=type_, name="x", props=copy.deepcopy(declared),
+        opts=pulumi.ResourceOptions(),
+    )  # fmt: skip
+    result = asyncio.run(take.transform(args))
+    assert result is not None
+    checked = copy.deepcopy(dict(result.props))
+    checked["spec"]["template"]["spec"]["containers"][0]["image"] = "b"
+    checked["__fieldManager"] = adopted.MINE  # internal keys are not applied
+
+    async def hook() -> None:
+        inputs = dict(checked)
+        inputs["metadata"] = {
+            **checked["metadata"],
+            "labels": {"k": pulumi.Output.secret("v")},  # a secret, as hooks hand it over
+        }
+        hook_args = SimpleNamespace(
+            type=type_, name="x", old_outputs={"__fieldManager": adopted.MINE},
+            new_inputs=inputs,
+        )  # fmt: skip
+        await take.before_update(hook_args)  # type: ignore[arg-type]
+
+    asyncio.run(hook())
+    return api, checked
+
+
+def test_the_take_over_applies_the_providers_inputs_not_the_transform_time_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api, checked = _take_over_with_a_later_change(monkeypatch)
+    (applied,) = api.applied
+    assert applied["spec"]["template"]["spec"]["containers"][0]["image"] == "b"
+    assert applied["metadata"]["labels"] == {"k": "v"}
+    assert "__fieldManager" not in applied
+    assert applied["metadata"]["annotations"] == checked["metadata"]["annotations"]

@@ -238,12 +238,10 @@ def owns_declared(fields: Any, declared: Any) -> bool:
                 want = json.loads(rest)
             except ValueError:
                 continue
-            for item in declared:
-                if isinstance(item, Mapping) and all(
-                    str(item.get(k)) == str(v) for k, v in dict(want).items()
-                ):
-                    child = item
-                    break
+            child = next(
+                (i for i in declared if isinstance(i, Mapping) and _key_matches(i, want)),
+                _MISSING,
+            )
         elif kind == "v" and isinstance(declared, list):
             try:
                 if json.loads(rest) in declared:
@@ -266,6 +264,17 @@ def owns_declared(fields: Any, declared: Any) -> bool:
 
 
 _MISSING = object()
+# List-map key fields the API server defaults when the declared entry leaves them out, and
+# their defaults: container and Service ports are keyed by port and protocol, and a port
+# declared without protocol is recorded as ``k:{"containerPort":9090,"protocol":"TCP"}``.
+KEY_DEFAULTS: Mapping[str, Any] = {"protocol": "TCP"}
+
+
+def _key_matches(item: Mapping[str, Any], want: Any) -> bool:
+    """Whether the declared list entry ``item`` is the one a ``k:{...}`` key names."""
+    if not isinstance(want, Mapping):
+        return False
+    return all(str(item.get(k, KEY_DEFAULTS.get(k))) == str(v) for k, v in want.items())
 
 
 _EXECUTORS: list[concurrent.futures.ThreadPoolExecutor] = []

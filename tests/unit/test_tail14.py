@@ -423,3 +423,122 @@ def test_the_take_over_applies_the_providers_inputs_not_the_transform_time_objec
     assert applied["metadata"]["labels"] == {"k": "v"}
     assert "__fieldManager" not in applied
     assert applied["metadata"]["annotations"] == checked["metadata"]["annotations"]
+
+
+# --------------------------------------------------------------------------------------------
+# item 5: list-map keys with a field the server defaults
+
+# A container declared with its port but without ``protocol`` (the server defaults it to TCP
+# and keys the list entry by both), and a Service port alike.
+PORTS_DECLARED = {
+    "spec": {
+        "ports": [{"port": 80, "targetPort": 9090}],
+        "template": {
+            "spec": {"containers": [{"name": "c", "ports": [{"containerPort": 9090, "name": "m"}]}]}
+        },
+    }
+}
+# What the API server records for a ``kubectl edit`` that renamed the port (tests/e2e/
+# test_tail14.py reads the same structure from the local cluster).
+EDITED_PORT = {
+    "f:spec": {
+        "f:template": {
+            "f:spec": {
+                "f:containers": {
+                    'k:{"name":"c"}': {
+                        "f:ports": {
+                            'k:{"containerPort":9090,"protocol":"TCP"}': {
+                                ".": {},
+                                "f:name": {},
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("fields", "declared"),
+    [
+        (EDITED_PORT, True),
+        # the same port number over UDP is another entry: not the declared one
+        (json.loads(json.dumps(EDITED_PORT).replace('\\"TCP\\"', '\\"UDP\\"')), False),
+        ({"f:spec": {"f:ports": {'k:{"port":80,"protocol":"TCP"}': {"f:targetPort": {}}}}}, True),
+        ({"f:spec": {"f:ports": {'k:{"port":81,"protocol":"TCP"}': {"f:targetPort": {}}}}}, False),
+    ],
+    ids=["container port, TCP by default", "UDP", "service port", "another service port"],
+)
+def test_owns_declared_matches_a_list_key_the_server_completed(
+    fields: dict[str, Any], declared: bool
+) -> None:
+    from pmem_components.takeover_transform import owns_declared
+
+    assert owns_declared(fields, PORTS_DECLARED) is declared
+
+
+# --------------------------------------------------------------------------------------------
+# item 6: allowance paths are dotted, keys hold dots
+
+
+def _restart_entry(key: str, under: str = "annotations") -> dict[str, Any]:
+    return {
+        "manager": "ops",
+        "operation": "Update",
+        "fieldsV1": {"f:spec": {"f:template": {"f:metadata": {f"f:{under}": {f"f:{key}": {}}}}}},
+    }
+
+
+STAMP = "kubectl.kubernetes.io/restartedAt"
+ANN = "spec.template.metadata.annotations"
+# (allowance path, the key ops wrote under annotations, whether the allowance covers it)
+COVER_CASES: list[tuple[str, str, bool]] = [
+    (f"{ANN}.{STAMP}", STAMP, True),  # its own key, dots and slash inside
+    (f"{ANN}.kubectl.kubernetes.io", STAMP, False),  # a prefix ending on a dot inside the key
+    (f"{ANN}.kubectl", STAMP, False),
+    (f"{ANN}.{STAMP}", "kubectl.kubernetes.io/restartedAtX", False),  # a longer key
+    (f"{ANN}.{STAMP}", "kubectl.kubernetes.io", False),  # a shorter key
+    (f"{ANN}.app", "app.kubernetes.io/name", False),
+    (ANN, STAMP, True),  # a node covers everything below it
+    ("spec.template.metadata.annotation", STAMP, False),  # a prefix of a field name
+    ("spec.template", STAMP, True),
+]
+
+
+@pytest.mark.parametrize("case", COVER_CASES, ids=[f"{c[0]} / {c[1]}" for c in COVER_CASES])
+def test_an_allowance_covers_its_own_key_and_no_other(case: tuple[str, str, bool]) -> None:
+    from pmem_components import fieldowners
+
+    path, key, covered = case
+    allowed = [fieldowners.Allowance("ops", (path,), "test")]
+    assert fieldowners.is_foreign(_restart_entry(key), allowed) is not covered
+
+
+def test_a_label_allowance_does_not_cover_an_annotation_of_that_name() -> None:
+    from pmem_components import fieldowners
+
+    allowed = [fieldowners.Allowance("ops", ("spec.template.metadata.labels.app",), "test")]
+    assert fieldowners.is_foreign(_restart_entry("app"), allowed)
+    assert not fieldowners.is_foreign(_restart_entry("app", under="labels"), allowed)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "f:spec.f:template.f:metadata.f:annotations",  # fieldsV1 notation: matches nothing
+        "spec.template.metadata.annotations.",
+        ".spec",
+        "spec..template",
+    ],
+)
+def test_an_allowance_path_that_can_match_nothing_is_refused_by_key(path: str) -> None:
+    from pmem_components import fieldowners
+
+    raw = [{"manager": "ops", "paths": ["spec.replicas", path], "reason": "why"}]
+    allowed, problems = fieldowners.parse_allowed(raw, "pmem-csi:allowedFieldOwners")
+    assert allowed == []
+    assert len(problems) == 1
+    assert problems[0].startswith("pmem-csi:allowedFieldOwners[0].paths[1]: "), problems
+    assert "spec.template.metadata.annotations" in problems[0]  # the form to write

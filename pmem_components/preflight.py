@@ -550,8 +550,8 @@ def _taken_away(
     kind = "the Deployment CR" if live.kind == names.CRD_KIND else live.kind.lower()
     return (
         f"{key}: {kind} {live.name!r} is in this stack's state, but another stack has taken "
-        f"it over since: its field manager is {', '.join(live.pulumi_managers)}, not this "
-        f"stack's {own} (a stack of the same name on another backend, or one that adopted "
+        f"it over since: {_whose(live, own, 'its field manager is ')} (a stack of the same "
+        f"name on another backend, or one that adopted "
         f"it with pmem-csi:adopt). To leave it to that stack, remove it from this stack's config "
         "(pulumi up then names the pulumi state delete that forgets it without deleting "
         f"anything); if this stack is to manage it again, set pmem-csi:adopt: [\"{ref}\"] "
@@ -561,11 +561,30 @@ def _taken_away(
 
 def _taker(live: ObservedObject, state: identity.StackState) -> str | None:
     """This stack's field manager of ``live`` (the state's) when another stack has taken
-    ``live`` over since: its Pulumi apply entries are others', none is this stack's."""
+    ``live`` over since: its Pulumi apply entries are others', none is this stack's; or it
+    carries another stack's identity (:attr:`identity.StackState.stack_id`), which only that
+    stack's apply writes -- also an adoption with ``takeOverFields: false``, which leaves
+    this stack's entry in place (review of issue 14's tail, item 7)."""
     own = state.field_manager(live.key)
-    if not own or not live.pulumi_managers or own in live.pulumi_managers:
+    if not own:
+        return None
+    owner = live.stack_owner
+    if state.stack_id and owner and not identity.names_this_stack(owner, state.stack_id):
+        return own
+    if not live.pulumi_managers or own in live.pulumi_managers:
         return None
     return own
+
+
+def _whose(live: ObservedObject, own: str, lead: str) -> str:
+    """How the refusals say who has ``live`` now (``lead`` introduces the managers)."""
+    managers = ", ".join(live.pulumi_managers) or "none"
+    if own in live.pulumi_managers:
+        return (
+            f"it carries the stack identity {live.stack_owner!r} ({names.STACK_ANNOTATION}), "
+            f"which that stack's apply wrote; field managers {managers}"
+        )
+    return f"{lead}{managers}, not this stack's {own}"
 
 
 def _dropped_taken(live: ObservedObject, state: identity.StackState) -> str | None:
@@ -598,7 +617,7 @@ def _dropped_taken(live: ObservedObject, state: identity.StackState) -> str | No
         command = f"pulumi state delete --yes '{urn or '<its URN (pulumi stack --show-urns)>'}'"
     return (
         f"{key_path(('deployments',))}: {what}, but another stack has taken it over since "
-        f"(field manager {', '.join(live.pulumi_managers)}, not this stack's {own}): "
+        f"({_whose(live, own, 'field manager ')}): "
         f"dropping it would delete {objects}, which that stack manages now, by name. To "
         f"leave it to that stack, make this one forget it without deleting anything: "
         f"{command}, then pulumi up; or, if this stack is to manage it again, configure it "

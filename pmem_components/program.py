@@ -352,6 +352,7 @@ def preflight(stack: StackConfig) -> Any:
     from pmem_components import preflight as pf
 
     if not stack.preflight:
+        _drops_without_preflight(stack)
         return pf.Plan()
     from pmem_components.components import stack_id
 
@@ -389,6 +390,44 @@ def preflight(stack: StackConfig) -> Any:
     for ref in result.adopted:
         pulumi.log.info(f"pmem-csi:adopt: taking over {ref} (another stack's, or retained)")
     return result
+
+
+def _drops_without_preflight(stack: StackConfig) -> None:
+    """With ``pmem-csi:preflight: false``: refuse dropping objects another stack has
+    adopted since (:mod:`pmem_components.dropcheck`); reads the cluster only when this update
+    drops something from the state."""
+    from pmem_components import dropcheck, identity, kubetarget
+    from pmem_components.components import stack_id
+
+    try:
+        target = cluster_target()
+    except kubetarget.TargetError:
+        return  # no cluster for the provider either: it deletes nothing
+    if not target.makes_requests:
+        return
+    try:
+        state = identity.read_state(stack_id())
+    except identity.StateError as err:
+        pulumi.log.warn(
+            f"pmem-csi:preflight: false: cannot read this stack's own state ({err}), so it "
+            "is not checked whether this update deletes objects another stack has adopted "
+            "since; set pmem-csi:preflight: true to check it"
+        )
+        return
+    drops = dropcheck.dropped(stack, state)
+    if not drops:
+        return
+    problems = dropcheck.check(drops, state, _object_reader(target))
+    if problems:
+        raise ConfigError(problems)
+
+
+def _object_reader(target: Any) -> Any:
+    """A GET of one object's path on ``target`` (None: not found)."""
+    from pmem_components import kubetarget
+    from pmem_components.takeover_transform import KubeApi
+
+    return KubeApi(kubetarget.api_client(target)).get
 
 
 def certificate_rollout(

@@ -3,7 +3,7 @@
 Each table states client-go's behaviour as measured, not ours:
 
 * the kubeconfig texts (:data:`LOAD_CASES`) were run through ``clientcmd.Load`` of client-go
-  v0.36.3 (a small Go program; ``tests/e2e/test_tail14_kubectl.py`` runs the same table
+  v0.36.3 (a small Go program; ``tests/e2e/test_tail14_cluster.py`` runs the same table
   through the locally built kubectl, whose ``--kubeconfig`` file goes through the same
   ``Load``);
 * home directory, ``~``, ``token``/``tokenFile`` and proxy rules are read from client-go's
@@ -439,7 +439,7 @@ PORTS_DECLARED = {
     }
 }
 # What the API server records for a ``kubectl edit`` that renamed the port (tests/e2e/
-# test_tail14.py reads the same structure from the local cluster).
+# test_tail14_cluster.py reads the same structure from the local cluster).
 EDITED_PORT = {
     "f:spec": {
         "f:template": {
@@ -542,3 +542,125 @@ def test_an_allowance_path_that_can_match_nothing_is_refused_by_key(path: str) -
     assert len(problems) == 1
     assert problems[0].startswith("pmem-csi:allowedFieldOwners[0].paths[1]: "), problems
     assert "spec.template.metadata.annotations" in problems[0]  # the form to write
+
+
+# --------------------------------------------------------------------------------------------
+# item 7: the adopted-away refusal, also with the preflight off, also without a take-over
+
+from tests.unit import test_preflight_identity as pid  # noqa: E402
+
+THEIRS = "organization/pmem-csi-pulumi/other"
+
+
+def _state(**kw: Any) -> Any:
+
+    return dataclasses.replace(pid.state_with_urns(), stack_id=pid.ME, **kw)
+
+
+def _co_owned(obj: Any) -> Any:
+    """``obj`` after another stack adopted it with ``takeOverFields: false``: its apply
+    (forced, patchForce) rewrote the stack annotation, and this stack's entry stayed."""
+    from pmem_components.preflight import ObservedObject
+
+    fields = {
+        **obj.__dict__,
+        "pulumi_managers": ("pulumi-kubernetes-aaaa", "pulumi-kubernetes-bbbb"),
+    }
+    fields["annotations"] = {pid.names.STACK_ANNOTATION: THEIRS}
+    return ObservedObject(**fields)
+
+
+def test_a_dropped_object_another_stack_adopted_without_take_over_is_not_deleted() -> None:
+    observed = pid.Observed(
+        namespaces={"pmem-csi": _co_owned(pid.ns())}, crs={pid.DRIVER: _co_owned(pid.cr())}
+    )
+    problems = pid.plan(pid.stack(), observed, pid.ME, _state()).problems
+    assert len(problems) == 2, problems
+    assert all(THEIRS in p and "pulumi state delete" in p for p in problems), problems
+
+
+def test_an_object_this_stack_still_names_is_dropped_as_before() -> None:
+    observed = pid.Observed(
+        namespaces={"pmem-csi": pid.taken(pid.ns(), ("pulumi-kubernetes-aaaa",))},
+        crs={pid.DRIVER: pid.taken(pid.cr(), ("pulumi-kubernetes-aaaa",))},
+    )
+    assert pid.plan(pid.stack(), observed, pid.ME, _state()).problems == []
+
+
+class _Cluster:
+    """GETs of the objects a drop concerns (paths -> live objects), counted."""
+
+    def __init__(self, objects: dict[str, Any]) -> None:
+        self.objects = objects
+        self.paths: list[str] = []
+
+    def get(self, path: str) -> Any:
+        self.paths.append(path)
+        return self.objects.get(path)
+
+
+def _live(obj: Any, managers: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        "apiVersion": obj.api_version,
+        "kind": obj.kind,
+        "metadata": {
+            "name": obj.name,
+            "uid": obj.uid,
+            "annotations": dict(obj.annotations),
+            "managedFields": [{"manager": m, "operation": "Apply"} for m in managers],
+        },
+    }
+
+
+def _preflight_off(monkeypatch: pytest.MonkeyPatch, cluster: _Cluster, config: Any) -> Any:
+    from pmem_components import identity, kubetarget, program
+
+    monkeypatch.setattr(
+        program, "cluster_target",
+        lambda: kubetarget.Target(kind="kubeconfig", server="https://x:1", description="x"),
+    )  # fmt: skip
+    monkeypatch.setattr(identity, "read_state", lambda _name: _state())
+    monkeypatch.setattr(program, "_object_reader", lambda _target: cluster.get)
+    monkeypatch.setattr("pmem_components.components.stack_id", lambda: pid.ME)
+    return program.preflight(config)
+
+
+def test_with_the_preflight_off_a_drop_of_adopted_away_objects_is_still_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pmem_components import preflight
+    from pmem_components.config import ConfigError
+
+    ns_path = preflight._path("v1", "Namespace", None, "pmem-csi")
+    cr_path = preflight._path(pid.CR_API, pid.names.CRD_KIND, None, pid.DRIVER)
+    cluster = _Cluster({
+        ns_path: _live(pid.ns(), ("pulumi-kubernetes-bbbb",)),
+        cr_path: _live(pid.cr(), ("pulumi-kubernetes-bbbb",)),
+    })  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        _preflight_off(monkeypatch, cluster, pid.stack(preflight=False))
+    text = str(err.value)
+    assert "pulumi state delete --target-dependents" in text and pid.NS_URN in text, text
+    assert sorted(cluster.paths) == sorted([ns_path, cr_path])
+
+
+def test_with_the_preflight_off_an_update_that_drops_nothing_reads_no_object(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = _Cluster({})
+    dep = {"name": pid.DRIVER, "namespace": "pmem-csi"}
+    plan = _preflight_off(monkeypatch, cluster, pid.stack(dep, preflight=False))
+    assert plan.problems == [] and cluster.paths == []
+
+
+def test_with_the_preflight_off_an_unreadable_dropped_object_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pmem_components.config import ConfigError
+
+    class Broken(_Cluster):
+        def get(self, path: str) -> Any:
+            raise OSError("connection refused")
+
+    with pytest.raises(ConfigError, match=r"pmem-csi:preflight: false.*connection refused"):
+        _preflight_off(monkeypatch, Broken({}), pid.stack(preflight=False))

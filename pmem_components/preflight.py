@@ -93,6 +93,9 @@ class ObservedObject:
     api_version: str = ""
     # The Pulumi managers with an apply entry on the object itself (managedFields).
     pulumi_managers: tuple[str, ...] = ()
+    # The managers whose entry owns the stack annotation (names.STACK_ANNOTATION): who
+    # wrote the identity it carries. Empty: not known (no managedFields).
+    identity_writers: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -562,18 +565,25 @@ def _taken_away(
 def _taker(live: ObservedObject, state: identity.StackState) -> str | None:
     """This stack's field manager of ``live`` (the state's) when another stack has taken
     ``live`` over since: its Pulumi apply entries are others', none is this stack's; or it
-    carries another stack's identity (:attr:`identity.StackState.stack_id`), which only that
-    stack's apply writes -- also an adoption with ``takeOverFields: false``, which leaves
-    this stack's entry in place (review of issue 14's tail, item 7)."""
+    carries another stack's identity (:attr:`identity.StackState.stack_id`) that another
+    manager wrote -- an adoption with ``takeOverFields: false``, which leaves this stack's
+    entry in place (review of issue 14's tail, item 7).
+
+    An identity this stack's own manager wrote is not a take-over, whatever it says: after
+    ``pulumi stack rename`` (or an organisation or project rename) every object carries the
+    old identity until this stack applies it again (review of the tail, finding 1)."""
     own = state.field_manager(live.key)
     if not own:
         return None
     owner = live.stack_owner
-    if state.stack_id and owner and not identity.names_this_stack(owner, state.stack_id):
-        return own
-    if not live.pulumi_managers or own in live.pulumi_managers:
-        return None
-    return own
+    foreign = bool(state.stack_id and owner) and not identity.names_this_stack(
+        owner, state.stack_id
+    )
+    if own not in live.pulumi_managers:
+        # Others' entries only: taken. No Pulumi entry at all: only the identity tells.
+        return own if live.pulumi_managers or foreign else None
+    writers = live.identity_writers
+    return own if foreign and writers and own not in writers else None
 
 
 def _whose(live: ObservedObject, own: str, lead: str) -> str:
@@ -774,7 +784,21 @@ def _observed(obj: Mapping[str, Any], kind: str) -> ObservedObject:
             and e.get("operation") == "Apply"
             and not e.get("subresource")
         ),
+        identity_writers=_identity_writers(meta.get("managedFields") or []),
     )
+
+
+def _identity_writers(entries: list[Any]) -> tuple[str, ...]:
+    """The managers whose managedFields entry owns the stack annotation."""
+    field_name = f"f:{names.STACK_ANNOTATION}"
+
+    def owns(entry: Any) -> bool:
+        fields = entry.get("fieldsV1") if isinstance(entry, Mapping) else None
+        meta = fields.get("f:metadata") if isinstance(fields, Mapping) else None
+        ann = meta.get("f:annotations") if isinstance(meta, Mapping) else None
+        return isinstance(ann, Mapping) and field_name in ann
+
+    return tuple(str(e.get("manager")) for e in entries if owns(e) and not e.get("subresource"))
 
 
 class _Reader:

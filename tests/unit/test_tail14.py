@@ -565,6 +565,7 @@ def _co_owned(obj: Any) -> Any:
     fields = {
         **obj.__dict__,
         "pulumi_managers": ("pulumi-kubernetes-aaaa", "pulumi-kubernetes-bbbb"),
+        "identity_writers": ("pulumi-kubernetes-bbbb",),  # its apply wrote the annotation
     }
     fields["annotations"] = {pid.names.STACK_ANNOTATION: THEIRS}
     return ObservedObject(**fields)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pmem_components import identity, names, preflight
+from pmem_components import identity, kubetarget, names, preflight
 from pmem_components.config import StackConfig
 
 CR_API = f"{names.CRD_GROUP}/{names.CRD_STORAGE_VERSION}"
@@ -58,8 +58,8 @@ def check(
             problems.append(
                 f"{KEY}: false, but this update drops {kind_name} {name!r} from the state, "
                 "which deletes it by name; the program reads it first to make sure no other "
-                f"stack has taken it over since, and cannot ({type(err).__name__}: "
-                f"{str(err)[:200]}). Make it readable for this update (get on {kind_name}), "
+                f"stack has taken it over since, and cannot ({kubetarget.error_text(err)}). "
+                f"Make it readable for this update (get on {kind_name}), "
                 "or keep it configured"
             )
             continue

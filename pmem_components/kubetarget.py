@@ -653,6 +653,32 @@ def _use_proxy(host: str, port: str, no_proxy: str) -> bool:
     return True
 
 
+# What must not reach a message: header values (http.client names a refused one whole:
+# ``Invalid header value b'Bearer <token>\\n'``), credentials after an auth scheme or an
+# Authorization header name, and the userinfo (``user:password@``) of a URL.
+_SECRETS = (
+    (re.compile(r"(Invalid header (?:value|name)) b?(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")"),
+     r"\1 (not shown; a token or password with a line break in it?)"),
+    (re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^'\",}\r\n]*"),
+     r"\1(not shown)"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 (not shown)"),
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s'\"]*@"), r"\1"),
+)  # fmt: skip
+
+
+def redact(text: str) -> str:
+    """``text`` (a request exception's) without header values, credentials or URL
+    passwords: the messages it goes into are printed and logged."""
+    for pattern, replacement in _SECRETS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def error_text(err: BaseException, limit: int = 200) -> str:
+    """A request failure as messages name it: its type and its redacted text, cut short."""
+    return f"{type(err).__name__}: {redact(str(err))[:limit]}"
+
+
 def api_client(target: Target) -> Any:
     """A Kubernetes API client (the official Python client) for ``target``.
 
@@ -710,7 +736,7 @@ def _token_hook(user: dict[str, Any]) -> Any:
     fallback = str(user.get("token") or "")
     if not fallback:
         try:
-            fallback = Path(path).read_text()  # client-go: unreadable here is an error
+            fallback = Path(path).read_text().strip()  # client-go: unreadable is an error
         except OSError as err:
             raise TargetError(f"user tokenFile {path}: cannot read it ({err.strerror})") from None
     user["token"] = fallback

@@ -61,7 +61,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pmem_components import identity, kubecall, names
+from pmem_components import identity, kubecall, kubetarget, names
 from pmem_components.awaiting import SKIP_AWAIT_ANNOTATION
 from pmem_components.config import DEVICE_MODE_ALIASES, DeploymentConfig, StackConfig, key_path
 from pmem_components.manifests import bundle
@@ -1001,8 +1001,8 @@ def run(
         observed = observe(api_client, stack, state)
     except Exception as err:  # any failure to read must stop the update, with the reason
         raise PreflightError(
-            f"pmem-csi:preflight: cannot read the cluster ({type(err).__name__}: "
-            f"{str(err)[:200]}); the preflight checks need get/list on Deployment CRs, "
+            f"pmem-csi:preflight: cannot read the cluster ({kubetarget.error_text(err)}); "
+            "the preflight checks need get/list on Deployment CRs, "
             "namespaces, DaemonSets, PersistentVolumes, VolumeAttachments, StorageClasses and "
             "the deployment's objects, and patch (server-side dry run) on the objects patches "
             "select. Set pmem-csi:preflight: "

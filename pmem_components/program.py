@@ -446,7 +446,9 @@ def certificate_rollout(
     try:
         return certrollout.running_fingerprints(client, stack, phases)
     except Exception as err:  # a failed read only holds a CA change back; say why
-        reason = f"{type(err).__name__}: {str(err)[:200]}"
+        from pmem_components import kubetarget
+
+        reason = kubetarget.error_text(err)
         pulumi.log.warn(
             f"pmem-csi: cannot read the driver pods ({reason}); "
             "a certificate CA change in progress waits for the next pulumi up"

@@ -432,7 +432,10 @@ class TakeOver:
             loop = asyncio.get_running_loop()
             live = await loop.run_in_executor(_executor(), api.get, object_path(obj))
         except Exception as err:
-            message = f"cannot read {describe(obj)} to take over its fields: {err}"
+            message = (
+                f"cannot read {describe(obj)} to take over its fields: "
+                f"{kubetarget.error_text(err, 400)}"
+            )
             if dry_run:
                 pulumi.log.warn(f"{message} (pulumi up will try again)")
                 return None
@@ -520,7 +523,8 @@ class TakeOver:
             )
         except Exception as err:
             raise TakeOverError(
-                f"cannot take over fields of {describe(obj)}: {err}; set "
+                f"cannot take over fields of {describe(obj)}: "
+                f"{kubetarget.error_text(err, 400)}; set "
                 "pmem-csi:takeOverFields: false to leave fields that other field managers "
                 "own to them"
             ) from None

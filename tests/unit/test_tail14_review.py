@@ -85,3 +85,134 @@ def test_an_adoption_without_take_over_is_still_refused_after_the_fix() -> None:
     assert all(THEIRS in p and "pulumi state delete" in p for p in problems), problems
     problems = pid.plan(pid.stack(DEP), observed, pid.ME, state).problems
     assert any("another stack has taken it over since" in p for p in problems), problems
+
+
+# --------------------------------------------------------------------------------------------
+# finding 2: no bearer token text in any message
+
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from pmem_components import kubetarget  # noqa: E402
+from pmem_components.kubetarget import Environment, ProviderSettings  # noqa: E402
+from tests.unit import test_tail14 as t14  # noqa: E402
+
+SECRET = "S3CRET"
+
+
+def _client(
+    tmp_path: Path, content: str, server: str = t14.PROD, **user: Any
+) -> tuple[Any, Path]:
+    token_file = tmp_path / "token"
+    token_file.write_text(content)
+    doc = t14.config(server, tokenFile=str(token_file), **user)
+    target = kubetarget.resolve(
+        ProviderSettings(kubeconfig=json.dumps(doc)),
+        Environment(home=str(tmp_path), service_account_dir=tmp_path / "none"),
+    )
+    return kubetarget.api_client(target), token_file
+
+
+def _bearer(api: Any) -> str:
+    return str(api.configuration.auth_settings()["BearerToken"]["value"])
+
+
+def test_a_token_file_ending_in_a_newline_and_then_removed_sends_the_trimmed_token(
+    tmp_path: Path,
+) -> None:
+    api, token_file = _client(tmp_path, f"{SECRET}\n")
+    token_file.unlink()
+    assert _bearer(api) == f"Bearer {SECRET}"
+
+
+def _messages_of_failed_reads(api: Any) -> list[str]:
+    """What the drop check, the preflight, the take-over and the CA-change read say when a
+    request with ``api`` fails."""
+    import asyncio
+
+    import pulumi
+
+    from pmem_components import dropcheck, program, takeover_transform
+    from pmem_components.config import ConfigError
+    from pmem_components.takeover_transform import KubeApi
+
+    out: list[str] = []
+    state = dataclasses.replace(pid.state_with_urns(), stack_id=pid.ME)
+    out += dropcheck.check([("v1", "Namespace", "pmem-csi")], state, KubeApi(api).get)
+    try:
+        preflight.run(pid.stack(DEP), pid.ME, api, state)
+    except preflight.PreflightError as err:
+        out.append(str(err))
+    source = SimpleNamespace(
+        name="p",
+        target=_async(SimpleNamespace(makes_requests=True, description="c")),
+        api=_async(KubeApi(api)),
+    )
+    take = takeover_transform.TakeOver(source=source, log=out.append, skipped_types=frozenset())  # type: ignore[arg-type]
+    args = pulumi.ResourceTransformArgs(
+        custom=True, type_="kubernetes:core/v1:Namespace", name="ns",
+        props={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "pmem-csi"}},
+        opts=pulumi.ResourceOptions(),
+    )  # fmt: skip
+    original = pulumi.runtime.is_dry_run
+    pulumi.runtime.is_dry_run = lambda: False  # type: ignore[assignment]
+    try:
+        asyncio.run(take.transform(args))
+    except takeover_transform.TakeOverError as err:
+        out.append(str(err))
+    except ConfigError as err:
+        out.append(str(err))
+    finally:
+        pulumi.runtime.is_dry_run = original  # type: ignore[assignment]
+    warnings: list[str] = []
+    original_warn = pulumi.log.warn
+    pulumi.log.warn = lambda m, *a, **k: warnings.append(m)  # type: ignore[assignment]
+    try:
+        stack = pid.stack(DEP)
+        phases = program.certificate_rollout(stack, api, {})
+    finally:
+        pulumi.log.warn = original_warn  # type: ignore[assignment]
+    out += warnings + [str(v) for v in (phases or {}).values()]
+    return out
+
+
+def _async(value: Any) -> Any:
+    async def get() -> Any:
+        return value
+
+    return get
+
+
+@pytest.fixture
+def listening() -> Any:
+    """A loopback port that accepts connections (the kernel's backlog) and answers nothing:
+    a request gets as far as sending its headers."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_request_exception_text_with_the_token_is_not_copied_into_messages(
+    tmp_path: Path, listening: str
+) -> None:
+    """A token with a newline inside: http.client refuses the header and names its value
+    (``Invalid header value b'Bearer S3CRET\\nX'``); none of that reaches a message."""
+    api, _ = _client(tmp_path, f"{SECRET}\nX\n", listening)
+    messages = _messages_of_failed_reads(api)
+    assert len(messages) >= 3, messages
+    assert all("Invalid header value" in m or "ValueError" in m for m in messages), messages
+    assert not [m for m in messages if SECRET in m], messages
+
+
+def test_redact_hides_header_values_and_url_passwords() -> None:
+    text = (
+        "Invalid header value b'Bearer S3CRET\\n' for http://user:pa55@proxy:3128, "
+        "Authorization: Basic dXNlcjpwYTU1, Proxy-Authorization: Basic abc"
+    )
+    out = kubetarget.redact(text)
+    assert SECRET not in out and "pa55" not in out and "dXNlcjpwYTU1" not in out, out
+    assert "abc" not in out and "proxy:3128" in out, out

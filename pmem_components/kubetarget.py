@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import yaml
 
@@ -564,10 +564,45 @@ def _cluster_proxy(cluster: Mapping[str, Any], name: str, source: str) -> str | 
         return None
     if urlsplit(value).scheme not in ("http", "https", "socks5"):
         raise TargetError(
-            f"{source}: cluster {name!r} proxy-url {value!r}: the scheme must be http, https "
-            "or socks5"
+            f"{source}: cluster {name!r} proxy-url {shown_url(value)}: the scheme must be "
+            "http, https or socks5"
         )
     return value
+
+
+def shown_url(url: str) -> str:
+    """A proxy URL as messages show it: scheme and host only (its ``user:password@``, path
+    and query are not printed; client-go's messages name the scheme)."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return "(not shown: not a URL)"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}"
+
+
+def proxy_settings(proxy: str | None) -> tuple[str | None, dict[str, str] | None]:
+    """The Python client's ``proxy`` and ``proxy_headers`` for the proxy client-go uses.
+
+    Go's transport sends a proxy URL's userinfo as ``Proxy-Authorization: Basic`` (decoded);
+    urllib3's ProxyManager ignores userinfo, so it becomes that header and leaves the URL.
+    A socks5 proxy gets the host name to resolve, as Go's socks5 dialer sends it: urllib3's
+    ``socks5h`` (whose SOCKSProxyManager takes the login from the URL itself)."""
+    if not proxy:
+        return None, None
+    parts = urlsplit(proxy)
+    if parts.scheme == "socks5":
+        return parts._replace(scheme="socks5h").geturl(), None
+    if parts.username is None and parts.password is None:
+        return proxy, None
+    import urllib3
+
+    login = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+    netloc = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=netloc).geturl(), urllib3.make_headers(proxy_basic_auth=login)
 
 
 def go_proxy(server: str, environ: Mapping[str, str]) -> str | None:
@@ -690,7 +725,7 @@ def api_client(target: Target) -> Any:
         raise TargetError(f"{target.description}: no requests are sent")
     if (target.proxy or "").startswith("socks") and importlib.util.find_spec("socks") is None:
         raise TargetError(
-            f"{target.description}: the cluster's proxy-url {target.proxy} is a SOCKS proxy, "
+            f"{target.description}: the proxy {shown_url(target.proxy or '')} is a SOCKS proxy, "
             "which the program's own client reaches only with the Python package PySocks "
             "(not installed); install it, or set pmem-csi:preflight: false and "
             "pmem-csi:takeOverFields: false so that only the provider sends requests"
@@ -718,7 +753,8 @@ def api_client(target: Target) -> Any:
         if hook is not None:
             configuration.refresh_api_key_hook = hook
             hook(configuration)
-    configuration.proxy = target.proxy  # also: no environment proxy any more
+    # Also: no environment proxy any more.
+    configuration.proxy, configuration.proxy_headers = proxy_settings(target.proxy)
     configuration.no_proxy = None
     return client.ApiClient(configuration)
 

@@ -349,7 +349,7 @@ def test_a_socks_proxy_the_client_cannot_use_is_refused_by_name(tmp_path: Path) 
     PySocks for it (not installed): the program says so instead of failing in urllib3."""
     doc = config(REMOTE)
     doc["clusters"][0]["cluster"]["proxy-url"] = "socks5://s:1080"
-    with pytest.raises(TargetError, match=r"proxy-url socks5://s:1080.*PySocks"):
+    with pytest.raises(TargetError, match=r"proxy socks5://s:1080.*PySocks"):
         kubetarget.api_client(_target(tmp_path, doc))
 
 

@@ -216,3 +216,115 @@ def test_redact_hides_header_values_and_url_passwords() -> None:
     out = kubetarget.redact(text)
     assert SECRET not in out and "pa55" not in out and "dXNlcjpwYTU1" not in out, out
     assert "abc" not in out and "proxy:3128" in out, out
+
+
+# --------------------------------------------------------------------------------------------
+# findings 3 and 4: proxy passwords are not printed, and they are sent as client-go sends them
+
+from pmem_components.kubetarget import TargetError  # noqa: E402
+
+
+def _target_with_proxy(tmp_path: Path, proxy: str, server: str = t14.REMOTE) -> Any:
+    doc = t14.config(server)
+    doc["clusters"][0]["cluster"]["proxy-url"] = proxy
+    return kubetarget.resolve(
+        ProviderSettings(kubeconfig=json.dumps(doc)),
+        Environment(home=str(tmp_path), service_account_dir=tmp_path / "none"),
+    )
+
+
+def test_a_bad_proxy_url_scheme_is_refused_without_its_password(tmp_path: Path) -> None:
+    with pytest.raises(TargetError) as err:
+        _target_with_proxy(tmp_path, "ftp://user:pa55@p:21")
+    text = str(err.value)
+    assert "proxy-url" in text and "ftp://p:21" in text, text
+    assert "pa55" not in text and "user" not in text, text
+
+
+def test_the_pysocks_refusal_names_the_proxy_without_its_password(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "socks" else real(name, *a)
+    )
+    target = _target_with_proxy(tmp_path, "socks5://user:pa55@s:1080")
+    with pytest.raises(TargetError) as err:
+        kubetarget.api_client(target)
+    text = str(err.value)
+    assert "socks5://s:1080" in text and "PySocks" in text, text
+    assert "pa55" not in text and "user:" not in text, text
+
+
+class _Proxy:
+    """A tiny HTTP proxy on loopback: records each request's header block, answers 403."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.requests: list[str] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    data += chunk
+                self.requests.append(data.decode("latin-1"))
+                conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def proxy() -> Any:
+    p = _Proxy()
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize("server", [t14.REMOTE, "http://10.1.2.3:8080"])
+def test_the_proxy_login_in_proxy_url_is_sent_as_client_go_sends_it(
+    tmp_path: Path, proxy: _Proxy, server: str
+) -> None:
+    """Go's transport sends ``Proxy-Authorization: Basic`` from the proxy URL's userinfo
+    (decoded), for a CONNECT tunnel and a forwarded plain request alike."""
+    import base64
+
+    from kubernetes import client
+
+    target = _target_with_proxy(tmp_path, f"http://us%40er:pa%3A55@127.0.0.1:{proxy.port}", server)
+    api = kubetarget.api_client(target)
+    api.configuration.retries = 0
+    with pytest.raises(Exception):  # noqa: B017 - the proxy refuses; its records count
+        client.CoreV1Api(api).list_namespace()
+    api.close()
+    assert proxy.requests, "no request reached the proxy"
+    expected = "Proxy-Authorization: Basic " + base64.b64encode(b"us@er:pa:55").decode()
+    first = proxy.requests[0]
+    assert expected.lower() in first.lower(), first
+    assert "us%40er" not in first and "pa%3A55" not in first, first
+
+
+def test_a_socks5_proxy_resolves_the_name_at_the_proxy(tmp_path: Path) -> None:
+    """Go's socks5 dialer sends the host name to the proxy: urllib3's ``socks5h``."""
+    target = _target_with_proxy(tmp_path, "socks5://user:pa55@s:1080")
+    proxy_url, headers = kubetarget.proxy_settings(target.proxy)
+    assert proxy_url == "socks5h://user:pa55@s:1080" and headers is None

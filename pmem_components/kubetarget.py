@@ -761,27 +761,41 @@ def api_client(target: Target) -> Any:
 
 def _token_hook(user: dict[str, Any]) -> Any:
     """client-go's bearer token when the user names a ``tokenFile``: the file's content,
-    trimmed and read again for every request (a rotated ServiceAccount token), over a
-    ``token`` given as well, which is used only while the file cannot be read or is empty.
-    (The Python client prefers ``token`` and reads the file once, untrimmed.)
+    trimmed and read again for every request (a rotated ServiceAccount token). When a later
+    read fails (the file gone, empty, unreadable) the last token read is sent, as client-go's
+    cachingTokenSource keeps it; a ``token`` given as well is sent only while the file has
+    never been readable. (The Python client prefers ``token`` and reads the file once,
+    untrimmed.) client-go reads the file at most once a minute; reading it for every request
+    sends a rotated token sooner and is otherwise the same.
 
-    Rewrites ``user`` for the Python client's loader (``token`` only, the file read once,
-    as client-go does) and returns the hook that sets the header from then on.
+    Rewrites ``user`` for the Python client's loader (``token`` only) and returns the hook
+    that sets the header from then on.
     """
     path = str(user.pop("tokenFile"))
-    fallback = str(user.get("token") or "")
-    if not fallback:
-        try:
-            fallback = Path(path).read_text().strip()  # client-go: unreadable is an error
-        except OSError as err:
-            raise TargetError(f"user tokenFile {path}: cannot read it ({err.strerror})") from None
-    user["token"] = fallback
+    static = str(user.get("token") or "")
+    last = {"token": ""}  # the last good read: client-go's cached token
 
-    def refresh(configuration: Any) -> None:
+    def read() -> str:
         try:
             token = Path(path).read_text().strip()
         except OSError:
-            token = ""
-        configuration.api_key["BearerToken"] = f"Bearer {token or fallback}"
+            return ""
+        if token:
+            last["token"] = token
+        return token
+
+    if not static and not read():
+        # client-go: with no token to fall back on, an unreadable or empty file is an error.
+        try:
+            Path(path).read_text()
+            why = "it is empty"
+        except OSError as err:
+            why = f"cannot read it ({err.strerror})"
+        raise TargetError(f"user tokenFile {path}: {why}") from None
+    user["token"] = last["token"] or static
+
+    def refresh(configuration: Any) -> None:
+        token = read() or last["token"] or static
+        configuration.api_key["BearerToken"] = f"Bearer {token}"
 
     return refresh

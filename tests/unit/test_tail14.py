@@ -209,8 +209,8 @@ def test_token_file_wins_over_token_and_is_read_again(tmp_path: Path) -> None:
     assert api.configuration.auth_settings()["BearerToken"]["value"] == "Bearer from-file"
     token_file.write_text("rotated\n")
     assert api.configuration.auth_settings()["BearerToken"]["value"] == "Bearer rotated"
-    token_file.unlink()  # unreadable: client-go falls back to the static token
-    assert api.configuration.auth_settings()["BearerToken"]["value"] == "Bearer static"
+    token_file.unlink()  # unreadable now: client-go keeps the last token it read
+    assert api.configuration.auth_settings()["BearerToken"]["value"] == "Bearer rotated"
 
 
 def test_token_file_alone_is_trimmed(tmp_path: Path) -> None:

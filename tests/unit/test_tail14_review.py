@@ -328,3 +328,48 @@ def test_a_socks5_proxy_resolves_the_name_at_the_proxy(tmp_path: Path) -> None:
     target = _target_with_proxy(tmp_path, "socks5://user:pa55@s:1080")
     proxy_url, headers = kubetarget.proxy_settings(target.proxy)
     assert proxy_url == "socks5h://user:pa55@s:1080" and headers is None
+
+
+# --------------------------------------------------------------------------------------------
+# finding 6: a tokenFile that stops being readable: the last good token, as client-go's
+# cachingTokenSource; the static token only while the file was never readable
+
+
+def test_a_token_file_removed_later_keeps_the_last_token_read_over_the_static_one(
+    tmp_path: Path,
+) -> None:
+    api, token_file = _client(tmp_path, "from-file\n", token="static")
+    assert _bearer(api) == "Bearer from-file"
+    token_file.write_text("rotated\n")
+    assert _bearer(api) == "Bearer rotated"
+    token_file.unlink()
+    assert _bearer(api) == "Bearer rotated"
+    token_file.write_text("   \n")  # empty: client-go's read fails, the cached token stays
+    assert _bearer(api) == "Bearer rotated"
+
+
+def test_the_static_token_is_sent_while_the_token_file_was_never_readable(
+    tmp_path: Path,
+) -> None:
+    _, token_file = _client(tmp_path, "x", token="static")
+    token_file.unlink()
+    api2 = _client_for(tmp_path, token_file, token="static")
+    assert _bearer(api2) == "Bearer static"
+    token_file.write_text("later\n")
+    assert _bearer(api2) == "Bearer later"
+    token_file.unlink()
+    assert _bearer(api2) == "Bearer later"
+
+
+def test_an_empty_token_file_without_a_static_token_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TargetError, match=r"tokenFile .*empty"):
+        _client(tmp_path, "\n")
+
+
+def _client_for(tmp_path: Path, token_file: Path, **user: Any) -> Any:
+    doc = t14.config(tokenFile=str(token_file), **user)
+    target = kubetarget.resolve(
+        ProviderSettings(kubeconfig=json.dumps(doc)),
+        Environment(home=str(tmp_path), service_account_dir=tmp_path / "none"),
+    )
+    return kubetarget.api_client(target)

@@ -42,6 +42,23 @@ def dropped(stack: StackConfig, state: identity.StackState) -> list[tuple[str, s
     return out
 
 
+def unreadable(api_version: str, kind: str, name: str, state: identity.StackState, why: str) -> str:
+    """The refusal of a drop whose object cannot be read (``why``), with the ways forward:
+    make it readable, keep it configured, or -- the cluster gone for good, where the
+    provider's ``deleteUnreachable`` would drop it from the state -- forget it with
+    ``pulumi state delete``, which never calls the provider."""
+    kind_name = "the Deployment CR" if kind == names.CRD_KIND else kind.lower()
+    urn = state.urn(identity.object_key(api_version, kind, "", name))
+    return (
+        f"{KEY}: false, but this update drops {kind_name} {name!r} from the state, which "
+        "deletes it by name; the program reads it first to make sure no other stack has "
+        f"taken it over since, and cannot ({why}). Make it readable for this update (get on "
+        f"{kind_name}), or keep it configured; if the cluster is unreachable for good (the "
+        "provider's deleteUnreachable), make this stack forget it without deleting anything: "
+        f"{preflight.forget_command(kind, urn)}, then pulumi up"
+    )
+
+
 def check(
     drops: list[tuple[str, str, str]],
     state: identity.StackState,
@@ -54,14 +71,7 @@ def check(
         try:
             live = get(preflight._path(api_version, kind, None, name))
         except Exception as err:
-            kind_name = "the Deployment CR" if kind == names.CRD_KIND else kind.lower()
-            problems.append(
-                f"{KEY}: false, but this update drops {kind_name} {name!r} from the state, "
-                "which deletes it by name; the program reads it first to make sure no other "
-                f"stack has taken it over since, and cannot ({kubetarget.error_text(err)}). "
-                f"Make it readable for this update (get on {kind_name}), "
-                "or keep it configured"
-            )
+            problems.append(unreadable(api_version, kind, name, state, kubetarget.error_text(err)))
             continue
         if live is None:
             continue  # gone: the delete deletes nothing

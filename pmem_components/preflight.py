@@ -610,21 +610,13 @@ def _dropped_taken(live: ObservedObject, state: identity.StackState) -> str | No
     own = _taker(live, state)
     if own is None:
         return None
-    urn = state.urn(live.key)
+    command = forget_command(live.kind, state.urn(live.key))
     if live.kind == names.CRD_KIND:
         what = f"{live.name!r} (in this stack's state) is no longer configured"
         objects = "the driver's objects"
-        component = _component_urn(urn) if urn else None
-        command = (
-            f"pulumi state delete --target-dependents --yes '{component}'"
-            if component
-            else "pulumi state delete --target-dependents --yes <the URN of its "
-            "PmemCsiDeployment component (pulumi stack --show-urns)>"
-        )
     else:
         what = f"namespace {live.name!r} (in this stack's state) is created by no deployment"
         objects = "the namespace (unless kept on delete: retainNamespaces) and all in it"
-        command = f"pulumi state delete --yes '{urn or '<its URN (pulumi stack --show-urns)>'}'"
     return (
         f"{key_path(('deployments',))}: {what}, but another stack has taken it over since "
         f"({_whose(live, own, 'field manager ')}): "
@@ -633,6 +625,21 @@ def _dropped_taken(live: ObservedObject, state: identity.StackState) -> str | No
         f"{command}, then pulumi up; or, if this stack is to manage it again, configure it "
         f'and set pmem-csi:adopt: ["{adopt_ref(live)}"]'
     )
+
+
+def forget_command(kind: str, urn: str | None) -> str:
+    """The ``pulumi state delete`` that makes this stack forget a dropped object (its URN
+    in the state) without deleting anything: for a Deployment CR its whole
+    ``PmemCsiDeployment`` component (the driver's objects with it)."""
+    if kind == names.CRD_KIND:
+        component = _component_urn(urn) if urn else None
+        return (
+            f"pulumi state delete --target-dependents --yes '{component}'"
+            if component
+            else "pulumi state delete --target-dependents --yes <the URN of its "
+            "PmemCsiDeployment component (pulumi stack --show-urns)>"
+        )
+    return f"pulumi state delete --yes '{urn or '<its URN (pulumi stack --show-urns)>'}'"
 
 
 def _component_urn(child_urn: str) -> str | None:

@@ -12,9 +12,10 @@ set with ``pulumi config set --secret --path``). They are only ever used wrapped
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import pulumi
@@ -401,8 +402,16 @@ def _drops_without_preflight(stack: StackConfig) -> None:
 
     try:
         target = cluster_target()
-    except kubetarget.TargetError:
-        return  # no cluster for the provider either: it deletes nothing
+    except kubetarget.TargetError as err:
+        # Most likely the provider has no cluster either and deletes nothing; but its rules
+        # can differ from the program's (an exec plugin, a value only it resolves).
+        pulumi.log.warn(
+            f"pmem-csi:preflight: false: no cluster to read ({err}), so it is not checked "
+            "whether this update deletes Deployment CRs or namespaces that another stack "
+            "has adopted since; fix the cluster settings, or set pmem-csi:preflight: true "
+            "to stop the update instead"
+        )
+        return
     if not target.makes_requests:
         return
     try:
@@ -417,17 +426,29 @@ def _drops_without_preflight(stack: StackConfig) -> None:
     drops = dropcheck.dropped(stack, state)
     if not drops:
         return
-    problems = dropcheck.check(drops, state, _object_reader(target))
+    try:
+        with _object_reader(target) as get:
+            problems = dropcheck.check(drops, state, get)
+    except kubetarget.TargetError as err:
+        problems = [dropcheck.unreadable(*drop, state, str(err)) for drop in drops]
     if problems:
         raise ConfigError(problems)
 
 
-def _object_reader(target: Any) -> Any:
-    """A GET of one object's path on ``target`` (None: not found)."""
+@contextlib.contextmanager
+def _object_reader(target: Any) -> Iterator[Any]:
+    """A GET of one object's path on ``target`` (None: not found), its client closed after.
+
+    Raises :class:`pmem_components.kubetarget.TargetError` when no client can be built for
+    ``target`` (a tokenFile that cannot be read, a SOCKS proxy without PySocks)."""
     from pmem_components import kubetarget
     from pmem_components.takeover_transform import KubeApi
 
-    return KubeApi(kubetarget.api_client(target)).get
+    client = kubetarget.api_client(target)
+    try:
+        yield KubeApi(client).get
+    finally:
+        client.close()
 
 
 def certificate_rollout(

@@ -14,6 +14,7 @@ Each table states client-go's behaviour as measured, not ours:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from pathlib import Path
@@ -621,7 +622,9 @@ def _preflight_off(monkeypatch: pytest.MonkeyPatch, cluster: _Cluster, config: A
         lambda: kubetarget.Target(kind="kubeconfig", server="https://x:1", description="x"),
     )  # fmt: skip
     monkeypatch.setattr(identity, "read_state", lambda _name: _state())
-    monkeypatch.setattr(program, "_object_reader", lambda _target: cluster.get)
+    monkeypatch.setattr(
+        program, "_object_reader", lambda _target: contextlib.nullcontext(cluster.get)
+    )
     monkeypatch.setattr("pmem_components.components.stack_id", lambda: pid.ME)
     return program.preflight(config)
 

@@ -373,3 +373,105 @@ def _client_for(tmp_path: Path, token_file: Path, **user: Any) -> Any:
         Environment(home=str(tmp_path), service_account_dir=tmp_path / "none"),
     )
     return kubetarget.api_client(target)
+
+
+# --------------------------------------------------------------------------------------------
+# finding 5: pmem-csi:preflight: false and the drop check
+
+
+def _drops_off(monkeypatch: pytest.MonkeyPatch, **patch: Any) -> Any:
+    """``program.preflight`` with the preflight off, this stack's state holding the default
+    deployment's CR and namespace, and a configuration that drops both."""
+    from pmem_components import program
+
+    monkeypatch.setattr(identity, "read_state", lambda _name: _state_me())
+    monkeypatch.setattr("pmem_components.components.stack_id", lambda: pid.ME)
+    monkeypatch.setattr(
+        program, "cluster_target",
+        patch.pop("cluster_target", lambda: kubetarget.Target(
+            kind="kubeconfig", server="https://x:1", description="x")),
+    )  # fmt: skip
+    for name, value in patch.items():
+        monkeypatch.setattr(name, value)
+    return program.preflight(pid.stack(preflight=False))
+
+
+def _state_me() -> identity.StackState:
+    return dataclasses.replace(pid.state_with_urns(), stack_id=pid.ME)
+
+
+def test_an_unreachable_cluster_names_the_state_delete_that_forgets_the_drops() -> None:
+    """The provider's deleteUnreachable: the cluster is gone, the drop cannot be checked.
+    The refusal names the way forward, per object: the state delete of its URN."""
+    from pmem_components import dropcheck
+
+    def get(path: str) -> Any:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    state = _state_me()
+    drops = dropcheck.dropped(pid.stack(), state)
+    problems = dropcheck.check(drops, state, get)
+    assert len(problems) == 2, problems
+    by_kind = {("Namespace" if "namespace 'pmem-csi'" in p else "CR"): p for p in problems}
+    assert f"pulumi state delete --yes '{pid.NS_URN}'" in by_kind["Namespace"], problems
+    assert (
+        f"pulumi state delete --target-dependents --yes '{pid.COMPONENT_URN}'" in by_kind["CR"]
+    ), problems
+    assert all("unreachable" in p and "deleteUnreachable" in p for p in problems), problems
+
+
+def test_a_client_the_drop_check_cannot_build_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pmem_components.config import ConfigError
+
+    def refuse(_target: Any) -> Any:
+        raise TargetError("user tokenFile /t: cannot read it (No such file or directory)")
+
+    with pytest.raises(ConfigError) as err:
+        _drops_off(monkeypatch, **{"pmem_components.kubetarget.api_client": refuse})
+    text = str(err.value)
+    assert "pmem-csi:preflight: false" in text and "tokenFile /t" in text, text
+    assert "pulumi state delete" in text, text
+
+
+def test_no_cluster_for_the_drop_check_is_said_in_a_warning(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pulumi
+
+    warnings: list[str] = []
+    monkeypatch.setattr(pulumi.log, "warn", lambda m, *a, **k: warnings.append(m))
+
+    def none() -> Any:
+        raise TargetError("kubeconfig /nowhere: no current context")
+
+    _drops_off(monkeypatch, cluster_target=none)
+    assert len(warnings) == 1, warnings
+    text = warnings[0]
+    assert "pmem-csi:preflight: false" in text and "no current context" in text, text
+    assert "adopted" in text and "not checked" in text, text
+
+
+def test_the_drop_checks_client_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[bool] = []
+
+    class Client:
+        def close(self) -> None:
+            closed.append(True)
+
+    class Api:
+        def __init__(self, client: Any) -> None:
+            pass
+
+        def get(self, path: str) -> Any:
+            return None  # gone: nothing to refuse
+
+    _drops_off(
+        monkeypatch,
+        **{
+            "pmem_components.kubetarget.api_client": lambda _t: Client(),
+            "pmem_components.takeover_transform.KubeApi": Api,
+        },
+    )
+    assert closed == [True]

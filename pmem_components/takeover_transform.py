@@ -488,7 +488,9 @@ class TakeOver:
             obj = seen
         if obj is None:
             return
-        obj = await _applied(args, obj)
+        obj = await self._applied(args, obj)
+        if obj is None:
+            return
         # Only then are other Pulumi managers' entries merged into this stack's: next to this
         # stack's own entry they are co-owners (a platform stack's NamespacePatch labels).
         await self._correct(obj, own if taken_away else None, apply=not self.stale_only)
@@ -508,8 +510,24 @@ class TakeOver:
         own = _field_manager(getattr(args, "new_outputs", None))
         if seen is None or not own:
             return
-        obj = await _applied(args, self.pending.get(key) or seen[0])
-        await self._correct(obj, own, apply=not self.stale_only)
+        obj = await self._applied(args, self.pending.get(key) or seen[0])
+        if obj is not None:
+            await self._correct(obj, own, apply=not self.stale_only)
+
+    async def _applied(
+        self, args: pulumi.ResourceHookArgs, fallback: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """:func:`_applied`, and None (said in a message) when the provider's inputs name
+        another object than the one read: nothing is written to the object of the old name
+        then (review of issue 14's tail, finding 8)."""
+        obj = await _applied(args, fallback)
+        if obj is None:
+            self.info(
+                f"not taking over fields of {describe(fallback)}: the provider applies "
+                "another object in its place (a transform registered after this program's "
+                "changed its kind or name)"
+            )
+        return obj
 
     async def _correct(self, obj: dict[str, Any], own: str | None, apply: bool) -> None:
         if await self._target() is None:
@@ -532,16 +550,20 @@ class TakeOver:
             self.info(outcome.message)
 
 
-async def _applied(args: pulumi.ResourceHookArgs, fallback: dict[str, Any]) -> dict[str, Any]:
+async def _applied(
+    args: pulumi.ResourceHookArgs, fallback: dict[str, Any]
+) -> dict[str, Any] | None:
     """The object the provider applies: the hook's ``new_inputs``, which are the inputs after
     every transform (also those registered after ours) and after the provider's Check
     (its default namespace, its normalisation), secrets resolved. The transform-time object
     can differ from them; force-applying it would make the object go through that state
     (a DaemonSet rolled to an image a later transform replaces, then rolled again).
 
-    ``fallback`` (the transform-time object) only where the inputs are not there or not a
-    complete object of the same identity; the provider's internal keys (``__fieldManager``)
-    are not part of the object."""
+    ``fallback`` (the transform-time object) only where the inputs are not there or not
+    known; None where they name another object (apiVersion, kind, namespace or name): the
+    transform-time object is not what the provider applies then, and applying it under the
+    old name would write an object the update does not declare. The provider's internal keys
+    (``__fieldManager``) are not part of the object."""
     inputs = getattr(args, "new_inputs", None)
     if not inputs:
         return fallback
@@ -550,10 +572,13 @@ async def _applied(args: pulumi.ResourceHookArgs, fallback: dict[str, Any]) -> d
     except _Unknown:
         return fallback
     meta, before = obj.get("metadata") or {}, fallback.get("metadata") or {}
-    same = all(obj.get(k) == fallback.get(k) for k in ("apiVersion", "kind")) and meta.get(
-        "name"
-    ) == before.get("name")
-    return obj if same else fallback
+    # A namespace the provider's Check filled in (its default) is the same object.
+    same = (
+        all(obj.get(k) == fallback.get(k) for k in ("apiVersion", "kind"))
+        and meta.get("name") == before.get("name")
+        and before.get("namespace") in (None, "", meta.get("namespace"))
+    )
+    return obj if same else None
 
 
 def _field_manager(outputs: Mapping[str, Any] | None) -> str | None:

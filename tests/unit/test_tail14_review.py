@@ -475,3 +475,58 @@ def test_the_drop_checks_client_is_closed(monkeypatch: pytest.MonkeyPatch) -> No
         },
     )
     assert closed == [True]
+
+
+# --------------------------------------------------------------------------------------------
+# finding 8: inputs that name another object: no apply under the old name
+
+
+@pytest.mark.parametrize("field", ["name", "kind"])
+def test_the_take_over_applies_nothing_when_the_inputs_name_another_object(
+    monkeypatch: pytest.MonkeyPatch, field: str
+) -> None:
+    import asyncio
+    import copy
+
+    import pulumi
+
+    from pmem_components import takeover_transform
+    from tests.unit import test_takeover_adopted as adopted
+
+    api = adopted.FakeApi()
+    api.entries = [
+        {"manager": adopted.MINE, "operation": "Apply", "fieldsV1": adopted.LABELS},
+        {"manager": "kubectl-edit", "operation": "Update",
+         "fieldsV1": {"f:spec": {"f:template": {"f:spec": {"f:containers": {}}}}}},
+    ]  # fmt: skip
+    monkeypatch.setattr(pulumi.runtime, "is_dry_run", lambda: False)
+    messages: list[str] = []
+    take = takeover_transform.TakeOver(
+        source=adopted.FakeSource(api),  # type: ignore[arg-type]
+        log=messages.append,
+        skipped_types=frozenset(),
+    )
+    declared = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "d", "namespace": "pmem-csi"},
+        "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "a"}]}}},
+    }
+    type_ = "kubernetes:apps/v1:DaemonSet"
+    args = pulumi.ResourceTransformArgs(
+        custom=True, type_=type_, name="x", props=copy.deepcopy(declared),
+        opts=pulumi.ResourceOptions(),
+    )  # fmt: skip
+    result = asyncio.run(take.transform(args))
+    assert result is not None
+    checked = copy.deepcopy(dict(result.props))
+    if field == "name":
+        checked["metadata"]["name"] = "d-renamed"  # a later transform renamed it
+    else:
+        checked["kind"] = "Deployment"
+    hook_args = SimpleNamespace(
+        type=type_, name="x", old_outputs={"__fieldManager": adopted.MINE}, new_inputs=checked
+    )
+    asyncio.run(take.before_update(hook_args))  # type: ignore[arg-type]
+    assert not [c for c in api.calls if c[0] in ("apply", "json_patch")], api.calls
+    assert api.applied == []

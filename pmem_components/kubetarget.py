@@ -43,7 +43,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
 import yaml
@@ -303,12 +303,101 @@ def _yaml_type(value: Any) -> str:
     return {list: "a list", str: "a string"}.get(type(value), "a mapping")
 
 
+_TAG = "tag:yaml.org,2002:"
+# go-yaml v2's resolve table (resolve.go), which sigs.k8s.io/yaml uses: the plain scalars it
+# looks up by their text. "<<" is a merge key only as a key (a value "<<" is that string).
+_GO_WORDS: dict[str, str] = {
+    **dict.fromkeys(
+        ["y", "Y", "yes", "Yes", "YES", "true", "True", "TRUE", "on", "On", "ON"], "bool"
+    ),
+    **dict.fromkeys(
+        ["n", "N", "no", "No", "NO", "false", "False", "FALSE", "off", "Off", "OFF"], "bool"
+    ),
+    **dict.fromkeys(["", "~", "null", "Null", "NULL"], "null"),
+    **dict.fromkeys(
+        [f"{sign}.{word}" for sign in ("", "+", "-") for word in ("inf", "Inf", "INF")]
+        + [".nan", ".NaN", ".NAN"],
+        "float",
+    ),
+}
+# Go's strconv.ParseInt/ParseUint(text, 0, 64) after go-yaml removed every "_".
+_GO_INT = re.compile(r"[-+]?(?:0[bB][01]+|0[oO][0-7]+|0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
+_GO_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
+_GO_DOT_FLOAT = re.compile(r"\.[0-9]+(?:[eE][-+]?[0-9]+)?")
+
+
+def _go_int(text: str) -> int | None:
+    """The value of ``text`` as go-yaml v2 reads an integer (None: not one in 64 bits)."""
+    plain = text.replace("_", "")
+    if not _GO_INT.fullmatch(plain):
+        return None
+    digits = plain.lstrip("+-")
+    base = 8 if digits[:1] == "0" and digits[1:2].isdigit() else 0  # Go's leading-0 octal
+    value = int(digits, base) * (-1 if plain.startswith("-") else 1)
+    signed = -(2**63) <= value < 2**63
+    return value if signed or (plain[0] not in "+-" and 0 <= value < 2**64) else None
+
+
+def _go_scalar_tag(value: str) -> str:
+    """The tag go-yaml v2 resolves a plain scalar to (its ``resolve``): not YAML 1.1's as
+    PyYAML has it -- no sexagesimal numbers (``1:20``), no ``=`` value key, timestamps are
+    kept as their text, ``y``/``n`` are booleans, and numbers are what Go's strconv reads
+    (``0o17``, ``1_000``, ``1e3``)."""
+    if value in _GO_WORDS:
+        return _TAG + _GO_WORDS[value]
+    if value == "<<":
+        return _TAG + "merge"
+    if value[:1] == ".":
+        return _TAG + ("float" if _GO_DOT_FLOAT.fullmatch(value) else "str")
+    if value[:1] not in tuple("+-0123456789"):
+        return _TAG + "str"
+    if _go_int(value) is not None:
+        return _TAG + "int"
+    plain = value.replace("_", "")
+    if _GO_FLOAT.fullmatch(plain) and float(plain) not in (float("inf"), float("-inf")):
+        return _TAG + "float"
+    return _TAG + "str"
+
+
+_BASE_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _GoLoader(_BASE_LOADER):  # type: ignore[misc,valid-type]
+    """PyYAML's safe loader (libyaml's parser where it is built) with go-yaml v2's typing of
+    plain scalars (:func:`_go_scalar_tag`), so a value's type is the one client-go sees."""
+
+    bool_values: ClassVar[dict[str, bool]] = {
+        **yaml.SafeLoader.bool_values,
+        "y": True,
+        "n": False,
+    }
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+        if kind is yaml.ScalarNode and implicit[0]:
+            return _go_scalar_tag(value)
+        return str(super().resolve(kind, value, implicit))
+
+    def construct_yaml_int(self, node: Any) -> int:
+        value = _go_int(str(self.construct_scalar(node)))
+        return 0 if value is None else value
+
+    def construct_yaml_float(self, node: Any) -> float:
+        text = str(self.construct_scalar(node)).replace("_", "").lower()
+        return float(text.replace(".", "") if text.lstrip("+-") in (".inf", ".nan") else text)
+
+
+_GoLoader.add_constructor(_TAG + "int", _GoLoader.construct_yaml_int)
+_GoLoader.add_constructor(_TAG + "float", _GoLoader.construct_yaml_float)
+# A plain "<<" in a value (not a key): go-yaml v2 reads the string.
+_GoLoader.add_constructor(_TAG + "merge", lambda loader, node: loader.construct_scalar(node))
+
+
 def _first_document(data: bytes, where: str) -> Any:
     """The first YAML document of ``data``, as sigs.k8s.io/yaml reads it (a port of libyaml:
     later documents are not even parsed, a leading BOM is skipped, tabs separate tokens
-    inside JSON's braces); PyYAML's libyaml binding where it is built, which parses alike."""
-    loader_class = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    loader = loader_class(data)
+    inside JSON's braces); PyYAML's libyaml binding where it is built, which parses alike,
+    with go-yaml v2's scalar types (:class:`_GoLoader`)."""
+    loader = _GoLoader(data)
     try:
         return loader.get_data() if loader.check_data() else None
     except yaml.YAMLError as err:

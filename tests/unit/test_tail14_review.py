@@ -530,3 +530,127 @@ def test_the_take_over_applies_nothing_when_the_inputs_name_another_object(
     asyncio.run(take.before_update(hook_args))  # type: ignore[arg-type]
     assert not [c for c in api.calls if c[0] in ("apply", "json_patch")], api.calls
     assert api.applied == []
+
+
+# --------------------------------------------------------------------------------------------
+# finding 7: plain scalars typed as client-go's YAML (sigs.k8s.io/yaml on go-yaml v2) types them
+#
+# Measured with clientcmd.Load of client-go v0.36.3 (a Go program printing the loaded
+# config as JSON, next to the probe in /tmp/probe14): each value written plain as
+# ``current-context: <value>`` and as a context's ``namespace``; None: Load refuses the text.
+
+STRING_CASES: list[tuple[str, str | None]] = [
+    ("1:20", "1:20"),  # YAML 1.1 sexagesimal for PyYAML (80)
+    ("190:20:30", "190:20:30"),
+    ("-1:20", "-1:20"),
+    ("1:2:3.5", "1:2:3.5"),
+    ("=", "="),  # PyYAML: the value key, which its safe loader cannot construct
+    ("<<", "<<"),
+    ("2001-01-01", "2001-01-01"),  # a timestamp: go-yaml v2 keeps the text
+    ("2001-12-14 21:59:43.10 -5", "2001-12-14 21:59:43.10 -5"),
+    ("2001-12-14t21:59:43.10-05:00", "2001-12-14t21:59:43.10-05:00"),
+    ("oN", "oN"),
+    ("tRue", "tRue"),
+    ("nULL", "nULL"),
+    (".", "."),
+    ("+", "+"),
+    ("1e", "1e"),
+    ("0x1p-2", "0x1p-2"),
+    ("infinity", "infinity"),
+    (".e3", ".e3"),
+    ("~", ""),
+    ("null", ""),
+    ("Null", ""),
+    ("NULL", ""),
+    ("y", None),  # a boolean for go-yaml v2, a string for PyYAML
+    ("Y", None),
+    ("n", None),
+    ("N", None),
+    ("yes", None),
+    ("Yes", None),
+    ("on", None),
+    ("off", None),
+    ("True", None),
+    ("0o17", None),  # numbers for Go's strconv (base prefixes, underscores), strings for PyYAML
+    ("0O17", None),
+    ("1_000", None),
+    ("1__0", None),
+    ("0x_1F", None),
+    ("0x1F", None),
+    ("0X1f", None),
+    ("-0x1F", None),
+    ("012", None),
+    ("08", None),
+    ("1e3", None),
+    ("-.5e3", None),
+    (".5", None),
+    ("1.", None),
+    ("0.", None),
+    ("+12", None),
+    ("1.5", None),
+    ("0b101", None),
+    ("0B101", None),
+    ("9223372036854775808", None),
+    ("99999999999999999999999", None),
+    (".inf", None),
+    ("+.inf", None),
+    ("-.inf", None),
+    (".nan", None),
+]
+
+
+@pytest.mark.parametrize("case", STRING_CASES, ids=[c[0] for c in STRING_CASES])
+def test_a_plain_string_value_is_typed_as_client_go_types_it(case: tuple[str, str | None]) -> None:
+    value, expected = case
+    text = (
+        f"current-context: {value}\n"
+        "contexts:\n"
+        f"- name: c\n  context: {{cluster: a, namespace: {value}}}\n"
+    )
+    if expected is None:
+        with pytest.raises(TargetError, match="current-context must be a string"):
+            kubetarget.parse(text, "k")
+        return
+    config = kubetarget.parse(text, "k")
+    assert config.current_context == expected
+    assert str(config.contexts["c"].get("namespace") or "") == expected
+
+
+BOOL_CASES: list[tuple[str, bool | None]] = [
+    *[(v, True) for v in ("y", "Y", "yes", "Yes", "YES", "on", "On", "ON", "true", "True")],
+    *[(v, True) for v in ("TRUE",)],
+    *[(v, False) for v in ("n", "N", "no", "No", "NO", "off", "Off", "OFF", "false", "False")],
+    ("1", None),
+    ("0", None),
+    ('"true"', None),
+    ("t", None),
+    ("f", None),
+]
+
+
+@pytest.mark.parametrize("case", BOOL_CASES, ids=[c[0] for c in BOOL_CASES])
+def test_insecure_skip_tls_verify_takes_go_yaml_v2s_booleans(case: tuple[str, bool | None]) -> None:
+    value, expected = case
+    text = (
+        "clusters:\n- name: a\n"
+        f'  cluster: {{server: "https://x:1", insecure-skip-tls-verify: {value}}}\n'
+    )
+    if expected is None:
+        with pytest.raises(TargetError, match="insecure-skip-tls-verify must be true or false"):
+            kubetarget.parse(text, "k")
+        return
+    assert kubetarget.parse(text, "k").clusters["a"]["insecure-skip-tls-verify"] is expected
+
+
+def test_a_context_named_like_a_sexagesimal_number_is_chosen_by_its_name(tmp_path: Path) -> None:
+    text = (
+        "current-context: 1:20\n"
+        "clusters:\n- name: 1:20\n  cluster: {server: 'https://127.0.0.20:1'}\n"
+        "contexts:\n- name: 1:20\n  context: {cluster: 1:20, user: u, namespace: =}\n"
+        "users:\n- name: u\n  user: {token: t}\n"
+    )
+    target = kubetarget.resolve(
+        ProviderSettings(kubeconfig=text),
+        Environment(home=str(tmp_path), service_account_dir=tmp_path / "none"),
+    )
+    assert (target.context, target.server) == ("1:20", "https://127.0.0.20:1")

@@ -57,15 +57,24 @@ def _apply(api_client: Any, obj: dict[str, Any], manager: str) -> None:
 
 
 def _edit(api_client: Any, obj: dict[str, Any], change: Any) -> dict[str, Any]:
-    """A PUT of the live object after ``change(live)``, as ``kubectl edit`` sends it."""
+    """A PUT of the live object after ``change(live)``, as ``kubectl edit`` sends it; read
+    and sent again when a controller wrote the object in between (409 Conflict: the
+    Deployment controller records its status right after the create)."""
     from kubernetes.dynamic import DynamicClient
+    from kubernetes.dynamic.exceptions import ConflictError
 
     res = DynamicClient(api_client).resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-    live = res.get(name=obj["metadata"]["name"], namespace="default").to_dict()
-    change(live)
-    live["metadata"].pop("managedFields", None)
-    out = res.replace(body=live, namespace="default", field_manager="kubectl-edit").to_dict()
-    return out
+    for attempt in range(5):
+        live = res.get(name=obj["metadata"]["name"], namespace="default").to_dict()
+        change(live)
+        live["metadata"].pop("managedFields", None)
+        try:
+            out = res.replace(body=live, namespace="default", field_manager="kubectl-edit")
+            return dict(out.to_dict())
+        except ConflictError:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _edit_entry(live: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -88,11 +89,32 @@ def parse_allowed(raw: Any, key: str) -> tuple[list[Allowance], list[str]]:
             or not all(isinstance(p, str) and p for p in paths)
         ):
             problems.append(f"{where}.paths: must be a non-empty list of field paths")
+        elif isinstance(paths, list):
+            problems.extend(
+                f"{where}.paths[{j}]: {problem}"
+                for j, path in enumerate(paths)
+                if (problem := _path_problem(path))
+            )
         if not isinstance(reason, str) or not reason.strip():
             problems.append(f"{where}.reason: say why this manager may own these fields")
         if not problems:
             allowed.append(Allowance(str(manager), tuple(paths), str(reason)))  # type: ignore[arg-type]
     return allowed, problems
+
+
+def _path_problem(path: str) -> str | None:
+    """Why an allowance path can match no field (None: it can). Paths are compared whole
+    with :func:`field_paths`' form (:func:`_covers`), so a path in ``fieldsV1`` notation or
+    with an empty step is accepted by nothing and would leave the fields it means drift."""
+    example = "spec.template.metadata.annotations.kubectl.kubernetes.io/restartedAt"
+    if re.search(r"(^|\.)[fkvi]:", path):
+        return (
+            f"{path!r} is in managedFields (fieldsV1) notation, which no field path has; "
+            f"write the path as the reporter names fields, e.g. {example}"
+        )
+    if path.startswith(".") or path.endswith(".") or ".." in path:
+        return f"{path!r} has an empty step; write e.g. {example}"
+    return None
 
 
 def policy(extra: Iterable[Allowance] | None = None) -> tuple[Allowance, ...]:

@@ -84,6 +84,10 @@ class StackState:
     # The stored stage (``phase`` output) of each generated certificate set, by resource
     # name: the preflight reads the driver pods only where a CA change is under way.
     certificate_phases: Mapping[str, str] = field(default_factory=dict)
+    # The stack identity the state was read for (``<organization>/<project>/<stack>``): an
+    # object it holds that is annotated with another stack's identity was applied by that
+    # stack since (an adoption, with or without the take-over). Empty: not known.
+    stack_id: str = ""
 
     def holds(self, key: ObjectKey, uid: str = "") -> bool:
         """Whether the state holds this object; an object of the name with another uid
@@ -192,6 +196,7 @@ def read_state(stack_name: str) -> StackState:
     # The engine saves the checkpoint as the update starts (the Stack resource) while this
     # reads it: a read can meet a file being written ("failed to load checkpoint: EOF", seen
     # in tests/e2e/test_cli_interruptions.py). A few tries, then the engine's reason.
+    asked = stack_name
     attempt = 0
     while True:
         try:
@@ -209,4 +214,7 @@ def read_state(stack_name: str) -> StackState:
     value = getattr(result, "value", result)
     if not isinstance(value, Mapping):
         raise StateError(f"unexpected answer {type(value).__name__}")
-    return state_from_outputs(value)
+    import dataclasses
+
+    # The identity asked for, not the bare name of a legacy fallback: objects carry it.
+    return dataclasses.replace(state_from_outputs(value), stack_id=asked)

@@ -73,7 +73,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pmem_components import identity, kubecall, names
+from pmem_components import identity, kubecall, kubetarget, names
 from pmem_components.awaiting import SKIP_AWAIT_ANNOTATION
 from pmem_components.config import DEVICE_MODE_ALIASES, DeploymentConfig, StackConfig, key_path
 from pmem_components.manifests import bundle
@@ -110,6 +110,9 @@ class ObservedObject:
     # A Namespace's labels and annotations per field manager that applied them (managedFields,
     # Apply entries on the object itself): manager -> ("labels"|"annotations") -> keys.
     applied_metadata: Mapping[str, Mapping[str, frozenset[str]]] = field(default_factory=dict)
+    # The managers whose entry owns the stack annotation (names.STACK_ANNOTATION): who
+    # wrote the identity it carries. Empty: not known (no managedFields).
+    identity_writers: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -1025,8 +1028,8 @@ def _taken_away(
     kind = "the Deployment CR" if live.kind == names.CRD_KIND else live.kind.lower()
     return (
         f"{key}: {kind} {live.name!r} is in this stack's state, but another stack has taken "
-        f"it over since: its field manager is {', '.join(live.pulumi_managers)}, not this "
-        f"stack's {own} (a stack of the same name on another backend, or one that adopted "
+        f"it over since: {_whose(live, own, 'its field manager is ')} (a stack of the same "
+        f"name on another backend, or one that adopted "
         f"it with pmem-csi:adopt). To leave it to that stack, remove it from this stack's config "
         "(pulumi up then names the pulumi state delete that forgets it without deleting "
         f"anything); if this stack is to manage it again, set pmem-csi:adopt: [\"{ref}\"] "
@@ -1036,11 +1039,37 @@ def _taken_away(
 
 def _taker(live: ObservedObject, state: identity.StackState) -> str | None:
     """This stack's field manager of ``live`` (the state's) when another stack has taken
-    ``live`` over since: its Pulumi apply entries are others', none is this stack's."""
+    ``live`` over since: its Pulumi apply entries are others', none is this stack's; or it
+    carries another stack's identity (:attr:`identity.StackState.stack_id`) that another
+    manager wrote -- an adoption with ``takeOverFields: false``, which leaves this stack's
+    entry in place (review of issue 14's tail, item 7).
+
+    An identity this stack's own manager wrote is not a take-over, whatever it says: after
+    ``pulumi stack rename`` (or an organisation or project rename) every object carries the
+    old identity until this stack applies it again (review of the tail, finding 1)."""
     own = state.field_manager(live.key)
-    if not own or not live.pulumi_managers or own in live.pulumi_managers:
+    if not own:
         return None
-    return own
+    owner = live.stack_owner
+    foreign = bool(state.stack_id and owner) and not identity.names_this_stack(
+        owner, state.stack_id
+    )
+    if own not in live.pulumi_managers:
+        # Others' entries only: taken. No Pulumi entry at all: only the identity tells.
+        return own if live.pulumi_managers or foreign else None
+    writers = live.identity_writers
+    return own if foreign and writers and own not in writers else None
+
+
+def _whose(live: ObservedObject, own: str, lead: str) -> str:
+    """How the refusals say who has ``live`` now (``lead`` introduces the managers)."""
+    managers = ", ".join(live.pulumi_managers) or "none"
+    if own in live.pulumi_managers:
+        return (
+            f"it carries the stack identity {live.stack_owner!r} ({names.STACK_ANNOTATION}), "
+            f"which that stack's apply wrote; field managers {managers}"
+        )
+    return f"{lead}{managers}, not this stack's {own}"
 
 
 def _dropped_taken(live: ObservedObject, state: identity.StackState) -> str | None:
@@ -1056,29 +1085,36 @@ def _dropped_taken(live: ObservedObject, state: identity.StackState) -> str | No
     own = _taker(live, state)
     if own is None:
         return None
-    urn = state.urn(live.key)
+    command = forget_command(live.kind, state.urn(live.key))
     if live.kind == names.CRD_KIND:
         what = f"{live.name!r} (in this stack's state) is no longer configured"
         objects = "the driver's objects"
-        component = _component_urn(urn) if urn else None
-        command = (
-            f"pulumi state delete --target-dependents --yes '{component}'"
-            if component
-            else "pulumi state delete --target-dependents --yes <the URN of its "
-            "PmemCsiDeployment component (pulumi stack --show-urns)>"
-        )
     else:
         what = f"namespace {live.name!r} (in this stack's state) is created by no deployment"
         objects = "the namespace (unless kept on delete: retainNamespaces) and all in it"
-        command = f"pulumi state delete --yes '{urn or '<its URN (pulumi stack --show-urns)>'}'"
     return (
         f"{key_path(('deployments',))}: {what}, but another stack has taken it over since "
-        f"(field manager {', '.join(live.pulumi_managers)}, not this stack's {own}): "
+        f"({_whose(live, own, 'field manager ')}): "
         f"dropping it would delete {objects}, which that stack manages now, by name. To "
         f"leave it to that stack, make this one forget it without deleting anything: "
         f"{command}, then pulumi up; or, if this stack is to manage it again, configure it "
         f'and set pmem-csi:adopt: ["{adopt_ref(live)}"]'
     )
+
+
+def forget_command(kind: str, urn: str | None) -> str:
+    """The ``pulumi state delete`` that makes this stack forget a dropped object (its URN
+    in the state) without deleting anything: for a Deployment CR its whole
+    ``PmemCsiDeployment`` component (the driver's objects with it)."""
+    if kind == names.CRD_KIND:
+        component = _component_urn(urn) if urn else None
+        return (
+            f"pulumi state delete --target-dependents --yes '{component}'"
+            if component
+            else "pulumi state delete --target-dependents --yes <the URN of its "
+            "PmemCsiDeployment component (pulumi stack --show-urns)>"
+        )
+    return f"pulumi state delete --yes '{urn or '<its URN (pulumi stack --show-urns)>'}'"
 
 
 def _component_urn(child_urn: str) -> str | None:
@@ -1243,6 +1279,7 @@ def _observed(obj: Mapping[str, Any], kind: str) -> ObservedObject:
         ),
         phase=str((obj.get("status") or {}).get("phase") or ""),
         applied_metadata=_applied_metadata(meta) if kind == "Namespace" else {},
+        identity_writers=_identity_writers(meta.get("managedFields") or []),
     )
 
 
@@ -1284,6 +1321,19 @@ def _applied_metadata(meta: Mapping[str, Any]) -> dict[str, dict[str, frozenset[
                 keys = {k[2:] for k in fields.get(f"f:{part}") or {} if str(k).startswith("f:")}
                 owned[part] = owned.get(part, frozenset()) | keys
     return out
+
+
+def _identity_writers(entries: list[Any]) -> tuple[str, ...]:
+    """The managers whose managedFields entry owns the stack annotation."""
+    field_name = f"f:{names.STACK_ANNOTATION}"
+
+    def owns(entry: Any) -> bool:
+        fields = entry.get("fieldsV1") if isinstance(entry, Mapping) else None
+        meta = fields.get("f:metadata") if isinstance(fields, Mapping) else None
+        ann = meta.get("f:annotations") if isinstance(meta, Mapping) else None
+        return isinstance(ann, Mapping) and field_name in ann
+
+    return tuple(str(e.get("manager")) for e in entries if owns(e) and not e.get("subresource"))
 
 
 class _Reader:
@@ -1777,8 +1827,8 @@ def run(
         raise  # names the patch and the object itself
     except Exception as err:  # any failure to read must stop the update, with the reason
         raise PreflightError(
-            f"pmem-csi:preflight: cannot read the cluster ({type(err).__name__}: "
-            f"{str(err)[:200]}); the preflight checks need get/list on Deployment CRs, "
+            f"pmem-csi:preflight: cannot read the cluster ({kubetarget.error_text(err)}); "
+            "the preflight checks need get/list on Deployment CRs, "
             "namespaces, DaemonSets, PersistentVolumes, VolumeAttachments, StorageClasses, "
             "pods (only when a driver is removed or renamed) and the deployment's objects, "
             "and patch (server-side dry run) on the objects patches select. Set "

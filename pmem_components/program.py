@@ -12,9 +12,10 @@ set with ``pulumi config set --secret --path``). They are only ever used wrapped
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import pulumi
@@ -393,6 +394,7 @@ def preflight(stack: StackConfig) -> Any:
     from pmem_components import preflight as pf
 
     if not stack.preflight:
+        _drops_without_preflight(stack)
         return pf.Plan()
     from pmem_components.components import stack_id
 
@@ -459,6 +461,64 @@ def kept_namespace_warning(stack: StackConfig, ns: str, reason: str) -> str:
     )
 
 
+def _drops_without_preflight(stack: StackConfig) -> None:
+    """With ``pmem-csi:preflight: false``: refuse dropping objects another stack has
+    adopted since (:mod:`pmem_components.dropcheck`); reads the cluster only when this update
+    drops something from the state."""
+    from pmem_components import dropcheck, identity, kubetarget
+    from pmem_components.components import stack_id
+
+    try:
+        target = cluster_target()
+    except kubetarget.TargetError as err:
+        # Most likely the provider has no cluster either and deletes nothing; but its rules
+        # can differ from the program's (an exec plugin, a value only it resolves).
+        pulumi.log.warn(
+            f"pmem-csi:preflight: false: no cluster to read ({err}), so it is not checked "
+            "whether this update deletes Deployment CRs or namespaces that another stack "
+            "has adopted since; fix the cluster settings, or set pmem-csi:preflight: true "
+            "to stop the update instead"
+        )
+        return
+    if not target.makes_requests:
+        return
+    try:
+        state = identity.read_state(stack_id())
+    except identity.StateError as err:
+        pulumi.log.warn(
+            f"pmem-csi:preflight: false: cannot read this stack's own state ({err}), so it "
+            "is not checked whether this update deletes objects another stack has adopted "
+            "since; set pmem-csi:preflight: true to check it"
+        )
+        return
+    drops = dropcheck.dropped(stack, state)
+    if not drops:
+        return
+    try:
+        with _object_reader(target) as get:
+            problems = dropcheck.check(drops, state, get)
+    except kubetarget.TargetError as err:
+        problems = [dropcheck.unreadable(*drop, state, str(err)) for drop in drops]
+    if problems:
+        raise ConfigError(problems)
+
+
+@contextlib.contextmanager
+def _object_reader(target: Any) -> Iterator[Any]:
+    """A GET of one object's path on ``target`` (None: not found), its client closed after.
+
+    Raises :class:`pmem_components.kubetarget.TargetError` when no client can be built for
+    ``target`` (a tokenFile that cannot be read, a SOCKS proxy without PySocks)."""
+    from pmem_components import kubetarget
+    from pmem_components.takeover_transform import KubeApi
+
+    client = kubetarget.api_client(target)
+    try:
+        yield KubeApi(client).get
+    finally:
+        client.close()
+
+
 def certificate_rollout(
     stack: StackConfig, client: Any, phases: Mapping[str, str] | None = None
 ) -> dict[int, Any] | None:
@@ -475,7 +535,9 @@ def certificate_rollout(
     try:
         return certrollout.running_fingerprints(client, stack, phases)
     except Exception as err:  # a failed read only holds a CA change back; say why
-        reason = f"{type(err).__name__}: {str(err)[:200]}"
+        from pmem_components import kubetarget
+
+        reason = kubetarget.error_text(err)
         pulumi.log.warn(
             f"pmem-csi: cannot read the driver pods ({reason}); "
             "a certificate CA change in progress waits for the next pulumi up"

@@ -238,20 +238,21 @@ def owns_declared(fields: Any, declared: Any) -> bool:
                 want = json.loads(rest)
             except ValueError:
                 continue
-            for item in declared:
-                if isinstance(item, Mapping) and all(
-                    str(item.get(k)) == str(v) for k, v in dict(want).items()
-                ):
-                    child = item
-                    break
+            child = next(
+                (i for i in declared if isinstance(i, Mapping) and _key_matches(i, want)),
+                _MISSING,
+            )
         elif kind == "v" and isinstance(declared, list):
             try:
                 if json.loads(rest) in declared:
                     return True
             except ValueError:
                 continue
-        elif kind == "i" and isinstance(declared, list) and rest.isdigit() and (
-            int(rest) < len(declared)
+        elif (
+            kind == "i"
+            and isinstance(declared, list)
+            and rest.isdigit()
+            and (int(rest) < len(declared))
         ):
             child = declared[int(rest)]
         if child is _MISSING:
@@ -263,6 +264,17 @@ def owns_declared(fields: Any, declared: Any) -> bool:
 
 
 _MISSING = object()
+# List-map key fields the API server defaults when the declared entry leaves them out, and
+# their defaults: container and Service ports are keyed by port and protocol, and a port
+# declared without protocol is recorded as ``k:{"containerPort":9090,"protocol":"TCP"}``.
+KEY_DEFAULTS: Mapping[str, Any] = {"protocol": "TCP"}
+
+
+def _key_matches(item: Mapping[str, Any], want: Any) -> bool:
+    """Whether the declared list entry ``item`` is the one a ``k:{...}`` key names."""
+    if not isinstance(want, Mapping):
+        return False
+    return all(str(item.get(k, KEY_DEFAULTS.get(k))) == str(v) for k, v in want.items())
 
 
 _EXECUTORS: list[concurrent.futures.ThreadPoolExecutor] = []
@@ -335,9 +347,7 @@ class ClusterSource:
             if out is not None and not isinstance(out, str):
                 raise UnknownCluster(f"{self.name}'s argument {arg} is not a string")
             values[attr] = out or None
-        return kubetarget.ProviderSettings(
-            **values, origin=f"provider {self.provider._name}"
-        )
+        return kubetarget.ProviderSettings(**values, origin=f"provider {self.provider._name}")
 
     async def target(self) -> kubetarget.Target:
         async with self._lock:
@@ -422,7 +432,10 @@ class TakeOver:
             loop = asyncio.get_running_loop()
             live = await loop.run_in_executor(_executor(), api.get, object_path(obj))
         except Exception as err:
-            message = f"cannot read {describe(obj)} to take over its fields: {err}"
+            message = (
+                f"cannot read {describe(obj)} to take over its fields: "
+                f"{kubetarget.error_text(err, 400)}"
+            )
             if dry_run:
                 pulumi.log.warn(f"{message} (pulumi up will try again)")
                 return None
@@ -475,6 +488,9 @@ class TakeOver:
             obj = seen
         if obj is None:
             return
+        obj = await self._applied(args, obj)
+        if obj is None:
+            return
         # Only then are other Pulumi managers' entries merged into this stack's: next to this
         # stack's own entry they are co-owners (a platform stack's NamespacePatch labels).
         await self._correct(obj, own if taken_away else None, apply=not self.stale_only)
@@ -494,8 +510,24 @@ class TakeOver:
         own = _field_manager(getattr(args, "new_outputs", None))
         if seen is None or not own:
             return
-        obj = self.pending.get(key) or seen[0]
-        await self._correct(obj, own, apply=not self.stale_only)
+        obj = await self._applied(args, self.pending.get(key) or seen[0])
+        if obj is not None:
+            await self._correct(obj, own, apply=not self.stale_only)
+
+    async def _applied(
+        self, args: pulumi.ResourceHookArgs, fallback: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """:func:`_applied`, and None (said in a message) when the provider's inputs name
+        another object than the one read: nothing is written to the object of the old name
+        then (review of issue 14's tail, finding 8)."""
+        obj = await _applied(args, fallback)
+        if obj is None:
+            self.info(
+                f"not taking over fields of {describe(fallback)}: the provider applies "
+                "another object in its place (a transform registered after this program's "
+                "changed its kind or name)"
+            )
+        return obj
 
     async def _correct(self, obj: dict[str, Any], own: str | None, apply: bool) -> None:
         if await self._target() is None:
@@ -509,12 +541,44 @@ class TakeOver:
             )
         except Exception as err:
             raise TakeOverError(
-                f"cannot take over fields of {describe(obj)}: {err}; set "
+                f"cannot take over fields of {describe(obj)}: "
+                f"{kubetarget.error_text(err, 400)}; set "
                 "pmem-csi:takeOverFields: false to leave fields that other field managers "
                 "own to them"
             ) from None
         if outcome is not None:
             self.info(outcome.message)
+
+
+async def _applied(
+    args: pulumi.ResourceHookArgs, fallback: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The object the provider applies: the hook's ``new_inputs``, which are the inputs after
+    every transform (also those registered after ours) and after the provider's Check
+    (its default namespace, its normalisation), secrets resolved. The transform-time object
+    can differ from them; force-applying it would make the object go through that state
+    (a DaemonSet rolled to an image a later transform replaces, then rolled again).
+
+    ``fallback`` (the transform-time object) only where the inputs are not there or not
+    known; None where they name another object (apiVersion, kind, namespace or name): the
+    transform-time object is not what the provider applies then, and applying it under the
+    old name would write an object the update does not declare. The provider's internal keys
+    (``__fieldManager``) are not part of the object."""
+    inputs = getattr(args, "new_inputs", None)
+    if not inputs:
+        return fallback
+    try:
+        obj = await _plain({k: v for k, v in dict(inputs).items() if not k.startswith("__")})
+    except _Unknown:
+        return fallback
+    meta, before = obj.get("metadata") or {}, fallback.get("metadata") or {}
+    # A namespace the provider's Check filled in (its default) is the same object.
+    same = (
+        all(obj.get(k) == fallback.get(k) for k in ("apiVersion", "kind"))
+        and meta.get("name") == before.get("name")
+        and before.get("namespace") in (None, "", meta.get("namespace"))
+    )
+    return obj if same else None
 
 
 def _field_manager(outputs: Mapping[str, Any] | None) -> str | None:

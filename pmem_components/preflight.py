@@ -1058,7 +1058,11 @@ def _taker(live: ObservedObject, state: identity.StackState) -> str | None:
         # Others' entries only: taken. No Pulumi entry at all: only the identity tells.
         return own if live.pulumi_managers or foreign else None
     writers = live.identity_writers
-    return own if foreign and writers and own not in writers else None
+    # Another Pulumi manager that wrote the identity too: it applied the same value (a stack
+    # made under the old name of a renamed one, adopting with takeOverFields false), which
+    # server-side apply records as shared ownership (re-review of the tail's fixes).
+    others = [w for w in writers if w != own and w in live.pulumi_managers]
+    return own if foreign and writers and (own not in writers or others) else None
 
 
 def _whose(live: ObservedObject, own: str, lead: str) -> str:

@@ -418,7 +418,16 @@ def preflight(stack: StackConfig) -> Any:
             "this stack's namespaces and Deployment CRs from those of another stack of the "
             "same name; set pmem-csi:preflight: false to skip the checks"
         ) from None
-    client = kubetarget.api_client(target)
+    try:
+        client = kubetarget.api_client(target)
+    except kubetarget.TargetError as err:
+        raise pf.PreflightError(f"pmem-csi:preflight: {err}") from None
+    except Exception as err:  # e.g. a proxy URL urllib3 cannot parse: its text may hold it
+        raise pf.PreflightError(
+            f"pmem-csi:preflight: cannot build a client for the cluster "
+            f"({type(err).__name__}); check the proxy and credential settings of the "
+            "kubeconfig, or set pmem-csi:preflight: false to skip the checks"
+        ) from None
     try:
         result = pf.run(stack, stack_id(), client, state)
         if not result.problems:

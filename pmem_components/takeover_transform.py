@@ -427,7 +427,15 @@ class TakeOver:
         if await self._target() is None:
             return None
         dry_run = pulumi.runtime.is_dry_run()
-        api = await self.source.api()
+        try:
+            api = await self.source.api()
+        except Exception as err:  # its text may hold a proxy URL or a credential
+            detail = str(err) if isinstance(err, kubetarget.TargetError) else type(err).__name__
+            raise TakeOverError(
+                f"cannot build a client for the cluster to take over fields of {describe(obj)} "
+                f"({detail}); fix the kubeconfig's proxy or credential settings, or set "
+                "pmem-csi:takeOverFields: false"
+            ) from None
         try:
             loop = asyncio.get_running_loop()
             live = await loop.run_in_executor(_executor(), api.get, object_path(obj))

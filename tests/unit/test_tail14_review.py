@@ -654,3 +654,32 @@ def test_a_context_named_like_a_sexagesimal_number_is_chosen_by_its_name(tmp_pat
         Environment(home=str(tmp_path), service_account_dir=tmp_path / "none"),
     )
     assert (target.context, target.server) == ("1:20", "https://127.0.0.20:1")
+
+
+def test_a_stack_under_the_old_name_that_adopted_without_take_over_is_a_take_over() -> None:
+    """Stack ``prod`` renamed ``prod-old`` without an ``up``; a new ``prod`` adopts its objects
+    with takeOverFields false: both managers own the (same) identity value. The renamed stack
+    must not delete or fight them (re-review of the tail's fixes, finding 1)."""
+    observed = _observed(pid.ME, [(OWN, True), (THEIRS_MANAGER, True)])
+    assert preflight._taker(observed.crs[pid.DRIVER], _renamed_state()) == OWN
+    problems = pid.plan(pid.stack(), observed, RENAMED, _renamed_state()).problems
+    assert problems and all("pulumi state delete" in p for p in problems), problems
+
+
+def test_a_client_the_preflight_cannot_build_is_its_error_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pmem_components import program
+
+    monkeypatch.setattr(program, "cluster_target", lambda: SimpleNamespace(
+        makes_requests=True, description="x"))  # fmt: skip
+    monkeypatch.setattr(identity, "read_state", lambda _sid: identity.StackState({}))
+    monkeypatch.setattr(program, "stack_id", lambda: pid.ME, raising=False)
+
+    def broken(_target: Any) -> Any:
+        raise ValueError("Failed to parse: 'user:pa' is not a valid host")  # urllib3's text
+
+    monkeypatch.setattr(kubetarget, "api_client", broken)
+    with pytest.raises(preflight.PreflightError) as err:
+        program.preflight(pid.stack(DEP))
+    assert "user:pa" not in str(err.value) and "ValueError" in str(err.value)

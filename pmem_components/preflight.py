@@ -1501,6 +1501,9 @@ class _DryRun:
     declared: dict[str, Any]  # as built, before the patches
     patched: dict[str, Any]  # as the provider will apply it
     live: Mapping[str, Any]
+    # ``takeOverFields``: before the provider applies, the program's hook moves the fields
+    # other managers own into the provider's entry (:mod:`pmem_components.takeover`).
+    take_over: bool = False
 
 
 def _contained(declared: Any, live: Any) -> bool:
@@ -1627,7 +1630,9 @@ def _dry_runs(stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]) -> lis
                 patched = patch_set.apply(f"kubernetes:{api_version}:{kind}", obj) or obj
             ns = meta.get("namespace")
             ref = f"{kind} {ns + '/' if ns else ''}{meta['name']}"
-            out.append(_DryRun(i, labels, path, ref, obj, patched, live))
+            out.append(
+                _DryRun(i, labels, path, ref, obj, patched, live, stack.take_over_fields)
+            )
     return out
 
 
@@ -1671,6 +1676,8 @@ def _judge(reader: Any, run: _DryRun) -> Rejection | str | None:
         return None  # accepted; 404: gone since it was read, so nothing to replace
     if status != 422:
         return _not_checked(run, status, body)
+    if _taken_over_first(run):
+        return None
     secret = run.patched.get("kind") == "Secret"
     fields, reason = _refusal(body if isinstance(body, dict) else {}, secret=secret)
     if run.labels and run.patched is not run.declared:
@@ -1685,6 +1692,22 @@ def _judge(reader: Any, run: _DryRun) -> Rejection | str | None:
     changed = _changed_fields(run, manager)
     named = [c for c in changed if any(_same_field(c, f) for f in fields)]
     return Rejection(run.index, (), run.ref, tuple(named or fields or changed), reason)
+
+
+def _taken_over_first(run: _DryRun) -> bool:
+    """Whether the update takes the object's fields over from other managers before the
+    provider applies (``takeOverFields`` and a foreign entry on it): then the dry run, which
+    applies beside those managers (a list entry they added stays, half owned, as in the
+    refused ``spec.ports[2].name: Required value`` of a Service edited by hand), is no
+    verdict on what the provider will apply, which owns every field. Not refused: what the
+    API server refuses then fails the update with its own message, and nothing is replaced
+    (the replacements are judged from the state, :func:`_replacements`)."""
+    from pmem_components.fieldowners import is_foreign
+
+    entries = (run.live.get("metadata") or {}).get("managedFields") or []
+    return run.take_over and any(
+        isinstance(e, Mapping) and not e.get("subresource") and is_foreign(e) for e in entries
+    )
 
 
 def _not_checked(run: _DryRun, status: int, body: Any) -> str:

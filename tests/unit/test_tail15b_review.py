@@ -336,3 +336,32 @@ def test_program_main_fails_the_update_with_the_dry_run_errors_message(
         program.main()
     assert str(raised.value) == words
     assert closed == [True]
+
+
+# ------------------- found while checking: a dry run beside fields the update takes over
+
+
+def _edited_by_hand(lives: dict[str, Any]) -> dict[str, Any]:
+    """The StatefulSet with a ``kubectl edit`` entry (a foreign manager) beside the
+    provider's, as tests/e2e/test_drift.py leaves every object."""
+    out = copy.deepcopy(lives)
+    meta = out[STS_PATH]["metadata"]
+    meta["managedFields"].append({"manager": "kubectl-edit", "operation": "Update",
+                                  "fieldsV1": {"f:spec": {"f:replicas": {}}}})
+    return out
+
+
+def test_a_refusal_beside_fields_the_update_takes_over_first_is_no_verdict() -> None:
+    """tests/e2e/test_drift.py on merge29: a Service edited by hand (an added port) was
+    refused (``spec.ports[2].name: Required value``) although the take-over makes the
+    provider own every field before it applies, and the update restores it."""
+    lives, state = applied(stack({}).deployments[0])
+    cfg = stack({"patches": [{"kind": "StatefulSet", "mergePatch": {"spec": {"replicas": 2}}}]})
+    cause = {"reason": "FieldValueRequired", "field": "spec.x", "message": "Required value"}
+    api = Refuses("StatefulSet", cause, lambda o: True)
+    assert preflight.patch_rejections(api, cfg, _edited_by_hand(lives), state) == []
+    # Without the take-over the dry run is what the provider will apply: refused.
+    raw = {"deployments": [{"patches": cfg.deployments[0].patches}], "takeOverFields": False}
+    off = load_config(raw, check_certificates=False)
+    (rejection,) = preflight.patch_rejections(api, off, _edited_by_hand(lives), state)
+    assert not rejection.replace

@@ -25,7 +25,10 @@ The program reads its state before it registers anything with the engine's built
 ``StackReference`` resource outputs: synchronous for the program, served by every backend,
 in ``preview`` and ``up`` alike, and it records nothing in the state. The state also tells
 each object's field manager (``__fieldManager``): the take-over uses it to recognise another
-stack's Pulumi manager on an adopted object (:mod:`pmem_components.takeover`).
+stack's Pulumi manager on an adopted object (:mod:`pmem_components.takeover`), and the inputs
+the provider recorded at the last update (``__inputs``) beside the object it got back: the
+provider decides a replacement from those, and so does the preflight
+(:data:`pmem_components.preflight.PROVIDER_FORCE_NEW`).
 
 :func:`state_from_outputs` and :func:`names_this_stack` are pure; :func:`read_state` is the
 one call.
@@ -40,6 +43,7 @@ from typing import Any
 READ_STATE_TOKEN = "pulumi:pulumi:readStackResourceOutputs"
 # The provider's own output keys in the state (pulumi-kubernetes).
 FIELD_MANAGER_KEY = "__fieldManager"
+INPUTS_KEY = "__inputs"
 
 
 def identity(organization: str, project: str, stack: str) -> str:
@@ -64,6 +68,11 @@ class Held:
     field_manager: str
     # Its URN in the state: what `pulumi state delete` takes (the refusals name it).
     urn: str = ""
+    # What the provider recorded at the last update: the inputs it was given (``__inputs``)
+    # and the object as the API server returned it (the other outputs). The provider decides
+    # a replacement from these, never from the cluster (preflight's forceNew check).
+    inputs: Mapping[str, Any] | None = None
+    outputs: Mapping[str, Any] | None = None
 
 
 ObjectKey = tuple[str, str, str, str]  # (API group, kind, namespace, name)
@@ -105,6 +114,14 @@ class StackState:
         held = self.objects.get(key)
         return held.urn if held is not None and held.urn else None
 
+    def recorded(self, key: ObjectKey) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+        """(inputs, outputs) the provider recorded for the object at its last update; None
+        when the state holds no inputs for it (not held, or not the provider's)."""
+        held = self.objects.get(key)
+        if held is None or held.inputs is None or held.outputs is None:
+            return None
+        return held.inputs, held.outputs
+
     def namespaces(self) -> list[str]:
         """The names of the namespaces the state holds."""
         return [name for group, kind, _, name in self.objects if (group, kind) == ("", "Namespace")]
@@ -116,6 +133,17 @@ def _plain(value: Any) -> Any:
         sig = value.get("4dabf18193072939515e22adb298388d")
         if sig is not None:
             return value["value"]
+    return value
+
+
+def _deep_plain(value: Any) -> Any:
+    """``value`` with every nested secret wrapper removed (a Secret's recorded inputs hold
+    them), as plain dicts and lists."""
+    value = _plain(value)
+    if isinstance(value, Mapping):
+        return {str(k): _deep_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_deep_plain(v) for v in value]
     return value
 
 
@@ -152,10 +180,15 @@ def state_from_outputs(result: Mapping[str, Any] | None) -> StackState:
             str(meta.get("namespace") or ""),
             str(meta.get("name")),
         )
+        inputs = _deep_plain(outs.get(INPUTS_KEY))
         objects[key] = Held(
             uid=str(meta.get("uid") or ""),
             field_manager=str(_plain(outs.get(FIELD_MANAGER_KEY)) or ""),
             urn=str(urn),
+            inputs=inputs if isinstance(inputs, dict) else None,
+            outputs={
+                k: _deep_plain(v) for k, v in outs.items() if not str(k).startswith("__")
+            },
         )
     return StackState(objects, phases)
 

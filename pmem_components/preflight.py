@@ -50,15 +50,21 @@ So this module answers, before anything changes:
   driver lives in them (:attr:`Plan.kept_namespaces`). Either way the program registers them
   with the live labels and annotations this stack's field manager applied
   (:attr:`Plan.kept_metadata`, :func:`own_metadata`).
-* Would the update make the provider replace an object (delete it and create it anew)? It
-  does so when the update changes a field Kubernetes does not let change in place: by a
-  patch, by removing a patch that had set it, or by another config change. Rather than a
-  list of such fields kept here, each declared object that exists and that the update
-  changes (compared locally with the live one first, so an unchanged stack sends no request)
-  is applied in a server-side dry run against the live one, as the provider applies it (its
-  field manager), with the patches and, when refused, without: a refusal only with them is
-  a config error naming the patch entry and the fields, one without them too names the
-  deployment (:class:`Rejection`). A dry run answered with no verdict (403, 409, 5xx, a
+* Would the update make the provider replace an object (delete it and create it anew)? The
+  pinned provider decides that alone, from its own list of fields per kind
+  (:data:`PROVIDER_FORCE_NEW`, taken from its source) and the inputs it recorded at the last
+  update, never asking the API server: so does the preflight, from the same record in the
+  stack's state (:meth:`identity.StackState.recorded`), with no request. A changed field on
+  the list is refused naming it: the patch entry when the patch makes the difference, else
+  the deployment (a removed patch, a config change). Would the API server refuse the update
+  (a field it does not let change that is not on the provider's list, an invalid value, an
+  admission policy)? Then the provider's update fails. Each other declared object that
+  exists and that the update changes (compared locally with the live one first, so an
+  unchanged stack sends no request) is applied in a server-side dry run against the live
+  one, as the provider applies it (its field manager), with the patches and, when refused,
+  without: a refusal only with them is a config error naming the patch entry and the
+  fields, one without them too names the deployment (:class:`Rejection`, worded by case in
+  :func:`rejection_problem`). A dry run answered with no verdict (403, 409, 5xx, a
   timeout) stops the update naming the patch and the object (:class:`DryRunError`).
 
 :func:`plan` is pure (observations in, problems and moves out) and unit tested;
@@ -156,6 +162,10 @@ class Rejection:
     ref: str  # "StatefulSet ns/name"
     fields: tuple[str, ...]  # the changed fields the refusal is about
     reason: str  # the API server's words (no object content for Secrets)
+    # True: a field the provider replaces the object for (:data:`PROVIDER_FORCE_NEW`, judged
+    # from the stack's state); False: the API server refused the change in a dry run, so
+    # the provider's update would fail.
+    replace: bool = False
 
 
 @dataclass
@@ -1421,7 +1431,7 @@ def observe(
         if live is not None:
             out.same_named[i].append(_observed(live, kind))
             by_path[path] = live
-    out.patch_rejections = patch_rejections(reader, stack, by_path)
+    out.patch_rejections = patch_rejections(reader, stack, by_path, state)
     daemon_sets = reader.get(_path("apps/v1", "DaemonSet", None)) or {}
     out.daemon_sets = [_observed(d, "DaemonSet") for d in daemon_sets.get("items") or []]
     # Volumes of the drivers that could be renamed or removed or change device mode: the CRs
@@ -1568,6 +1578,9 @@ class _DryRun:
     declared: dict[str, Any]  # as built, before the patches
     patched: dict[str, Any]  # as the provider will apply it
     live: Mapping[str, Any]
+    # ``takeOverFields``: before the provider applies, the program's hook moves the fields
+    # other managers own into the provider's entry (:mod:`pmem_components.takeover`).
+    take_over: bool = False
 
 
 def _contained(declared: Any, live: Any) -> bool:
@@ -1694,7 +1707,9 @@ def _dry_runs(stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]) -> lis
                 patched = patch_set.apply(f"kubernetes:{api_version}:{kind}", obj) or obj
             ns = meta.get("namespace")
             ref = f"{kind} {ns + '/' if ns else ''}{meta['name']}"
-            out.append(_DryRun(i, labels, path, ref, obj, patched, live))
+            out.append(
+                _DryRun(i, labels, path, ref, obj, patched, live, stack.take_over_fields)
+            )
     return out
 
 
@@ -1738,6 +1753,8 @@ def _judge(reader: Any, run: _DryRun) -> Rejection | str | None:
         return None  # accepted; 404: gone since it was read, so nothing to replace
     if status != 422:
         return _not_checked(run, status, body)
+    if _taken_over_first(run):
+        return None
     secret = run.patched.get("kind") == "Secret"
     fields, reason = _refusal(body if isinstance(body, dict) else {}, secret=secret)
     if run.labels and run.patched is not run.declared:
@@ -1752,6 +1769,22 @@ def _judge(reader: Any, run: _DryRun) -> Rejection | str | None:
     changed = _changed_fields(run, manager)
     named = [c for c in changed if any(_same_field(c, f) for f in fields)]
     return Rejection(run.index, (), run.ref, tuple(named or fields or changed), reason)
+
+
+def _taken_over_first(run: _DryRun) -> bool:
+    """Whether the update takes the object's fields over from other managers before the
+    provider applies (``takeOverFields`` and a foreign entry on it): then the dry run, which
+    applies beside those managers (a list entry they added stays, half owned, as in the
+    refused ``spec.ports[2].name: Required value`` of a Service edited by hand), is no
+    verdict on what the provider will apply, which owns every field. Not refused: what the
+    API server refuses then fails the update with its own message, and nothing is replaced
+    (the replacements are judged from the state, :func:`_replacements`)."""
+    from pmem_components.fieldowners import is_foreign
+
+    entries = (run.live.get("metadata") or {}).get("managedFields") or []
+    return run.take_over and any(
+        isinstance(e, Mapping) and not e.get("subresource") and is_foreign(e) for e in entries
+    )
 
 
 def _not_checked(run: _DryRun, status: int, body: Any) -> str:
@@ -1769,41 +1802,218 @@ def _not_checked(run: _DryRun, status: int, body: Any) -> str:
     )
 
 
+# The fields whose change makes the pinned Kubernetes provider replace an object (delete it
+# and create it anew) instead of updating it: pulumi-kubernetes v4.25.0 (requirements.txt),
+# provider/pkg/provider/diff.go, ``forceNew`` and ``forceNewProperties``, at tag v4.25.0 =
+# commit f47bc2d6f1996444d11c12b4ef083b82585f7c07. Its ``Diff`` (provider.go) never asks the
+# API server: it prunes the object recorded at the last update to the shape of the inputs
+# recorded then (``__inputs``), makes a JSON merge patch from that to the new inputs, and
+# replaces when the patch touches one of these paths (a path holds everything below it: the
+# ``.spec.selector.matchLabels`` entries there are in ``.spec.selector``). ``.metadata.name``
+# and ``.metadata.namespace`` are on every kind's list; here another name is another object.
+# Per (apiVersion, kind) of what the bundle builds (tests/unit/test_tail15b_review.py checks
+# that every kind the bundle builds is here or in :data:`PROVIDER_NEVER_REPLACES`).
+PROVIDER_FORCE_NEW: Mapping[tuple[str, str], tuple[str, ...]] = {
+    ("apps/v1", "StatefulSet"): (
+        "spec.podManagementPolicy",
+        "spec.revisionHistoryLimit",
+        "spec.selector",
+        "spec.serviceName",
+        "spec.volumeClaimTemplates",
+    ),
+    ("apps/v1", "DaemonSet"): ("spec.selector",),
+    ("apps/v1", "Deployment"): ("spec.selector",),
+    # With ``enableSecretMutable`` (the program requires it where it generates certificates,
+    # :mod:`pmem_components.secretmutable`) only ``.type``; without it ``.data`` and
+    # ``.stringData`` too, which the preflight cannot compare (it builds placeholders).
+    ("v1", "Secret"): ("type",),
+    ("v1", "Service"): ("spec.clusterIP",),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("roleRef",),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("roleRef",),
+    ("storage.k8s.io/v1", "StorageClass"): ("parameters", "provisioner"),
+}
+# Kinds the bundle builds that diff.go lists no field of: the provider updates them in place,
+# so a field Kubernetes does not let change (a CSIDriver's ``attachRequired``) makes the
+# update fail, not replace (the dry run finds those).
+PROVIDER_NEVER_REPLACES: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("v1", "Namespace"),
+        ("v1", "ServiceAccount"),
+        ("storage.k8s.io/v1", "CSIDriver"),
+        ("rbac.authorization.k8s.io/v1", "Role"),
+        ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+        (f"{names.CRD_GROUP}/{names.CRD_STORAGE_VERSION}", names.CRD_KIND),
+    }
+)
+
+_MISSING = object()
+
+
+def _pruned(live: Any, inputs: Any) -> Any:
+    """``live`` cut to the keys ``inputs`` has, as the provider's ``pruneMap`` and
+    ``pruneSlice`` (provider/pkg/provider/util.go) do before it diffs: values of another
+    type than the input's are kept whole, lists item by item up to the inputs' length."""
+    if isinstance(live, Mapping) and isinstance(inputs, Mapping):
+        return {k: _pruned(v, inputs[k]) for k, v in live.items() if k in inputs}
+    if isinstance(live, list) and isinstance(inputs, list):
+        if live and inputs and type(live[0]) is not type(inputs[0]):
+            return list(live)
+        return [_pruned(v, t) for v, t in zip(live, inputs, strict=False)]
+    return live
+
+
+def _at(obj: Any, path: str) -> Any:
+    """The value at a dotted ``path``, or :data:`_MISSING` (a null is missing: the provider
+    unmarshals inputs with ``SkipNulls``)."""
+    node = obj
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or node.get(part) is None:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as the provider's diff sees them: numbers by value (the state keeps them as
+    floats), maps and lists item by item, a boolean never equal to a number."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        keys = {k for k, v in a.items() if v is not None} | {
+            k for k, v in b.items() if v is not None
+        }
+        return all(_same(a.get(k), b.get(k)) for k in keys)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return bool(a == b)
+
+
+def forced_new(
+    api_version: str,
+    kind: str,
+    new: Mapping[str, Any],
+    recorded: tuple[Mapping[str, Any], Mapping[str, Any]],
+) -> list[str]:
+    """The fields of :data:`PROVIDER_FORCE_NEW` whose value in ``new`` (the inputs this
+    update registers) differs from the object ``recorded`` (inputs, outputs) at the last
+    update, pruned to those inputs: the provider replaces the object for each."""
+    inputs, outputs = recorded
+    old = _pruned(outputs, inputs)
+    out: list[str] = []
+    for path in PROVIDER_FORCE_NEW.get((api_version, kind), ()):
+        out += _differing(_at(old, path), _at(new, path), path)
+    return out
+
+
+def _differing(old: Any, new: Any, path: str) -> list[str]:
+    """Where ``old`` and ``new`` (the values at ``path``) differ, down to the map entries
+    (``roleRef.name``, ``spec.selector.matchLabels.app``): the field named in the refusal."""
+    if _same(old, new):
+        return []
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        keys = dict.fromkeys([*old, *new])
+        return [
+            p
+            for k in keys
+            for p in _differing(
+                _MISSING if old.get(k) is None else old[k],
+                _MISSING if new.get(k) is None else new[k],
+                f"{path}.{k}",
+            )
+        ]
+    return [path]
+
+
+def _replacements(run: _DryRun, state: identity.StackState | None) -> list[Rejection]:
+    """What the provider would replace ``run``'s object for, judged from the stack's state
+    as the provider judges (no request): the patch's when the patched value differs from
+    the built one, else the config change's (a removed patch, another value built)."""
+    if state is None:
+        return []
+    api_version, kind = str(run.patched.get("apiVersion")), str(run.patched.get("kind"))
+    meta = run.patched.get("metadata") or {}
+    key = identity.object_key(api_version, kind, str(meta.get("namespace") or ""),
+                              str(meta.get("name")))
+    recorded = state.recorded(key)
+    if recorded is None:
+        return []  # not in the state: the provider creates (applies) it, nothing to replace
+    fields = forced_new(api_version, kind, run.patched, recorded)
+    # By the provider's path the field is under (a label key below it may hold dots).
+    rules = PROVIDER_FORCE_NEW[(api_version, kind)] if fields else ()
+    by_patch = {p for p in rules if not _same(_at(run.declared, p), _at(run.patched, p))}
+    patched = tuple(f for f in fields if any(f == p or f.startswith(p + ".") for p in by_patch))
+    built = tuple(f for f in fields if f not in patched)
+    why = "the Kubernetes provider replaces the object when it changes"
+    out = []
+    if patched:
+        out.append(Rejection(run.index, run.labels, run.ref, patched, why, replace=True))
+    if built:
+        out.append(Rejection(run.index, (), run.ref, built, why, replace=True))
+    return out
+
+
 def rejection_problem(r: Rejection) -> str:
-    """The config error for a dry-run refusal: the patch's, or the config change's."""
+    """The config error for a replacement or a refusal: the patch's, or the config change's.
+    A replacement is the provider's (:data:`PROVIDER_FORCE_NEW`); any other refusal of the
+    API server (an immutable field the provider does not list, an invalid value, an
+    admission policy) makes the provider's update fail, and is worded so."""
+    fields = ", ".join(r.fields)
+    if r.replace:
+        if r.labels:
+            return (
+                f"{', '.join(r.labels)}: changes {fields} of {r.ref}, which the Kubernetes "
+                "provider does not update in place: it would delete the object and create it "
+                "anew. Leave that field out of the patch (to change it anyway, delete the "
+                "object first and run pulumi up again)"
+            )
+        return (
+            f"{key_path(('deployments', r.index))}: this update changes {fields} of {r.ref}, "
+            "which the Kubernetes provider does not update in place: it would delete the "
+            "object and create it anew. This happens when a patch that set the field is "
+            "removed or changed, or a config change alters it: put back the value it had at "
+            "the last update (for a removed patch, the patch), or, to change it anyway, delete "
+            "the object first and run pulumi up again"
+        )
     if r.labels:
         return (
-            f"{', '.join(r.labels)}: changes {', '.join(r.fields)} of {r.ref}, which the API "
-            f"server refuses to change in place ({r.reason}); the provider would delete the "
-            "object and create it anew. Leave that field out of the patch (to change it "
-            "anyway, delete the object first and run pulumi up again)"
+            f"{', '.join(r.labels)}: changes {fields} of {r.ref}, and the API server refuses "
+            f"this change: {r.reason}; the update would fail. Correct or leave out that part "
+            "of the patch"
         )
     return (
-        f"{key_path(('deployments', r.index))}: this update changes {', '.join(r.fields)} "
-        f"of {r.ref}, which the API server refuses to change in place ({r.reason}); the "
-        "provider would delete the object and create it anew. This happens when a patch that "
-        "set the field is removed or changed, or a config change alters it: put back the "
-        "value the object has (for a removed patch, the patch), or, to change it anyway, "
-        "delete the object first and run pulumi up again"
+        f"{key_path(('deployments', r.index))}: this update changes {fields} of {r.ref}, and "
+        f"the API server refuses this change: {r.reason}; the update would fail. This happens "
+        "when a patch that set the field is removed or changed, or a config change alters "
+        "it: put back the value the object has (for a removed patch, the patch), or delete "
+        "the object first and run pulumi up again"
     )
 
 
 def patch_rejections(
-    reader: Any, stack: StackConfig, lives: Mapping[str, Mapping[str, Any]]
+    reader: Any,
+    stack: StackConfig,
+    lives: Mapping[str, Mapping[str, Any]],
+    state: identity.StackState | None = None,
 ) -> list[Rejection]:
-    """Dry-run every declared object that exists live and that the update changes (see the
-    module doc), patched and, when refused, as built.
+    """What the update would replace or the API server would refuse, of every declared
+    object that exists live (see the module doc).
 
-    ``reader.dry_apply(path, obj, manager)`` returns (HTTP status, body). A refusal of the
-    patched object that the unpatched one does not get is the patch's; one both get (or an
-    object without patches gets) is the config change's: the provider would replace the
-    object either way. An answer that is neither (403, 409, 500, a timeout) stops the update
-    with :class:`DryRunError`, naming the patch or deployment and the object: a check not
-    done is not a check passed.
+    First the provider's own rule, from the stack's ``state`` (no request): a field of
+    :data:`PROVIDER_FORCE_NEW` whose value differs from the inputs recorded at the last
+    update is a replacement (:func:`_replacements`); such an object is not dry-run (the
+    provider would not update it). The others that the update changes are applied in a
+    server-side dry run, patched and, when refused, as built: ``reader.dry_apply(path, obj,
+    manager)`` returns (HTTP status, body). A refusal of the patched object that the
+    unpatched one does not get is the patch's; one both get (or an object without patches
+    gets) is the config change's: the provider's update would fail either way. An answer
+    that is neither (403, 409, 500, a timeout) stops the update with :class:`DryRunError`,
+    naming the patch or deployment and the object: a check not done is not a check passed.
     """
     runs = _dry_runs(stack, lives)
+    replaced = {r.path: _replacements(r, state) for r in runs}
+    to_judge = [r for r in runs if not replaced[r.path]]
     with ThreadPoolExecutor(max_workers=_PARALLEL_GETS) as pool:
-        verdicts = list(pool.map(lambda r: _judge(reader, r), runs))
+        verdicts = list(pool.map(lambda r: _judge(reader, r), to_judge))
     unchecked = [v for v in verdicts if isinstance(v, str)]
     if unchecked:
         raise DryRunError(
@@ -1812,10 +2022,11 @@ def patch_rejections(
             + ". Nothing was changed. Run pulumi up again (a timeout or a server error passes);"
             " a 403 needs patch permission on the object for the credentials of the "
             "kubeconfig (the provider needs it anyway); or set pmem-csi:preflight: false to "
-            "skip the checks (a change of such a field then makes the provider delete and "
-            "re-create the object)"
+            "skip the checks (a change of a field Kubernetes does not let change then makes "
+            "the update fail)"
         )
-    return [v for v in verdicts if isinstance(v, Rejection)]
+    out = [x for r in runs for x in replaced[r.path]]
+    return out + [v for v in verdicts if isinstance(v, Rejection)]
 
 
 def run(

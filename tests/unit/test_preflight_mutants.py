@@ -683,14 +683,15 @@ def test_a_patch_rejection_problem_names_every_entry_and_field() -> None:
         ("pmem-csi:deployments[0].patches[0]", "pmem-csi:deployments[0].patches[2]"),
         "StatefulSet pmem-csi/c",
         ("spec.podManagementPolicy", "spec.selector"),
-        "spec: Forbidden",
+        "the Kubernetes provider replaces the object when it changes",
+        replace=True,
     )
     assert problems(stack({}), Observed(patch_rejections=[rejection])) == [
         "pmem-csi:deployments[0].patches[0], pmem-csi:deployments[0].patches[2]: changes "
-        "spec.podManagementPolicy, spec.selector of StatefulSet pmem-csi/c, which the API "
-        "server refuses to change in place (spec: Forbidden); the provider would delete the "
-        "object and create it anew. Leave that field out of the patch (to change it anyway, "
-        "delete the object first and run pulumi up again)"
+        "spec.podManagementPolicy, spec.selector of StatefulSet pmem-csi/c, which the "
+        "Kubernetes provider does not update in place: it would delete the object and create "
+        "it anew. Leave that field out of the patch (to change it anyway, delete the object "
+        "first and run pulumi up again)"
     ]
 
 

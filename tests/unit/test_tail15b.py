@@ -140,9 +140,9 @@ def test_run_passes_the_dry_run_error_through_unwrapped(monkeypatch: pytest.Monk
     assert str(raised.value) == "pmem-csi:preflight: the patch's own words"
 
 
-def test_a_dry_run_error_fails_the_program_with_its_message() -> None:
-    """program.main turns a PreflightError (DryRunError is one) into the update's error."""
-    assert issubclass(preflight.DryRunError, preflight.PreflightError)
+# test_a_dry_run_error_fails_the_program_with_its_message (it asserted issubclass only) is
+# now test_program_main_fails_the_update_with_the_dry_run_errors_message in
+# tests/unit/test_tail15b_review.py, which runs program.main.
 
 
 # --------------------------------------------------- item 2: immutable change without a patch
@@ -163,9 +163,11 @@ def test_removing_a_patch_that_set_an_immutable_field_is_refused_naming_the_fiel
     (problem,) = plan(cfg, Observed(patch_rejections=[rejection]), ME).problems
     assert problem.startswith(
         "pmem-csi:deployments[0]: this update changes spec.podManagementPolicy of "
-        f"StatefulSet pmem-csi/{STS}, which the API server refuses to change in place"
+        f"StatefulSet pmem-csi/{STS}, and the API server refuses this change: spec: forbidden"
     )
-    assert "the provider would delete the object and create it anew" in problem
+    # Without the state no replacement is judged (tests/unit/test_tail15b_review.py: with it
+    # this is the provider's replacement): the dry run's refusal is a failed update.
+    assert "the update would fail" in problem
     assert "for a removed patch, the patch" in problem
 
 

@@ -174,13 +174,18 @@ class Reporter:
 REPLICAS = 2
 
 
-def deployed_args(drivers: list[Driver]) -> list[str]:
-    """The container arguments of the stack reporter serving ``drivers``, as the program
-    builds them, without ``--log-level``/``--metrics-port`` (``Reporter`` sets its own)."""
+def _deployed_container(drivers: list[Driver]) -> dict[str, Any]:
+    """The container of the stack reporter serving ``drivers``, as the program builds it."""
     dep = build_reporter_deployment(
         [(d.names, d.namespace) for d in drivers], drivers[0].namespace, "img", REPLICAS, {}, 3, ""
     )
-    args = list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
+    return dep["spec"]["template"]["spec"]["containers"][0]
+
+
+def deployed_args(drivers: list[Driver]) -> list[str]:
+    """The container arguments of the stack reporter serving ``drivers``, as the program
+    builds them, without ``--log-level``/``--metrics-port`` (``Reporter`` sets its own)."""
+    args = list(_deployed_container(drivers)["args"])
     for flag in ("--log-level", "--metrics-port"):
         i = args.index(flag)
         del args[i : i + 2]
@@ -189,11 +194,7 @@ def deployed_args(drivers: list[Driver]) -> list[str]:
 
 def deployed_env(drivers: list[Driver]) -> dict[str, str]:
     """The environment the program gives the stack reporter's container (glibc tunables)."""
-    dep = build_reporter_deployment(
-        [(d.names, d.namespace) for d in drivers], drivers[0].namespace, "img", REPLICAS, {}, 3, ""
-    )
-    container = dep["spec"]["template"]["spec"]["containers"][0]
-    return {e["name"]: e["value"] for e in container.get("env", [])}
+    return {e["name"]: e["value"] for e in _deployed_container(drivers).get("env", [])}
 
 
 # --------------------------------------------------------------------------- API server

@@ -377,12 +377,12 @@ def test_a_yaml_program_installs_the_crd_and_one_reporter_for_two_deployments(
     (crd_state,) = [r for r in custom if r["type"].endswith(":CustomResourceDefinition")]
     assert crd_state.get("retainOnDelete") is True
     # dependsOn as written: the deployments after the CRD, the reporter after both.
-    urns = {r["type"].rsplit(":", 1)[-1]: [] for r in state["deployment"]["resources"]}
+    by_type: dict[str, list[dict[str, Any]]] = {}
     for r in state["deployment"]["resources"]:
-        urns[r["type"].rsplit(":", 1)[-1]].append(r)
-    (crd_component,) = urns["PmemCsiCrd"]
-    drivers = urns["PmemCsiDeployment"]
-    (reporter,) = urns["PmemCsiReporter"]
+        by_type.setdefault(r["type"].rsplit(":", 1)[-1], []).append(r)
+    (crd_component,) = by_type["PmemCsiCrd"]
+    drivers = by_type["PmemCsiDeployment"]
+    (reporter,) = by_type["PmemCsiReporter"]
     assert len(drivers) == 2
     assert all(crd_component["urn"] in d.get("dependencies", []) for d in drivers)
     assert {d["urn"] for d in drivers} <= set(reporter.get("dependencies", []))

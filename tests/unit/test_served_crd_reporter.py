@@ -316,7 +316,10 @@ def test_the_crd_component_installs_the_programs_crd(
         return real(obj, opts, **kw)
 
     monkeypatch.setattr(registry, "register", spy)
-    run(lambda: provider_face.PmemCsiCrd("crd", args))  # type: ignore[arg-type]
+    def body() -> None:
+        provider_face.PmemCsiCrd("crd", args)  # type: ignore[arg-type]
+
+    run(body)
     (crd,) = mocks.of_type(CRD_TYPE)
     want = load_crd()
     want["metadata"]["annotations"] = {

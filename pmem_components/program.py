@@ -95,21 +95,16 @@ def reporter_problems(stack: StackConfig) -> list[str]:
     return problems
 
 
-def register_reporter(
-    stack: StackConfig,
-    components: Sequence[Any],
-    namespaces: Mapping[str, pulumi.Resource],
-) -> list[pulumi.CustomResource]:
-    """The stack's one reporter (``manifests.reporter``), serving every deployment with the
-    reporter enabled, registered after their CRs (``components``: the stack's
-    PmemCsiDeployment components, in the order of ``stack.deployments``).
+def reporter_objects(stack: StackConfig, namespace: str | None = None) -> list[dict[str, Any]]:
+    """The objects of the stack's one reporter (``manifests.reporter``), serving every
+    deployment of ``stack`` with the reporter enabled; none when no deployment enables it.
 
-    It has the names and namespace the first such deployment's own reporter had, and its
-    objects are that deployment's component's children as they were: one ``pulumi up``
-    updates them in place (the Deployment rolls to the new arguments, its Lease stays). The
-    other deployments' old reporters are deleted at the end of that update, after the
-    stack's reporter Deployment is updated and, with the provider's await, rolled out:
-    there is always a reporter writing each CR's status.
+    The first such deployment gives the image, replicas, log level, labels and image pull
+    policy (:func:`reporter_problems`: the others agree); the reporter runs in ``namespace``,
+    by default that deployment's. Its Deployment carries the stack's field ownership policy
+    (``allowedFieldOwners``). Shared by :func:`register_reporter` and the served
+    ``pmem-csi:index:PmemCsiReporter`` (``pmem_components.provider_face``), so both build the
+    same objects for the same deployments.
     """
     from pmem_components.manifests.reporter import (
         build_reporter_objects,
@@ -120,40 +115,77 @@ def register_reporter(
     if not served:
         return []
     first = served[0]
-    crs = [
-        c.deployment_cr
-        for c, d in zip(components, stack.deployments, strict=True)
-        if d.reporter.enabled
-    ]
     assert first.reporter.image is not None  # enabled implies an image (config.Reporter)
     objects = build_reporter_objects(
         [(d.names, d.namespace) for d in served],
-        first.namespace,
+        namespace or first.namespace,
         first.reporter.image,
         replicas=first.reporter.replicas,
         labels=dict(first.labels),
         log_level=first.reporter.log_level,
         image_pull_policy=first.image_pull_policy,
     )
+    return [
+        with_allowed_field_owners(o, stack.allowed_field_owners) if o["kind"] == "Deployment" else o
+        for o in objects
+    ]
+
+
+def register_reporter_objects(
+    objects: Sequence[dict[str, Any]],
+    register: Any,
+    deps: Sequence[pulumi.Resource],
+) -> list[pulumi.CustomResource]:
+    """Register the reporter's ``objects`` with ``register(obj, depends_on)``, each after
+    ``deps``; the Deployment also after its ServiceAccount and every Role/ClusterRole (and
+    binding) granting it the served deployments' namespaces.
+
+    Why (review of issue 16): rolled out before its grants existed, its new pods met 403s
+    and said "could not be read" meanwhile.
+    """
+    out = []
+    rbac: list[Any] = []
+    for obj in objects:
+        if obj["kind"] == "Deployment":
+            out.append(register(obj, [*deps, *rbac]))
+            continue
+        made = register(obj, list(deps))
+        rbac.append(made)
+        out.append(made)
+    return out
+
+
+def register_reporter(
+    stack: StackConfig,
+    components: Sequence[Any],
+    namespaces: Mapping[str, pulumi.Resource],
+) -> list[pulumi.CustomResource]:
+    """The stack's one reporter (:func:`reporter_objects`), serving every deployment with the
+    reporter enabled, registered after their CRs (``components``: the stack's
+    PmemCsiDeployment components, in the order of ``stack.deployments``).
+
+    It has the names and namespace the first such deployment's own reporter had, and its
+    objects are that deployment's component's children as they were: one ``pulumi up``
+    updates them in place (the Deployment rolls to the new arguments, its Lease stays). The
+    other deployments' old reporters are deleted at the end of that update, after the
+    stack's reporter Deployment is updated and, with the provider's await, rolled out:
+    there is always a reporter writing each CR's status.
+    """
+    objects = reporter_objects(stack)
+    if not objects:
+        return []
+    served = [d for d in stack.deployments if d.reporter.enabled]
+    crs = [
+        c.deployment_cr
+        for c, d in zip(components, stack.deployments, strict=True)
+        if d.reporter.enabled
+    ]
     deps = [*crs, *(namespaces[d.namespace] for d in served if d.namespace in namespaces)]
     # Children of the first served deployment's component: its transforms apply (its
     # patches among them, validated against its own reporter objects,
     # bundle.reporter_objects), and the URNs are those its own reporter had.
     owner = components[next(i for i, d in enumerate(stack.deployments) if d.reporter.enabled)]
-    out = []
-    rbac: list[Any] = []
-    for obj in objects:
-        if obj["kind"] == "Deployment":
-            obj = with_allowed_field_owners(obj, stack.allowed_field_owners)
-            # Rolled out only once its ServiceAccount and every Role/ClusterRole (and binding)
-            # granting it the served deployments' namespaces exist (review of issue 16: its
-            # new pods met 403s and said "could not be read" meanwhile).
-            out.append(owner.register_reporter_object(obj, [*deps, *rbac]))
-            continue
-        made = owner.register_reporter_object(obj, deps)
-        rbac.append(made)
-        out.append(made)
-    return out
+    return register_reporter_objects(objects, owner.register_reporter_object, deps)
 
 
 def deploy(

@@ -26,15 +26,23 @@ annotations as objects.
 import re
 import typing
 from collections.abc import Mapping
-from typing import Any, NotRequired, Optional, TypedDict
+from dataclasses import dataclass
+from typing import Any, NotRequired, Optional, Required, TypedDict
 
 import pulumi
 from pulumi.errors import InputPropertiesError
 from pulumi.provider import main as _provider_main
 from pulumi.provider.experimental.component import ComponentDefinition, ComponentProvider
 
-from pmem_components import components
-from pmem_components.config import ConfigError, DeploymentConfig, key_path, load_config
+from pmem_components import awaiting, components, names, program, registry
+from pmem_components.config import (
+    CONFIG_NAMESPACE,
+    ConfigError,
+    DeploymentConfig,
+    StackConfig,
+    key_path,
+    load_config,
+)
 
 PACKAGE_NAME = "pmem-csi"
 
@@ -296,9 +304,10 @@ def _python_program_only(cfg: DeploymentConfig, args: Mapping[str, Any]) -> list
         raw = args.get("reporter") or {}
         field = "reporter.enabled" if raw.get("enabled") else "reporter.image"
         problems.append(
-            f"{field}: the status reporter is deployed by the Python stack program only "
-            "(one per stack, beside its deployments); the component provider deploys none, "
-            "so leave reporter.enabled and reporter.image unset here"
+            f"{field}: a deployment's own reporter is deployed by the Python stack program only "
+            "(one per stack, beside its deployments); here a pmem-csi:index:PmemCsiReporter "
+            "serves deployments: name this one (name and namespace) in its deployments, and "
+            "leave reporter.enabled and reporter.image unset here"
         )
     return problems
 
@@ -361,7 +370,255 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
         )
 
 
-SERVED_COMPONENTS: list[type[pulumi.ComponentResource]] = [PmemCsiDeployment]
+# ------------------------------------------------------------------ the CRD and the reporter
+# Issue 19: what the Python program deploys at stack level beside its deployments (the CRD
+# with manageCrd, the one reporter), served as components of their own. The SDK infers
+# resource references only to other packages' resources (its analyzer: is_resource,
+# get_package_name), so the reporter names the deployments it serves by plain values.
+
+CRD_TYPE = f"{components.TYPE_PREFIX}PmemCsiCrd"
+REPORTER_TYPE = f"{components.TYPE_PREFIX}PmemCsiReporter"
+
+
+class ServedArgsError(ArgsError):
+    """Invalid args of a served component other than PmemCsiDeployment, by field."""
+
+    def __init__(self, component: str, resource_name: str, problems: list[str]) -> None:
+        super().__init__(resource_name, problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        self.args = (
+            f"invalid args of {component} {resource_name!r} "
+            f"({len(self.problems)} problem(s)):\n{lines}",
+        )
+
+
+class PmemCsiCrdArgs(TypedDict, total=False):
+    """The Deployment CRD's settings."""
+
+    retain: bool
+    """Keep the CRD in the cluster on delete and destroy (default true, as the Python
+    program's retainCrd): deleting it deletes every Deployment CR, other stacks' too."""
+
+
+def crd_retain(resource_name: str, args: Mapping[str, Any]) -> bool:
+    """The ``retain`` arg (default true); :class:`ServedArgsError` for anything but a bool."""
+    unknown = _outputs_in(dict(args), "")
+    if unknown:
+        raise ServedArgsError("PmemCsiCrd", resource_name, [f"{p}: {_NOT_PLAIN}" for p in unknown])
+    retain = args.get("retain")
+    if retain is None:
+        return True
+    if not isinstance(retain, bool):
+        raise ServedArgsError(
+            "PmemCsiCrd",
+            resource_name,
+            [f"retain: must be true or false (got {retain!r})"],
+        )
+    return retain
+
+
+class PmemCsiCrd(pulumi.ComponentResource):
+    """The deployments.pmem-csi.intel.com CRD (crd/ in the repository), installed as the
+    Python program installs it with manageCrd: true. Give the PmemCsiDeployment resources
+    dependsOn on it: their CRs are then created after it and deleted before it.
+    """
+
+    crd_name: pulumi.Output[str]
+    """The CRD's name, deployments.pmem-csi.intel.com."""
+
+    def __init__(
+        self,
+        name: str,
+        args: PmemCsiCrdArgs,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        retain = crd_retain(name, args)
+        super().__init__(CRD_TYPE, name, None, opts)
+        # The program's own install_crd: the same object, forced apply, retain on delete.
+        self.crd = components.install_crd(pulumi.ResourceOptions(parent=self), retain=retain)
+        self.crd_name = names.CRD_NAME  # type: ignore[assignment]
+        self.register_outputs({"crdName": names.CRD_NAME})
+
+
+class ServedDeploymentArgs(TypedDict):
+    """A PmemCsiDeployment the reporter serves: its name and namespace arguments."""
+
+    name: str
+    """The deployment's name argument (its CSI driver name, the name of its CR)."""
+    namespace: str
+    """The deployment's namespace argument."""
+
+
+class PmemCsiReporterArgs(_AwaitField, total=False):
+    """The status reporter serving several deployments, as the Python program's one per stack."""
+
+    deployments: Required[list[ServedDeploymentArgs]]
+    """The deployments it serves (at least one); the first names it (<first>-reporter)."""
+    image: Required[str]
+    """The reporter image (no public one: docs/reporter.md, The reporter image)."""
+    replicas: int
+    """Default 2 (one holds the Lease and writes, the other stands by)."""
+    log_level: int
+    """Default 3."""
+    image_pull_policy: str
+    """Always, Never or IfNotPresent (default)."""
+    namespace: str
+    """Where it runs, with its Lease (default: the first deployment's namespace; it must
+    exist)."""
+    labels: dict[str, str]
+    """Extra labels on its objects (the program's reporter: the first deployment's labels)."""
+
+
+@dataclass(frozen=True)
+class ServedReporter:
+    """A validated PmemCsiReporter: the deployments as a stack config whose entries enable
+    the reporter (what :func:`pmem_components.program.reporter_objects` reads), and where
+    the reporter runs."""
+
+    stack: StackConfig
+    namespace: str
+
+
+_REPORTER_ENTRY_KEYS = ("name", "namespace")
+# Args that are the reporter's own: given to the first entry only (the program's reporter
+# takes them from its first deployment), or to every entry (they must agree).
+_FIRST_ENTRY_ARGS = ("imagePullPolicy", "labels", "await")
+_REPORTER_SETTINGS = ("image", "replicas", "logLevel")
+
+
+def _reporter_relabel(problem: str) -> str:
+    """A stack config problem of the entries :func:`reporter_settings` built, named by the
+    PmemCsiReporter field: ``pmem-csi:deployments[1].reporter.image`` -> ``image``,
+    ``pmem-csi:deployments[0].imagePullPolicy`` -> ``imagePullPolicy``,
+    ``pmem-csi:deployments[1].name`` -> ``deployments[1].name``."""
+    out = problem.replace(f"{CONFIG_NAMESPACE}:", "")
+    out = re.sub(r"\bdeployments\[\d+\]\.reporter\.", "", out)
+    out = re.sub(r"\bdeployments\[0\]\.(?=(?:imagePullPolicy|labels|await)\b)", "", out)
+    return _NUMBER_FIX.sub("; write it without quotes", _STRING_FIX.sub("", out))
+
+
+def _reporter_shape_problems(entry: Mapping[str, Any]) -> list[str]:
+    """What the stack config cannot say about these args: a missing list, name or image."""
+    problems = []
+    deployments = entry.get("deployments")
+    if not isinstance(deployments, list) or not deployments:
+        problems.append(
+            "deployments: is required: list each PmemCsiDeployment this reporter serves by "
+            "its name and namespace arguments (at least one)"
+        )
+    else:
+        for i, dep in enumerate(deployments):
+            if not isinstance(dep, Mapping):
+                problems.append(f"deployments[{i}]: must be an object with name and namespace")
+                continue
+            for key in _REPORTER_ENTRY_KEYS:
+                if dep.get(key) is None:
+                    problems.append(
+                        f"deployments[{i}].{key}: is required: the {key} argument of the "
+                        "PmemCsiDeployment it serves (write it even where that is the default)"
+                    )
+            problems += [
+                f"deployments[{i}].{key}: is not a known setting (name and namespace only)"
+                for key in dep
+                if key not in _REPORTER_ENTRY_KEYS
+            ]
+    if entry.get("image") is None:
+        problems.append(
+            "image: is required: there is no public reporter image; build it with `make image`, "
+            "push it to a registry your nodes pull from (docs/reporter.md, The reporter image) "
+            "and name it here"
+        )
+    return problems
+
+
+def reporter_settings(resource_name: str, args: Mapping[str, Any]) -> ServedReporter:
+    """The validated reporter args; :class:`ServedArgsError` lists every problem by field.
+
+    The deployments become stack config entries with the reporter settings, checked by
+    :func:`pmem_components.config.load_config` (names and namespaces as a deployment's, the
+    names unique, image, replicas, log level, pull policy, labels, await): a deployment the
+    reporter could not serve under that name is refused as the stack config refuses it.
+    """
+    entry = to_config_entry(args, PmemCsiReporterArgs)
+    unknown = _outputs_in(entry, "")
+    if unknown:
+        raise ServedArgsError(
+            "PmemCsiReporter", resource_name, [f"{p}: {_NOT_PLAIN}" for p in unknown]
+        )
+    problems = _reporter_shape_problems(entry)
+    if problems:
+        raise ServedArgsError("PmemCsiReporter", resource_name, problems)
+    settings = {k: entry[k] for k in _REPORTER_SETTINGS if k in entry}
+    first = {k: entry[k] for k in _FIRST_ENTRY_ARGS if k in entry}
+    entries = [
+        {**dep, "reporter": dict(settings), **(first if i == 0 else {})}
+        for i, dep in enumerate(entry["deployments"])
+    ]
+    found: list[str] = []
+    stack: StackConfig | None = None
+    try:
+        stack = load_config({"deployments": entries}, check_certificates=False)
+    except ConfigError as err:
+        found += err.problems
+    namespace = entry.get("namespace")
+    if namespace is not None:
+        try:
+            load_config({"deployments": [{"namespace": namespace}]}, check_certificates=False)
+        except ConfigError as err:
+            found += [p.replace(key_path(("deployments", 0)) + ".", "") for p in err.problems]
+    if found:
+        problems = list(dict.fromkeys(_reporter_relabel(p) for p in found))
+        raise ServedArgsError("PmemCsiReporter", resource_name, problems)
+    assert stack is not None
+    return ServedReporter(stack, namespace or stack.deployments[0].namespace)
+
+
+class PmemCsiReporter(pulumi.ComponentResource):
+    """The status reporter: writes the status of the named deployments' CRs (one reporter
+    for several deployments, as the Python program's one per stack, with the same objects).
+    Give it dependsOn on those deployments (their CRs and namespaces come first).
+    """
+
+    namespace: pulumi.Output[str]
+    """The reporter's namespace."""
+    deployment_name: pulumi.Output[str]
+    """The name of its Deployment, ServiceAccount and Lease (<first deployment>-reporter)."""
+
+    def __init__(
+        self,
+        name: str,
+        args: PmemCsiReporterArgs,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        served = reporter_settings(name, args)
+        first = served.stack.deployments[0]
+        # The program registers them as children of the first deployment's component, under
+        # its await settings: here the reporter's own.
+        opts = pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(transforms=[awaiting.transform(first)])
+        )
+        super().__init__(REPORTER_TYPE, name, None, opts)
+        objects = program.reporter_objects(served.stack, served.namespace)
+        # Children named "<name>:<object>", as PmemCsiDeployment's under a name of its own.
+        self.resources = program.register_reporter_objects(
+            objects,
+            lambda obj, deps: registry.register(
+                obj, pulumi.ResourceOptions(parent=self, depends_on=deps), name_prefix=f"{name}:"
+            ),
+            [],
+        )
+        self.namespace = served.namespace  # type: ignore[assignment]
+        self.deployment_name = first.names.reporter  # type: ignore[assignment]
+        self.register_outputs(
+            {"namespace": served.namespace, "deploymentName": first.names.reporter}
+        )
+
+
+SERVED_COMPONENTS: list[type[pulumi.ComponentResource]] = [
+    PmemCsiDeployment,
+    PmemCsiCrd,
+    PmemCsiReporter,
+]
 
 
 class FaceProvider(ComponentProvider):

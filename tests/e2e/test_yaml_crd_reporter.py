@@ -1,0 +1,436 @@
+"""The CRD and the status reporter from a YAML program, with the real CLI and YAML host (issue 19).
+
+A YAML program installs the CRD (``pmem-csi:index:PmemCsiCrd``), two
+``PmemCsiDeployment`` resources that depend on it, and one ``pmem-csi:index:PmemCsiReporter``
+serving both (named by name and namespace, depending on both). The set-up is
+``tests/e2e/test_yaml_package.py``'s: ``pulumi package add <checkout>/provider``, the stand-in
+Python host first on ``PATH``, a backend of this module's own. One lifecycle:
+
+- a reporter naming a deployment it cannot serve fails ``preview``, naming the YAML field;
+- ``up``; every Kubernetes object is compared with what the Python program
+  (``pmem_components.program`` under Pulumi mocks) registers for the same deployments with
+  ``manageCrd: true`` and the reporter enabled, object for object -- the CR's
+  ``spec.reporter`` apart, which records the deployment's own (refused) reporter settings;
+- the reporter Deployment, its ServiceAccount and RBAC exist in the cluster; kwok runs no
+  container, so the reporter is run as a process with the Deployment's own arguments and a
+  token of its ServiceAccount (so the API server enforces exactly its RBAC), and both CRs'
+  status reaches ``Running``;
+- a second ``up`` changes nothing; ``destroy`` removes drivers and reporter and keeps the CRD
+  (``retain`` unset: true); a program with ``retain: false`` then deletes it on ``destroy``
+  (the module puts the CRD back for the modules after it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from pmem_components import names
+from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION
+from reporter.kubeapi import RawApi
+from tests.e2e.reporter_helpers import (
+    REPORTER_IMAGE,
+    ReporterProcess,
+    ensure_crd,
+    token_kubeconfig,
+)
+from tests.e2e.waiting import wait_for
+from tools import langhost, localenv, toolchain
+
+pytestmark = pytest.mark.timeout(900)
+
+PROVIDER_DIR = toolchain.PROJECT_DIR / "provider"
+STATUS_TIMEOUT = 120.0
+DEPLOYMENTS: list[dict[str, Any]] = [
+    {
+        "name": "served-a.example.org",
+        "namespace": "served-a",
+        "labels": {"team": "storage"},
+        "await": {"enabled": False},
+    },
+    {
+        "name": "served-b.example.org",
+        "namespace": "served-b",
+        "deviceMode": "direct",
+        "await": {"enabled": False},
+    },
+]
+REPORTER: dict[str, Any] = {
+    "deployments": [{"name": d["name"], "namespace": d["namespace"]} for d in DEPLOYMENTS],
+    "image": REPORTER_IMAGE,
+    # As the Python program's reporter takes them from its first deployment.
+    "labels": {"team": "storage"},
+    "await": {"enabled": False},
+}
+# The Python program's stack-level settings the YAML program matches: the CRD installed by
+# the stack, no field take-over (the served components do none).
+STACK_SETTINGS = {"manageCrd": True, "takeOverFields": False}
+
+
+def program(*, retain: bool | None = None, with_drivers: bool = True) -> dict[str, Any]:
+    crd: dict[str, Any] = {"type": "pmem-csi:index:PmemCsiCrd"}
+    if retain is not None:
+        crd["properties"] = {"retain": retain}
+    resources: dict[str, Any] = {"crd": crd}
+    outputs: dict[str, Any] = {"crdName": "${crd.crdName}"}
+    if with_drivers:
+        for key, props in zip(("driverA", "driverB"), DEPLOYMENTS, strict=True):
+            resources[key] = {
+                "type": "pmem-csi:index:PmemCsiDeployment",
+                "properties": props,
+                "options": {"dependsOn": ["${crd}"]},
+            }
+        resources["reporter"] = {
+            "type": "pmem-csi:index:PmemCsiReporter",
+            "properties": REPORTER,
+            "options": {"dependsOn": ["${driverA}", "${driverB}"]},
+        }
+        outputs["reporterName"] = "${reporter.deploymentName}"
+        outputs["reporterNamespace"] = "${reporter.namespace}"
+    return {
+        "name": "pmem-yaml-served",
+        "runtime": "yaml",
+        "config": {"kubernetes:enableSecretMutable": {"value": True}},
+        "resources": resources,
+        "outputs": outputs,
+    }
+
+
+class Cli:
+    """The pulumi CLI in the YAML project directory, with a backend of this module's own."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.cwd, self.env = cwd, env
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        start = time.monotonic()
+        done = subprocess.run(
+            [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],
+            cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        print(f"[yaml served] pulumi {' '.join(args)}: {time.monotonic() - start:.1f}s", flush=True)
+        if check:
+            assert done.returncode == 0, f"pulumi {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+        return done
+
+    def write(self, project: dict[str, Any]) -> None:
+        """Pulumi.yaml as ``project``, with the package ``pulumi package add`` recorded."""
+        path = self.cwd / "Pulumi.yaml"
+        packages = (
+            (yaml.safe_load(path.read_text()) or {}).get("packages") if path.exists() else None
+        )
+        body = {**project, **({"packages": packages} if packages else {})}
+        path.write_text(yaml.safe_dump(body, sort_keys=False))
+
+
+@pytest.fixture(scope="module")
+def cli(
+    pulumi_ready: dict[str, str], local_cluster: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Cli:
+    if not toolchain.GROUPS["pulumi-yaml"].is_built():
+        pytest.fail("tool group pulumi-yaml is not built: run `make tools`")
+    project = tmp_path_factory.mktemp("yaml-served")
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump(program(), sort_keys=False))
+    env = {**os.environ, **localenv.pulumi_env()}
+    env["PULUMI_BACKEND_URL"] = tmp_path_factory.mktemp("backend").as_uri()
+    env["KUBECONFIG"] = str(local_cluster)
+    # This checkout's stand-in Python host first on PATH (see test_yaml_package.py).
+    host_bin = tmp_path_factory.mktemp("language-host")
+    toolchain.install_language_host(host_bin)
+    env["PATH"] = os.pathsep.join([str(host_bin), env["PATH"]])
+    env[langhost.CALL_LOG_ENV] = str(project.parent / "langhost-calls.log")
+    return Cli(project, env)
+
+
+@pytest.fixture(scope="module")
+def cleanup(cli: Cli, api_client: Any) -> Iterator[None]:
+    """After the module: the stack destroyed if a failure left it, and the shared CRD, which
+    the module ends by deleting (``retain: false``), put back once no deletion of it is under
+    way, for the modules that run after it on this cluster."""
+    yield
+    cli.run("destroy", "--yes", "--skip-preview", check=False)
+    ext = client.ApiextensionsV1Api(api_client)
+
+    def settled() -> bool:
+        try:
+            obj = ext.read_custom_resource_definition(names.CRD_NAME)
+        except client.exceptions.ApiException as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return obj.metadata.deletion_timestamp is None
+
+    wait_for(settled, 120, "the CRD present, or its deletion done")
+    ensure_crd(RawApi(api_client))
+
+
+def kubectl(cli: Cli, *args: str) -> dict[str, Any] | None:
+    done = subprocess.run(
+        [str(toolchain.bin_path("kubectl")), *args, "-o", "json"],
+        env=cli.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0:
+        assert "NotFound" in done.stderr, done.stderr
+        return None
+    return json.loads(done.stdout)
+
+
+# Under mocks the engine runs no resource transforms, so the script applies the component's
+# own (PmemCsiDeployment: the await settings, then the deployment's patches) to each object
+# of a deployment, the reporter's included (they are the first deployment's children).
+_PYTHON_PROGRAM = """
+import json, sys
+sys.path.insert(0, "tests/unit")  # bad_input imports its neighbours as pytest has them
+import pulumi
+from tests.unit.bad_input import run_program
+from pmem_components import awaiting, config, names
+from pmem_components.patches import PatchSet
+
+raw = json.loads(sys.argv[1])
+error, resources = run_program(raw)
+stack = config.load_config(raw)
+by_instance = {d.names.hyphened: (i, d) for i, d in enumerate(stack.deployments)}
+out = []
+for r in resources:
+    props = dict(r.inputs)
+    labels = (props.get("metadata") or {}).get("labels") or {}
+    if r.typ.startswith("kubernetes:") and labels.get(names.LABEL_INSTANCE) in by_instance:
+        i, dep = by_instance[labels[names.LABEL_INSTANCE]]
+        patches = PatchSet.for_deployment(i, dep.patches)
+        for transform in (awaiting.transform(dep), patches.transform):
+            opts = pulumi.ResourceOptions()
+            result = transform(pulumi.ResourceTransformArgs(True, r.typ, r.name, props, opts))
+            if result is not None:
+                props = dict(result.props)
+    out.append({"type": r.typ, "inputs": props})
+print(json.dumps({"error": error, "resources": out}, default=str))
+"""
+
+
+def python_program_objects() -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The Kubernetes objects the Python program registers for DEPLOYMENTS with the reporter
+    enabled (under mocks), in a process of its own: Pulumi's mocks are process-wide."""
+    with_reporter = [{**d, "reporter": {"image": REPORTER_IMAGE}} for d in DEPLOYMENTS]
+    raw = {"deployments": with_reporter, **STACK_SETTINGS}
+    done = subprocess.run(
+        [sys.executable, "-c", _PYTHON_PROGRAM, json.dumps(raw)],
+        cwd=toolchain.PROJECT_DIR, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["error"] == ""
+    return _by_object(result["resources"])
+
+
+def _by_object(resources: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
+    out = {}
+    for res in resources:
+        if not res["type"].startswith("kubernetes:"):
+            continue
+        inputs = res["inputs"]
+        meta = inputs.get("metadata") or {}
+        key = (inputs["kind"], meta.get("namespace", ""), meta["name"])
+        assert key not in out, key
+        out[key] = _comparable(inputs)
+    return out
+
+
+def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without what depends on the stack's name or on the certificates' values."""
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {
+                k: walk(v)
+                for k, v in value.items()
+                if k not in (names.STACK_ANNOTATION, CERTIFICATES_HASH_ANNOTATION)
+            }
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, str) and "-----BEGIN" in value:
+            return "<pem>"
+        if isinstance(value, float) and value.is_integer():
+            return int(value)  # the mocks' numbers are floats, the state's integers
+        return value
+
+    out = walk(obj)
+    if out["kind"] == "Secret":
+        out.pop("data", None)
+        out.pop("stringData", None)
+    return out
+
+
+def _without_reporter_record(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without the CR's ``spec.reporter`` and what follows from it: the digest of
+    the CR spec on the workloads (``names.SPEC_DIGEST_ANNOTATION``, checked on its own)."""
+    if obj["apiVersion"].startswith(f"{names.CRD_GROUP}/"):
+        return {**obj, "spec": {k: v for k, v in obj["spec"].items() if k != "reporter"}}
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    if names.SPEC_DIGEST_ANNOTATION not in annotations:
+        return obj
+    kept = {k: v for k, v in annotations.items() if k != names.SPEC_DIGEST_ANNOTATION}
+    return {**obj, "metadata": {**obj["metadata"], "annotations": kept}}
+
+
+def _cr_running(custom: client.CustomObjectsApi, name: str) -> dict[str, Any]:
+    obj = custom.get_cluster_custom_object("pmem-csi.intel.com", "v1beta1", "deployments", name)
+    status = obj.get("status") or {}
+    fresh = status.get("observedGeneration") == obj["metadata"]["generation"]
+    return status if fresh and status.get("phase") == "Running" else {}
+
+
+def _run_reporter_as_its_pod(
+    cli: Cli, api_client: Any, local_cluster: Path, tmp_path: Path, dep: dict[str, Any]
+) -> None:
+    """The reporter as its pod would run: the Deployment's arguments, its ServiceAccount's
+    token, a local port and a short resync; both CRs' status then reaches Running."""
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    args = list(container["args"])
+    namespace, sa = (
+        dep["metadata"]["namespace"],
+        dep["spec"]["template"]["spec"]["serviceAccountName"],
+    )
+    kubeconfig = token_kubeconfig(api_client, local_cluster, sa, namespace, tmp_path / "kubeconfig")
+    i = args.index("--metrics-port")
+    del args[i : i + 2]
+    first = DEPLOYMENTS[0]["name"]
+    proc = ReporterProcess(
+        kubeconfig,
+        first,
+        namespace,
+        "served-0",
+        tmp_path / "reporter.log",
+        resync_seconds=2.0,
+        extra_args=tuple(x for x in args if x not in ("--namespace", namespace)),
+    )
+    try:
+        custom = client.CustomObjectsApi(api_client)
+        for d in DEPLOYMENTS:
+            wait_for(
+                lambda d=d: _cr_running(custom, d["name"]),
+                STATUS_TIMEOUT,
+                f"{d['name']}: Running, written by the served reporter",
+            )
+        assert "403" not in proc.log(), proc.log()[-3000:]
+    finally:
+        proc.stop()
+
+
+def test_a_yaml_program_installs_the_crd_and_one_reporter_for_two_deployments(
+    cli: Cli, api_client: Any, local_cluster: Path, tmp_path: Path, cleanup: None
+) -> None:
+    added = cli.run("package", "add", str(PROVIDER_DIR))
+    assert "pmem-csi" in (cli.cwd / "Pulumi.yaml").read_text(), added.stdout
+    cli.run("stack", "init", "served")
+    good = program()
+
+    # ---- a reporter naming a deployment it cannot serve fails preview, by the YAML field.
+    bad = json.loads(json.dumps(good))
+    bad["resources"]["reporter"]["properties"]["deployments"][1]["namespace"] = "kube-system"
+    cli.write(bad)
+    failed = cli.run("preview", check=False)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0, out
+    assert "invalid args of PmemCsiReporter 'reporter' (1 problem(s))" in out, out
+    assert 'deployments[1].namespace: "kube-system" belongs to Kubernetes itself' in out, out
+    assert "pmem-csi:deployments" not in out, out
+    cli.write(good)
+
+    # ---- up: the CRD, both drivers, one reporter serving both.
+    cli.run("up", "--yes", "--skip-preview")
+    outputs = json.loads(cli.run("stack", "output", "--json").stdout)
+    first = names.DeploymentNames(DEPLOYMENTS[0]["name"])
+    assert outputs == {
+        "crdName": names.CRD_NAME,
+        "reporterName": first.reporter,
+        "reporterNamespace": DEPLOYMENTS[0]["namespace"],
+    }
+
+    # ---- the same objects as the Python program's, object for object.
+    state = json.loads(cli.run("stack", "export").stdout)
+    custom = [r for r in state["deployment"]["resources"] if r.get("custom")]
+    deployed = _by_object([{"type": r["type"], "inputs": r.get("inputs", {})} for r in custom])
+    expected = python_program_objects()
+    assert sorted(deployed) == sorted(expected)
+    for key, obj in expected.items():
+        assert _without_reporter_record(deployed[key]) == _without_reporter_record(obj), key
+    # The CRs record the deployments' own reporter settings: none (a PmemCsiReporter serves).
+    # Their workloads carry the digest of that spec, as the reporter compares it.
+    for d in DEPLOYMENTS:
+        cr = deployed[(names.CRD_KIND, "", d["name"])]
+        assert cr["spec"]["reporter"] == {"enabled": False, "replicas": 2, "logLevel": 3}
+        h = names.DeploymentNames(d["name"]).hyphened
+        for kind, suffix in (("StatefulSet", "controller"), ("DaemonSet", "node")):
+            workload = deployed[(kind, d["namespace"], f"{h}-{suffix}")]
+            digest = workload["metadata"]["annotations"][names.SPEC_DIGEST_ANNOTATION]
+            assert digest == names.spec_digest(cr["spec"]), (kind, d["name"])
+    (crd_state,) = [r for r in custom if r["type"].endswith(":CustomResourceDefinition")]
+    assert crd_state.get("retainOnDelete") is True
+    # dependsOn as written: the deployments after the CRD, the reporter after both.
+    by_type: dict[str, list[dict[str, Any]]] = {}
+    for r in state["deployment"]["resources"]:
+        by_type.setdefault(r["type"].rsplit(":", 1)[-1], []).append(r)
+    (crd_component,) = by_type["PmemCsiCrd"]
+    drivers = by_type["PmemCsiDeployment"]
+    (reporter,) = by_type["PmemCsiReporter"]
+    assert len(drivers) == 2
+    assert all(crd_component["urn"] in d.get("dependencies", []) for d in drivers)
+    assert {d["urn"] for d in drivers} <= set(reporter.get("dependencies", []))
+
+    # ---- in the cluster: the reporter Deployment, its ServiceAccount and its grants.
+    ns_a = DEPLOYMENTS[0]["namespace"]
+    dep = kubectl(cli, "get", "deployment", "-n", ns_a, first.reporter)
+    assert dep is not None
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [args[i + 1] for i, x in enumerate(args) if x == "--deployment"] == [
+        d["name"] for d in DEPLOYMENTS
+    ]
+    assert kubectl(cli, "get", "serviceaccount", "-n", ns_a, first.reporter)
+    role = kubectl(cli, "get", "clusterrole", f"{first.reporter}-stack")
+    assert role is not None
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert all(sorted(r["resourceNames"]) == sorted(d["name"] for d in DEPLOYMENTS) for r in named)
+    for d in DEPLOYMENTS:
+        assert kubectl(cli, "get", "role", "-n", d["namespace"], f"{first.reporter}-stack")
+    _run_reporter_as_its_pod(cli, api_client, local_cluster, tmp_path, dep)
+
+    # ---- a second up changes nothing.
+    cli.run("up", "--yes", "--skip-preview", "--expect-no-changes")
+
+    # ---- destroy: drivers and reporter gone, the CRD kept (retain unset: true).
+    cli.run("destroy", "--yes", "--skip-preview")
+    assert kubectl(cli, "get", "deployment", "-n", ns_a, first.reporter) is None
+    assert kubectl(cli, "get", "clusterrole", f"{first.reporter}-stack") is None
+    for d in DEPLOYMENTS:
+        assert kubectl(cli, "get", "deployments.pmem-csi.intel.com", d["name"]) is None
+    assert kubectl(cli, "get", "crd", names.CRD_NAME) is not None
+
+    # ---- retain: false: the CRD goes with destroy.
+    cli.write(program(retain=False, with_drivers=False))
+    cli.run("up", "--yes", "--skip-preview")
+    state = json.loads(cli.run("stack", "export").stdout)
+    (crd_state,) = [
+        r
+        for r in state["deployment"]["resources"]
+        if r["type"].endswith(":CustomResourceDefinition")
+    ]
+    assert not crd_state.get("retainOnDelete")
+    cli.run("destroy", "--yes", "--skip-preview")
+
+    def crd_gone() -> bool:
+        return kubectl(cli, "get", "crd", names.CRD_NAME) is None
+
+    wait_for(crd_gone, 120, "the CRD deleted by destroy (retain: false)")
+    cli.run("stack", "rm", "--yes", "served")
+    calls = Path(cli.env[langhost.CALL_LOG_ENV]).read_text().split()
+    assert "RunPlugin" in calls, calls

@@ -42,7 +42,7 @@ def _mocks(stack: str = "unit") -> RecordingMocks:
 @pytest.fixture
 def mocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingMocks]:
     """Mocks of a fresh provider process: no namespace claimed yet."""
-    monkeypatch.setattr(provider_face, "_NAMESPACE_CREATORS", {})
+    monkeypatch.setattr(provider_face, "_NAMESPACE_CREATORS", {}, raising=False)
     with project_config():
         yield _mocks()
 

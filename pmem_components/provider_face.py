@@ -24,6 +24,7 @@ annotations as objects.
 """
 
 import re
+import threading
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -335,6 +336,60 @@ def deployment_config(resource_name: str, args: Mapping[str, Any]) -> Deployment
     return cfg
 
 
+# The namespaces the components of this provider process create, by (project, stack,
+# Kubernetes provider, namespace) -> the component's name. One provider process serves every
+# component of one program during a command (docs/yaml-and-other-languages.md, the observed
+# calls), so a second creator of the same namespace is seen here. Constructs run one at a time
+# on the SDK's event loop; the lock only makes that independent of the SDK.
+_NAMESPACE_CREATORS: dict[tuple[str, str, str, str], str] = {}
+_NAMESPACE_LOCK = threading.Lock()
+
+
+def _cluster_of(opts: pulumi.ResourceOptions | None) -> str | None:
+    """Which Kubernetes provider the component's children deploy through, as a key: the
+    stack's default one, or an explicit one by its name; None when that cannot be told (then
+    no namespace is claimed: two clusters may each have a namespace of the same name)."""
+    provider = components.kubernetes_provider(opts)
+    if provider is None:
+        return "(default provider)"
+    name = getattr(provider, "_name", "")
+    return f"provider {name}" if name else None
+
+
+def claim_namespace(
+    resource_name: str, cfg: DeploymentConfig, opts: pulumi.ResourceOptions | None
+) -> list[str]:
+    """Problems when another component of this program already creates ``cfg.namespace``
+    through the same Kubernetes provider; otherwise records this one as its creator.
+
+    Why refused: each component registers the namespace as a child of its own, so two
+    Pulumi resources would own one Kubernetes object; removing either component from the
+    program releases it from the state or (``retainNamespace: false``) deletes it, with
+    the other driver in it. Exactly one component creates a shared namespace; the others
+    set ``createNamespace: false`` and depend on it, so theirs are created after it.
+    A component registered again under the same name (preview, then update, in one
+    process) is its own creator, not a second one.
+    """
+    if not cfg.create_namespace:
+        return []
+    cluster = _cluster_of(opts)
+    if cluster is None:
+        return []
+    key = (pulumi.get_project(), pulumi.get_stack(), cluster, cfg.namespace)
+    with _NAMESPACE_LOCK:
+        first = _NAMESPACE_CREATORS.setdefault(key, resource_name)
+    if first == resource_name:
+        return []
+    return [
+        f"createNamespace: component {first!r} of this program already creates namespace "
+        f"{cfg.namespace!r} (through the same Kubernetes provider), and two components cannot "
+        f"own one namespace: removing either would release or delete it under the other. "
+        f"Set createNamespace: false on {resource_name!r} and make it depend on {first!r} "
+        f"(the dependsOn resource option; in YAML: options: dependsOn: [${{{first}}}]), so "
+        f"its objects are created once the namespace exists"
+    ]
+
+
 class PmemCsiDeployment(components.PmemCsiDeployment):
     """One complete PMEM-CSI driver deployment plus its Deployment custom resource.
 
@@ -358,6 +413,9 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
     ) -> None:
         cfg = deployment_config(name, args)
         problems = components.secret_mutability_problems(cfg, opts)
+        if problems:
+            raise ArgsError(name, problems)
+        problems = claim_namespace(name, cfg, opts)
         if problems:
             raise ArgsError(name, problems)
         retain = args.get("retain_namespace")

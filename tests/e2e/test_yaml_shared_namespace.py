@@ -1,0 +1,219 @@
+"""Two served components in one namespace, from one YAML program (issue 19), with the real
+CLI and the real YAML host on the local cluster.
+
+The set-up is test_yaml_package.py's: a fresh YAML project, ``pulumi package add
+<checkout>/provider``, a backend of this module's own. Two ``PmemCsiDeployment`` resources
+with different driver names in one namespace:
+
+- both with the default ``createNamespace: true``: ``preview`` fails on the second, naming its
+  ``createNamespace`` field and the first component, and nothing is created;
+- the documented way, the second with ``createNamespace: false`` and ``dependsOn`` the first:
+  ``up`` deploys both in the one namespace, a second ``up`` changes nothing; removing the
+  second from the program removes its driver only; removing the creator keeps the namespace
+  (``retainNamespace`` default true) and the other driver in it, untouched; ``destroy``
+  removes the drivers and keeps the namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pmem_components import names
+from tools import langhost, localenv, toolchain
+
+pytestmark = pytest.mark.timeout(900)
+
+PROVIDER_DIR = toolchain.PROJECT_DIR / "provider"
+NAMESPACE = "yaml-shared"
+
+
+def drivers(namespace: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Driver A's and B's properties in ``namespace``, and B the documented way: creating
+    no namespace, registered after the creator (``dependsOn``)."""
+    a = {"name": "shared-a.example.org", "namespace": namespace, "await": {"enabled": False}}
+    b = {"name": "shared-b.example.org", "namespace": namespace, "await": {"enabled": False}}
+    after_a = {
+        "properties": {**b, "createNamespace": False},
+        "options": {"dependsOn": ["${driverA}"]},
+    }
+    return a, b, after_a
+
+
+def program(resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A YAML program of ``resources`` (name -> ``properties`` and optional ``options``)."""
+    return {
+        "name": "pmem-yaml-shared",
+        "runtime": "yaml",
+        "config": {"kubernetes:enableSecretMutable": {"value": True}},
+        "resources": {
+            name: {"type": "pmem-csi:index:PmemCsiDeployment", **spec}
+            for name, spec in resources.items()
+        },
+    }
+
+
+class Cli:
+    """The pulumi CLI in the YAML project directory, with a backend of this module's own."""
+
+    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
+        self.cwd, self.env = cwd, env
+
+    def write(self, resources: dict[str, dict[str, Any]]) -> None:
+        """Replace the program's resources, keeping the packages ``package add`` wrote."""
+        path = self.cwd / "Pulumi.yaml"
+        current = yaml.safe_load(path.read_text())
+        new = {**program(resources), "packages": current.get("packages")}
+        path.write_text(yaml.safe_dump({k: v for k, v in new.items() if v}, sort_keys=False))
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        start = time.monotonic()
+        done = subprocess.run(
+            [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],
+            cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=400,
+        )  # fmt: skip
+        print(f"[yaml-shared] pulumi {' '.join(args)}: {time.monotonic() - start:.1f}s", flush=True)
+        if check:
+            assert done.returncode == 0, f"pulumi {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+        return done
+
+
+@pytest.fixture(scope="module")
+def cli(
+    pulumi_ready: dict[str, str], local_cluster: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Cli:
+    if not toolchain.GROUPS["pulumi-yaml"].is_built():
+        pytest.fail("tool group pulumi-yaml is not built: run `make tools`")
+    project = tmp_path_factory.mktemp("yaml-shared-program")
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump(program({}), sort_keys=False))
+    env = {**os.environ, **localenv.pulumi_env()}
+    env["PULUMI_BACKEND_URL"] = tmp_path_factory.mktemp("backend").as_uri()
+    env["KUBECONFIG"] = str(local_cluster)
+    # This checkout's stand-in Python host first on PATH (as test_yaml_package.py says why).
+    host_bin = tmp_path_factory.mktemp("language-host")
+    toolchain.install_language_host(host_bin)
+    env["PATH"] = os.pathsep.join([str(host_bin), env["PATH"]])
+    env[langhost.CALL_LOG_ENV] = str(project.parent / "langhost-calls.log")
+    made = Cli(project, env)
+    made.run("package", "add", str(PROVIDER_DIR))
+    return made
+
+
+def kubectl(cli: Cli, *args: str) -> dict[str, Any] | None:
+    done = subprocess.run(
+        [str(toolchain.bin_path("kubectl")), *args, "-o", "json"],
+        env=cli.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    if done.returncode != 0:
+        assert "NotFound" in done.stderr, done.stderr
+        return None
+    return json.loads(done.stdout)
+
+
+def uid(cli: Cli, *what: str) -> str | None:
+    obj = kubectl(cli, "get", *what)
+    return None if obj is None else obj["metadata"]["uid"]
+
+
+def controller(dep: dict[str, Any]) -> tuple[str, ...]:
+    h = names.DeploymentNames(dep["name"]).hyphened
+    return ("statefulset", "-n", dep["namespace"], f"{h}-controller")
+
+
+def cr(dep: dict[str, Any]) -> tuple[str, ...]:
+    return ("deployments.pmem-csi.intel.com", dep["name"])
+
+
+def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: None) -> None:
+    a, b, b_after_a = drivers(NAMESPACE)
+    cli.run("stack", "init", "shared")
+
+    # ---- both create the namespace: preview fails on the second, naming the first.
+    cli.write({"driverA": {"properties": a}, "driverB": {"properties": b}})
+    failed = cli.run("preview", check=False)
+    out = failed.stdout + failed.stderr
+    assert failed.returncode != 0, out
+    # Which of the two registers second is the engine's order; the message names the other.
+    refused_b = "'driverB' (1 problem" in out
+    second, first = ("driverB", "driverA") if refused_b else ("driverA", "driverB")
+    assert f"invalid args of PmemCsiDeployment {second!r} (1 problem(s))" in out, out
+    assert (
+        f"createNamespace: component {first!r} of this program already creates namespace "
+        f"'{NAMESPACE}'"
+    ) in out, out
+    assert f"Set createNamespace: false on {second!r} and make it depend on {first!r}" in out, out
+    assert f"options: dependsOn: [${{{first}}}]" in out, out
+    assert kubectl(cli, "get", "namespace", NAMESPACE) is None
+
+    # ---- the documented way: one creator, the other depends on it.
+    cli.write({"driverA": {"properties": a}, "driverB": b_after_a})
+    cli.run("up", "--yes")
+    namespace = kubectl(cli, "get", "namespace", NAMESPACE)
+    assert namespace is not None
+    assert namespace["metadata"]["labels"][names.LABEL_INSTANCE] == names.DeploymentNames(
+        a["name"]
+    ).hyphened
+    for dep in (a, b):
+        assert kubectl(cli, "get", *controller(dep)) is not None, dep["name"]
+        assert kubectl(cli, "get", *cr(dep)) is not None, dep["name"]
+    cli.run("up", "--yes", "--skip-preview", "--expect-no-changes")
+    state = json.loads(cli.run("stack", "export").stdout)
+    owners = [
+        r["urn"]
+        for r in state["deployment"]["resources"]
+        if r["type"] == "kubernetes:core/v1:Namespace"
+    ]
+    assert len(owners) == 1 and owners[0].endswith(f"::driverA:{NAMESPACE}"), owners
+
+    # ---- removing the second removes its driver only.
+    ns_uid, a_uid = uid(cli, "namespace", NAMESPACE), uid(cli, *controller(a))
+    cli.write({"driverA": {"properties": a}})
+    cli.run("up", "--yes")
+    assert kubectl(cli, "get", *controller(b)) is None
+    assert kubectl(cli, "get", *cr(b)) is None
+    assert uid(cli, "namespace", NAMESPACE) == ns_uid
+    assert uid(cli, *controller(a)) == a_uid
+
+    # ---- back again, then destroy: the drivers go, the namespace stays (retainNamespace).
+    cli.write({"driverA": {"properties": a}, "driverB": b_after_a})
+    cli.run("up", "--yes", "--skip-preview")
+    assert kubectl(cli, "get", *controller(b)) is not None
+    cli.run("destroy", "--yes", "--skip-preview")
+    for dep in (a, b):
+        assert kubectl(cli, "get", *controller(dep)) is None, dep["name"]
+        assert kubectl(cli, "get", *cr(dep)) is None, dep["name"]
+    assert uid(cli, "namespace", NAMESPACE) == ns_uid
+    cli.run("stack", "rm", "--yes", "shared")
+
+
+def test_removing_the_creator_keeps_the_namespace_and_the_other_driver(
+    cli: Cli, crd: None
+) -> None:
+    """The creator's namespace is released from the state, not deleted (retainNamespace
+    default true): the driver that lives there beside it is not touched."""
+    namespace = f"{NAMESPACE}-2"
+    a, _, b_after_a = drivers(namespace)
+    cli.run("stack", "init", "creator")
+    cli.write({"driverA": {"properties": a}, "driverB": b_after_a})
+    cli.run("up", "--yes", "--skip-preview")
+    ns_uid = uid(cli, "namespace", namespace)
+    b_uid = uid(cli, *controller(b_after_a["properties"]))
+    assert ns_uid is not None and b_uid is not None
+    cli.write({"driverB": {"properties": b_after_a["properties"]}})
+    cli.run("up", "--yes")
+    assert kubectl(cli, "get", *controller(a)) is None
+    assert kubectl(cli, "get", *cr(a)) is None
+    assert uid(cli, "namespace", namespace) == ns_uid
+    assert uid(cli, *controller(b_after_a["properties"])) == b_uid
+    cli.run("up", "--yes", "--skip-preview", "--expect-no-changes")
+    cli.run("destroy", "--yes", "--skip-preview")
+    assert kubectl(cli, "get", *controller(b_after_a["properties"])) is None
+    assert uid(cli, "namespace", namespace) == ns_uid
+    cli.run("stack", "rm", "--yes", "creator")

@@ -299,6 +299,14 @@ GROUPS: dict[str, Group] = {
             ldflags=["-X github.com/pulumi/pulumi-yaml/pkg/version.Version=" + PULUMI_YAML_VERSION],
             tags="osusergo,grpcnotrace",
         ),
+        # The code generator of the stand-in Node.js language host (tools/langhost_nodejs.py,
+        # tests/e2e/test_typescript_package.py): the CLI's own module and version, so its
+        # TypeScript SDKs are the CLI's (tools/pulumi-nodejs/main.go).
+        Group(
+            "pulumi-nodejs",
+            {"pulumi-nodejs-codegen": "."},
+            tags="osusergo,grpcnotrace",
+        ),
         Group(
             "pulumi-kubernetes",
             {"pulumi-resource-kubernetes": "."},

@@ -31,8 +31,9 @@ What it serves, as the official host (``sdk/nodejs/cmd/pulumi-language-nodejs``)
 - ``GetPluginInfo`` (this host's version), ``Cancel`` (interrupts running programs);
   ``GetRequiredPlugins`` is unimplemented, as in the official host.
 
-``runtime.options`` other than ``packagemanager: npm`` are not read; ``yarn``, ``pnpm`` and
-``bun`` are refused by name. ``PMEM_CSI_LANGHOST_CALL_LOG`` logs every RPC's name, as
+``runtime.options`` read: ``typescript``, ``tsconfig``, ``nodeargs``, ``production`` and
+``packagemanager`` (only ``npm``: ``yarn``, ``pnpm`` and ``bun`` are refused by name).
+``PMEM_CSI_LANGHOST_CALL_LOG`` logs every RPC's name, as
 ``tools/langhost.py`` does. :func:`install` writes the launcher ``pulumi-language-nodejs``.
 """
 

@@ -212,6 +212,7 @@ def import_instructions(packages: Sequence[tuple[str, str]], typescript: bool) -
 def link_packages(program_dir: str, packages: Sequence[tuple[str, str]]) -> str:
     """``Link``: each (schema name, SDK path) becomes a ``file:`` dependency of the program
     (``npm pkg set``, as the official npm manager does); the answer is the import instruction."""
+    require_npm(os.environ)
     linked = []
     for schema_name, sdk_path in packages:
         npm_name = linked_package_name(program_dir, sdk_path)
@@ -282,6 +283,12 @@ def run_environment(req: Any, opts: NodeOptions, base: Mapping[str, str]) -> dic
     if opts.tsconfig:
         env["PULUMI_NODEJS_TSCONFIG_PATH"] = opts.tsconfig
     return env
+
+
+def require_npm(env: Mapping[str, str]) -> None:
+    """A missing npm named as such, not a bare ``FileNotFoundError`` from the gRPC call."""
+    if shutil.which("npm", path=env.get("PATH")) is None:
+        raise HostError("could not find npm on the $PATH: install Node.js with npm")
 
 
 def install_command(opts: NodeOptions) -> list[str]:
@@ -433,6 +440,7 @@ def make_servicer(args: Any) -> Any:
             response = language_pb2.InstallDependenciesResponse
             try:
                 opts = options_of(req.info)
+                require_npm(os.environ)
             except HostError as err:
                 context.abort(grpc.StatusCode.UNKNOWN, str(err))
             yield response(stdout=b"Installing dependencies...\n\n")

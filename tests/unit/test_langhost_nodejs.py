@@ -307,3 +307,10 @@ def test_the_typescript_section_has_the_one_example_the_e2e_test_type_checks() -
     example = doc_typescript_example()
     assert 'from "@pulumi/pmem-csi"' in example
     assert "new pmemCsi.PmemCsiDeployment(" in example
+
+
+def test_link_without_npm_names_npm(tmp_path, monkeypatch) -> None:
+    """No npm on the PATH: Link says so, not a bare FileNotFoundError (review of ts19)."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(host_mod.HostError, match="could not find npm on the \\$PATH"):
+        host_mod.link_packages(str(tmp_path), [("pmem-csi", str(tmp_path / "sdk"))])

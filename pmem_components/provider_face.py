@@ -342,6 +342,9 @@ def deployment_config(resource_name: str, args: Mapping[str, Any]) -> Deployment
 # calls), so a second creator of the same namespace is seen here. Constructs run one at a time
 # on the SDK's event loop; the lock only makes that independent of the SDK.
 _NAMESPACE_CREATORS: dict[tuple[str, str, str, str], str] = {}
+# Per namespace key: every component of this process deploying there, and whether it creates
+# the namespace and deletes it on removal (``retainNamespace: false``).
+_NAMESPACE_MEMBERS: dict[tuple[str, str, str, str], dict[str, bool]] = {}
 _NAMESPACE_LOCK = threading.Lock()
 
 
@@ -357,7 +360,10 @@ def _cluster_of(opts: pulumi.ResourceOptions | None) -> str | None:
 
 
 def claim_namespace(
-    resource_name: str, cfg: DeploymentConfig, opts: pulumi.ResourceOptions | None
+    resource_name: str,
+    cfg: DeploymentConfig,
+    opts: pulumi.ResourceOptions | None,
+    retain: bool = True,
 ) -> list[str]:
     """Problems when another component of this program already creates ``cfg.namespace``
     through the same Kubernetes provider; otherwise records this one as its creator.
@@ -368,17 +374,21 @@ def claim_namespace(
     the other driver in it. Exactly one component creates a shared namespace; the others
     set ``createNamespace: false`` and depend on it, so theirs are created after it.
     A component registered again under the same name (preview, then update, in one
-    process) is its own creator, not a second one.
+    process) is its own creator, not a second one. A creator with ``retain`` false beside
+    another component of the namespace is refused too, in either order (:func:`_deleting_creator`).
     """
-    if not cfg.create_namespace:
-        return []
     cluster = _cluster_of(opts)
     if cluster is None:
         return []
     key = (pulumi.get_project(), pulumi.get_stack(), cluster, cfg.namespace)
     with _NAMESPACE_LOCK:
-        first = _NAMESPACE_CREATORS.setdefault(key, resource_name)
-    if first == resource_name:
+        members = _NAMESPACE_MEMBERS.setdefault(key, {})
+        members[resource_name] = cfg.create_namespace and not retain
+        first = _NAMESPACE_CREATORS.setdefault(key, resource_name) if cfg.create_namespace else None
+        deleting = _deleting_creator(resource_name, cfg.namespace, members)
+    if deleting:
+        return deleting
+    if first is None or first == resource_name:
         return []
     return [
         f"createNamespace: component {first!r} of this program already creates namespace "
@@ -387,6 +397,24 @@ def claim_namespace(
         f"Set createNamespace: false on {resource_name!r} and make it depend on {first!r} "
         f"(the dependsOn resource option; in YAML: options: dependsOn: [${{{first}}}]), so "
         f"its objects are created once the namespace exists"
+    ]
+
+
+def _deleting_creator(resource_name: str, namespace: str, members: Mapping[str, bool]) -> list[str]:
+    """The problem when the namespace's creator deletes it on removal while another
+    component deploys there: removing the creator would delete the other's driver with the
+    namespace, and the other's state would still list its objects."""
+    deleting = [name for name, deletes in members.items() if deletes]
+    others = [name for name in members if name not in deleting]
+    if not deleting or not others:
+        return []
+    creator = deleting[0]
+    other = resource_name if resource_name != creator else others[0]
+    return [
+        f"retainNamespace: false on {creator!r} deletes namespace {namespace!r} when "
+        f"{creator!r} is removed, and with it the driver of {other!r} there (whose state "
+        "would still list its objects); leave retainNamespace unset (true) on a namespace "
+        "another component shares"
     ]
 
 
@@ -415,15 +443,14 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
         problems = components.secret_mutability_problems(cfg, opts)
         if problems:
             raise ArgsError(name, problems)
-        problems = claim_namespace(name, cfg, opts)
+        retain = args.get("retain_namespace")
+        retain = True if retain is None else bool(retain)
+        problems = claim_namespace(name, cfg, opts, retain)
         if problems:
             raise ArgsError(name, problems)
-        retain = args.get("retain_namespace")
         super().__init__(
             name,
-            components.PmemCsiDeploymentArgs(
-                cfg, retain_namespace=True if retain is None else bool(retain), validate=False
-            ),
+            components.PmemCsiDeploymentArgs(cfg, retain_namespace=retain, validate=False),
             opts,
         )
 

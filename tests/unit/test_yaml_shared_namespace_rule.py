@@ -43,6 +43,7 @@ def _mocks(stack: str = "unit") -> RecordingMocks:
 def mocks(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingMocks]:
     """Mocks of a fresh provider process: no namespace claimed yet."""
     monkeypatch.setattr(provider_face, "_NAMESPACE_CREATORS", {}, raising=False)
+    monkeypatch.setattr(provider_face, "_NAMESPACE_MEMBERS", {}, raising=False)
     with project_config():
         yield _mocks()
 

@@ -157,9 +157,10 @@ def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: Non
     cli.run("up", "--yes")
     namespace = kubectl(cli, "get", "namespace", NAMESPACE)
     assert namespace is not None
-    assert namespace["metadata"]["labels"][names.LABEL_INSTANCE] == names.DeploymentNames(
-        a["name"]
-    ).hyphened
+    assert (
+        namespace["metadata"]["labels"][names.LABEL_INSTANCE]
+        == names.DeploymentNames(a["name"]).hyphened
+    )
     for dep in (a, b):
         assert kubectl(cli, "get", *controller(dep)) is not None, dep["name"]
         assert kubectl(cli, "get", *cr(dep)) is not None, dep["name"]
@@ -193,9 +194,7 @@ def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: Non
     cli.run("stack", "rm", "--yes", "shared")
 
 
-def test_removing_the_creator_keeps_the_namespace_and_the_other_driver(
-    cli: Cli, crd: None
-) -> None:
+def test_removing_the_creator_keeps_the_namespace_and_the_other_driver(cli: Cli, crd: None) -> None:
     """The creator's namespace is released from the state, not deleted (retainNamespace
     default true): the driver that lives there beside it is not touched."""
     namespace = f"{NAMESPACE}-2"
@@ -217,3 +216,42 @@ def test_removing_the_creator_keeps_the_namespace_and_the_other_driver(
     assert kubectl(cli, "get", *controller(b_after_a["properties"])) is None
     assert uid(cli, "namespace", namespace) == ns_uid
     cli.run("stack", "rm", "--yes", "creator")
+
+
+def test_a_deleting_creator_is_refused_and_the_namespace_is_handed_over_with_adopt(
+    cli: Cli, crd: None
+) -> None:
+    """Review of ns19: a creator with ``retainNamespace: false`` beside another component of
+    its namespace fails ``preview`` naming that field, before anything is created; and once
+    the creator is removed, the other component takes the namespace over with
+    ``createNamespace: true`` + ``adoptExisting: true`` (same UID, one owner in the state)."""
+    namespace = f"{NAMESPACE}-3"
+    a, b, b_after_a = drivers(namespace)
+    cli.run("stack", "init", "handover")
+    cli.write({"driverA": {"properties": {**a, "retainNamespace": False}}, "driverB": b_after_a})
+    refused = cli.run("preview", check=False)
+    assert refused.returncode != 0
+    assert (
+        "retainNamespace: false on 'driverA' deletes namespace" in refused.stdout + refused.stderr
+    )
+    assert kubectl(cli, "get", "namespace", namespace) is None
+    cli.write({"driverA": {"properties": a}, "driverB": b_after_a})
+    cli.run("up", "--yes", "--skip-preview")
+    ns_uid = uid(cli, "namespace", namespace)
+    assert ns_uid is not None
+    cli.write({"driverB": {"properties": b_after_a["properties"]}})
+    cli.run("up", "--yes", "--skip-preview")
+    cli.write({"driverB": {"properties": {**b, "createNamespace": True, "adoptExisting": True}}})
+    cli.run("up", "--yes")
+    assert uid(cli, "namespace", namespace) == ns_uid
+    state = json.loads(cli.run("stack", "export").stdout)
+    owners = [
+        r["urn"]
+        for r in state["deployment"]["resources"]
+        if r["type"] == "kubernetes:core/v1:Namespace"
+        and r["urn"].split("::")[-1].split(":")[-1] == namespace
+    ]
+    assert len(owners) == 1 and owners[0].split("::")[-1].startswith("driverB:"), owners
+    cli.run("up", "--yes", "--skip-preview", "--expect-no-changes")
+    cli.run("destroy", "--yes", "--skip-preview")
+    cli.run("stack", "rm", "--yes", "handover")

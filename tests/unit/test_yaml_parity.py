@@ -446,3 +446,50 @@ def test_the_key_finder_finds_text_and_base64() -> None:
         ".a[0]",
         ".b.tls.key",
     ]
+
+
+TEAM = {
+    "manager": "team-labeller",
+    "paths": ["metadata.labels.team"],
+    "reason": "our controller labels every object with its owning team",
+}
+
+
+def _take_overs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every take-over the components build (the transform and hooks of one component)."""
+    from pmem_components import takeover_transform
+
+    made: list[Any] = []
+    real = takeover_transform.TakeOver
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(takeover_transform, "TakeOver", recording)
+    return made
+
+
+def test_the_ownership_policy_reaches_the_take_over_as_in_the_program(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``allowedFieldOwners`` (the Python program's ``pmem-csi:allowedFieldOwners``): what a
+    manager may own without it being drift is left to it by the served take-over too."""
+    made = _take_overs(monkeypatch)
+    program_registrations(_raw(DEPLOYMENTS[:1], allowedFieldOwners=[TEAM]))
+    program = [t.allowed for t in made if not t.stale_only]
+    made.clear()
+    face_registrations({"driverA": {**DEPLOYMENTS[0], "allowedFieldOwners": [TEAM]}})
+    assert [t.allowed for t in made] == program
+    assert [a.manager for a in program[0]] == ["team-labeller"]
+
+
+def test_a_bad_ownership_entry_is_named_as_the_program_writes_it() -> None:
+    with pytest.raises(provider_face.ArgsError) as caught:
+        face_registrations(
+            {"driverA": {**DEPLOYMENTS[0], "allowedFieldOwners": [{"manager": "x"}]}}
+        )
+    assert caught.value.problems == [
+        "allowedFieldOwners[0].paths: must be a non-empty list of field paths",
+        "allowedFieldOwners[0].reason: say why this manager may own these fields",
+    ]

@@ -161,7 +161,8 @@ def face_args(entry: Mapping[str, Any], typ: type = provider_face.PmemCsiDeploym
             value = face_args(value, hint)
         elif typing.get_origin(hint) is list and isinstance(value, list):
             inner = typing.get_args(hint)[0]
-            value = [face_args(v, inner) for v in value]
+            if isinstance(inner, type) and typing.is_typeddict(inner):
+                value = [face_args(v, inner) for v in value]
         out[name] = value
     return out
 

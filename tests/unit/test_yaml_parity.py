@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -421,6 +422,11 @@ def _data_keys(inputs: Mapping[str, Any]) -> list[str]:
     return sorted(data)
 
 
+# A PEM private key with its body: a mention of the words (a pickled dynamic provider's code
+# constants, say) is not key material.
+_PEM_KEY = re.compile(rb"-----BEGIN [A-Z ]*PRIVATE KEY-----\s*[A-Za-z0-9+/=]{16,}")
+
+
 def plaintext_private_keys(value: Any, path: str = "") -> list[str]:
     """Paths of strings holding a private key, as text or base64 (a Secret's data)."""
     if isinstance(value, Mapping):
@@ -428,22 +434,25 @@ def plaintext_private_keys(value: Any, path: str = "") -> list[str]:
     if isinstance(value, list):
         return [p for i, v in enumerate(value) for p in plaintext_private_keys(v, f"{path}[{i}]")]
     if isinstance(value, str):
-        if "PRIVATE KEY" in value:
+        if _PEM_KEY.search(value.encode()):
             return [path]
         try:
             decoded = base64.b64decode(value, validate=True)
         except ValueError:
             return []
-        if b"PRIVATE KEY" in decoded:
+        if _PEM_KEY.search(decoded):
             return [path]
     return []
 
 
 def test_the_key_finder_finds_text_and_base64() -> None:
     """The e2e grep of the export (tests/e2e/test_yaml_drift.py) sees both forms."""
-    pem = "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n"
+    pem = (
+        "-----BEGIN PRIVATE KEY-----\nMIIBVQIBADANBgkqhkiG9w0BAQEFAASC\n-----END PRIVATE KEY-----\n"
+    )
     b64 = base64.b64encode(pem.encode()).decode()
-    assert plaintext_private_keys({"a": [pem], "b": {"tls.key": b64}, "c": "plain"}) == [
+    words = base64.b64encode(b"if b'PRIVATE KEY' in text").decode()
+    assert plaintext_private_keys({"a": [pem], "b": {"tls.key": b64}, "c": words}) == [
         ".a[0]",
         ".b.tls.key",
     ]

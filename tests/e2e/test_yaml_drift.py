@@ -12,7 +12,8 @@ CLI and YAML host as in ``tests/e2e/test_yaml_package.py``) deploys the deployme
   ``kubectl patch`` (the driver image, a sidecar argument added) of the node DaemonSet, a
   server-side apply of another manager (``kubectl apply --server-side --field-manager``: the
   driver's command) and ``kubectl scale`` of the controller StatefulSet, ``kubectl replace``
-  (what ``kubectl edit`` sends) of the controller Service's port;
+  (what ``kubectl edit`` sends) of the controller Service's port, and ``kubectl scale`` alone
+  of the other deployment's StatefulSet;
 - one ``pulumi up --refresh`` from the YAML program restores exactly the declared state, as
   the Python program does (``tests/e2e/test_drift.py``), naming each object taken over, and
   leaves no field to another manager; the next ``pulumi up`` changes nothing.
@@ -46,6 +47,9 @@ DEP = parity.DEPLOYMENTS[0]  # driverA: the one changed behind Pulumi's back
 NS = DEP["namespace"]
 H = names.DeploymentNames(DEP["name"]).hyphened
 DS, STS, SVC = f"{H}-node", f"{H}-controller", f"{H}-controller"
+# driverB's controller: scaled with kubectl and nothing else.
+NS_B = parity.DEPLOYMENTS[1]["namespace"]
+STS_B = f"{names.DeploymentNames(parity.DEPLOYMENTS[1]['name']).hyphened}-controller"
 KUBERNETES_MANAGERS = {"kube-controller-manager", "kube-apiserver", "kube-scheduler", "kubelet"}
 ADDED_LABEL = "drift.example.com/added"
 MALFORMED = ["malformed", "options"]
@@ -69,8 +73,8 @@ class Deployed:
     declared: dict[str, dict[str, Any]]  # DS, STS, Service as the first up left them
 
 
-def _live(cli: Cli, kind: str, name: str) -> dict[str, Any]:
-    obj = get_json(cli, "get", kind, "-n", NS, name)
+def _live(cli: Cli, kind: str, name: str, ns: str = NS) -> dict[str, Any]:
+    obj = get_json(cli, "get", kind, "-n", ns, name)
     assert obj is not None, (kind, name)
     return obj
 
@@ -208,6 +212,7 @@ def _change_everything(cli: Cli, declared: dict[str, dict[str, Any]]) -> None:
     _kubectl(cli, "apply", "--server-side", "--field-manager=drift-x", "--force-conflicts",
              "-f", "-", stdin=json.dumps(applied))  # fmt: skip
     _kubectl(cli, "scale", "statefulset", "-n", NS, STS, "--replicas=3")
+    _kubectl(cli, "scale", "statefulset", "-n", NS_B, STS_B, "--replicas=2")
     svc = _live(cli, "service", SVC)
     svc["spec"]["ports"][0]["port"] = 1111
     _kubectl(cli, "replace", "-f", "-", stdin=json.dumps(svc))
@@ -253,6 +258,7 @@ def restored(deployed: Deployed) -> str:
     assert {"kubectl-label", "kubectl-patch"} <= set(foreign_managers(ds))
     assert "drift-x" in foreign_managers(sts)
     assert "kubectl-replace" in foreign_managers(svc)
+    assert _live(cli, "statefulset", STS_B, NS_B)["spec"]["replicas"] == 2
     done = cli.run("up", "--yes", "--skip-preview", "--refresh", check=False)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
@@ -285,6 +291,14 @@ def test_up_refresh_restores_what_kubectl_changed(deployed: Deployed, restored: 
     diagnostics = restored.split("Diagnostics:", 1)[-1]
     for kind, name in (("DaemonSet", DS), ("StatefulSet", STS), ("Service", SVC)):
         assert f"took over fields of {kind} {NS}/{name} and applied it" in diagnostics, kind
+
+
+def test_a_scale_alone_is_restored(deployed: Deployed, restored: str) -> None:
+    """``kubectl scale`` writes through the scale subresource, which the take-over leaves
+    alone; the forced apply (``pulumi.com/patchForce``) of the update the provider's diff
+    finds takes the replica count back."""
+    live = _live(deployed.cli, "statefulset", STS_B, NS_B)
+    assert live["spec"]["replicas"] == 1, restored[-3000:]
 
 
 def test_the_next_up_changes_nothing(deployed: Deployed, restored: str) -> None:

@@ -144,7 +144,7 @@ def _state_data_keys(export: dict[str, Any]) -> dict[str, list[str]]:
     for res in export["deployment"]["resources"]:
         if res["type"] != "kubernetes:core/v1:Secret":
             continue
-        data = (res.get("inputs") or {}).get("data") or {}
+        data = (res.get("inputs") or {}).get(parity.SECRET_DATA) or {}
         if data.get(parity.SECRET_SIG[0]) == parity.SECRET_SIG[1]:
             data = json.loads(data["plaintext"])
         out[parity.role(res["urn"], parity.FACE_NAMES)] = sorted(data)
@@ -169,7 +169,9 @@ def test_the_state_holds_the_programs_options_hooks_and_secrets(deployed: Deploy
             assert "::pulumi:providers:kubernetes::default" in res["provider"], res["urn"]
     # The Secrets: their data secret in the state, with the program's keys.
     secrets = {k: v for k, v in served.items() if k.startswith("kubernetes:core/v1:Secret::")}
-    assert len(secrets) == 4 and all(v["secrets"] == ["data"] for v in secrets.values())
+    assert len(secrets) == 4 and all(
+        v["secrets"] == [parity.SECRET_DATA] for v in secrets.values()
+    )
     shown = json.loads(deployed.cli.run("stack", "export", "--show-secrets").stdout)
     assert _state_data_keys(shown) == records["data_keys"]
     # No private key in text or base64 anywhere in the state (inputs, outputs, the

@@ -420,10 +420,14 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             # over: server-side apply takes the conflicting fields instead of failing. With
             # take_over_fields the declared state wins over any other field manager; forcing
             # also keeps the preview's dry-run apply from failing on a conflict that the
-            # take-over (done in `up` only) resolves.
+            # take-over (done in `up` only) resolves. The take-over leaves namespaces alone
+            # (takeover_transform.SKIPPED_TYPES: administrators label them for others), so a
+            # namespace this component creates is forced only when adopting, as the
+            # program's stack namespaces are.
             extra[PATCH_FORCE_ANNOTATION] = "true"
-        if extra:
             for obj in objs.all():
+                if obj is objs.namespace and not cfg.adopt_existing:
+                    continue
                 _annotate(obj, extra)
         _annotate(objs.deployment_cr, {names.STACK_ANNOTATION: stack_id()})
         # The CR spec as the API server will store it (after the stack's patches), whose

@@ -35,7 +35,7 @@ from pulumi.errors import InputPropertiesError
 from pulumi.provider import main as _provider_main
 from pulumi.provider.experimental.component import ComponentDefinition, ComponentProvider
 
-from pmem_components import awaiting, components, names, program, registry
+from pmem_components import awaiting, components, fieldowners, names, program, registry
 from pmem_components.config import (
     CONFIG_NAMESPACE,
     ConfigError,
@@ -111,6 +111,18 @@ class ReporterArgs(TypedDict, total=False):
     """Default 3."""
 
 
+class AllowedFieldOwnerArgs(TypedDict, total=False):
+    """Fields another field manager may own without it being drift (not taken over)."""
+
+    manager: str
+    """The field manager, as metadata.managedFields names it (required)."""
+    paths: list[str]
+    """Field paths as the take-over names them, e.g. metadata.labels.team; a path also covers
+    everything below it (required)."""
+    reason: str
+    """Why this manager may own them (required)."""
+
+
 class AwaitArgs(TypedDict, total=False):
     """How the deployment waits for its workloads."""
 
@@ -175,10 +187,21 @@ class PmemCsiDeploymentArgs(_AwaitField, total=False):
     """Allow changing deviceMode."""
     retain_namespace: bool
     """Keep the namespace on delete (default true); not a stack config field."""
+    take_over_fields: bool
+    """When `pulumi up` updates an object, take back the fields other field managers changed
+    (kubectl edit, patch, label, a server-side apply of another manager), so the declared
+    state wins (default true, as the Python program's pmem-csi:takeOverFields); false
+    leaves them to their owners, and such a change then fails the update with a conflict."""
+    allowed_field_owners: list[AllowedFieldOwnerArgs]
+    """What other field managers may own without the take-over taking it back, on top of the
+    built-in entries (as the Python program's pmem-csi:allowedFieldOwners)."""
 
 
-# Fields of the args that are the component's own, not part of the deployment entry.
-COMPONENT_FIELDS = {"retain_namespace": True}
+# Fields of the args that are the component's own, not part of the deployment entry, and
+# their defaults.
+COMPONENT_FIELDS = {"retain_namespace": True, "take_over_fields": True}
+# The component's own fields that the Python program has as stack settings.
+STACK_FIELDS = {"allowed_field_owners": "allowedFieldOwners"}
 
 
 class ArgsError(ConfigError):
@@ -315,7 +338,8 @@ def _python_program_only(cfg: DeploymentConfig, args: Mapping[str, Any]) -> list
 
 def deployment_config(resource_name: str, args: Mapping[str, Any]) -> DeploymentConfig:
     """The validated deployment of the args; :class:`ArgsError` lists every problem."""
-    entry = to_config_entry({k: v for k, v in args.items() if k not in COMPONENT_FIELDS})
+    own = {*COMPONENT_FIELDS, *STACK_FIELDS}
+    entry = to_config_entry({k: v for k, v in args.items() if k not in own})
     unknown = _outputs_in(entry, "")
     if unknown:
         raise ArgsError(
@@ -418,6 +442,29 @@ def _deleting_creator(resource_name: str, namespace: str, members: Mapping[str, 
     ]
 
 
+def allowed_field_owners(
+    resource_name: str, args: Mapping[str, Any]
+) -> tuple[fieldowners.Allowance, ...]:
+    """The ownership policy entries of the args, checked by the stack setting's rules
+    (:func:`pmem_components.fieldowners.parse_allowed`) and named as the args' field."""
+    raw = args.get("allowed_field_owners")
+    if raw is not None and isinstance(raw, list):
+        raw = [
+            i if not isinstance(i, Mapping) else to_config_entry(i, AllowedFieldOwnerArgs)
+            for i in raw
+        ]
+    allowed, problems = fieldowners.parse_allowed(raw, STACK_FIELDS["allowed_field_owners"])
+    if problems:
+        raise ArgsError(resource_name, problems)
+    return tuple(allowed)
+
+
+def _component_field(args: Mapping[str, Any], field: str) -> bool:
+    """One of :data:`COMPONENT_FIELDS` as given, else its default."""
+    value = args.get(field)
+    return COMPONENT_FIELDS[field] if value is None else bool(value)
+
+
 class PmemCsiDeployment(components.PmemCsiDeployment):
     """One complete PMEM-CSI driver deployment plus its Deployment custom resource.
 
@@ -440,17 +487,26 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         cfg = deployment_config(name, args)
+        allowed = allowed_field_owners(name, args)
         problems = components.secret_mutability_problems(cfg, opts)
         if problems:
             raise ArgsError(name, problems)
-        retain = args.get("retain_namespace")
-        retain = True if retain is None else bool(retain)
+        retain = _component_field(args, "retain_namespace")
         problems = claim_namespace(name, cfg, opts, retain)
         if problems:
             raise ArgsError(name, problems)
         super().__init__(
             name,
-            components.PmemCsiDeploymentArgs(cfg, retain_namespace=retain, validate=False),
+            components.PmemCsiDeploymentArgs(
+                cfg,
+                retain_namespace=retain,
+                # As the Python program's default (pmem-csi:takeOverFields): without it a
+                # change made with kubectl under another field manager is left in place or
+                # fails `pulumi up --refresh` with a conflict (docs/day2.md).
+                take_over_fields=_component_field(args, "take_over_fields"),
+                allowed_field_owners=allowed,
+                validate=False,
+            ),
             opts,
         )
 

@@ -5,12 +5,16 @@ gave "+N created, -N deleted": the children were named ``<key>:<object>``, so ea
 URN; the creates upserted the existing objects, the deletes of the old URNs then deleted
 them, and the state still listed them. Here, with the real CLI and YAML host (the set-up of
 ``tests/e2e/test_yaml_crd_reporter.py``): ``up``, rename both keys, ``up``: nothing deleted,
-every object keeps its UID, and a further ``preview`` expects no changes.
+every object keeps its UID, and a further ``preview`` expects no changes. And a stack made by
+the code before the fix (children ``<key>:<object>``; commit ``OLD_REF``, run from a
+``git archive`` of it) moves to the new names in one ``up``: aliases, nothing deleted.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +45,25 @@ OBJECTS = [
 ]
 
 
-def program(driver_key: str, reporter_key: str) -> dict[str, Any]:
+# int before issue 19's rename fix: the served components' children prefixed "<key>:".
+OLD_REF = "36af8c8"
+MIGRATED = {"name": "migrated.example.org", "namespace": "migrated", "await": {"enabled": False}}
+
+
+def program(driver_key: str, reporter_key: str, driver: dict[str, Any] = DRIVER) -> dict[str, Any]:
+    reporter = {
+        **REPORTER,
+        "deployments": [{"name": driver["name"], "namespace": driver["namespace"]}],
+    }
     return {
         "name": "pmem-yaml-rename",
         "runtime": "yaml",
         "config": {"kubernetes:enableSecretMutable": {"value": True}},
         "resources": {
-            driver_key: {"type": "pmem-csi:index:PmemCsiDeployment", "properties": DRIVER},
+            driver_key: {"type": "pmem-csi:index:PmemCsiDeployment", "properties": driver},
             reporter_key: {
                 "type": "pmem-csi:index:PmemCsiReporter",
-                "properties": REPORTER,
+                "properties": reporter,
                 "options": {"dependsOn": [f"${{{driver_key}}}"]},
             },
         },
@@ -83,9 +96,9 @@ def cli(
     cli.run("destroy", "--yes", "--skip-preview", check=False)
 
 
-def uids(cli: Cli) -> dict[tuple[str, str, str], str]:
+def uids(cli: Cli, objects: list[tuple[str, str, str]] = OBJECTS) -> dict[Any, str]:
     out = {}
-    for kind, ns, name in OBJECTS:
+    for kind, ns, name in objects:
         obj = kubectl(cli, "get", kind, name, *(["-n", ns] if ns else []))
         assert obj is not None, f"{kind} {ns}/{name} is not in the cluster"
         out[(kind, ns, name)] = obj["metadata"]["uid"]
@@ -109,3 +122,48 @@ def test_the_cluster_keeps_the_renamed_objects(cli: Cli, api_client: Any) -> Non
     apps = client.AppsV1Api(api_client)
     assert apps.read_namespaced_deployment("renamed-example-org-reporter", "renamed")
     assert apps.read_namespaced_daemon_set("renamed-example-org-node", "renamed")
+
+
+def _old_checkout(dest: Path) -> Path:
+    """``OLD_REF``'s tree (the code before the fix) with this checkout's virtualenv."""
+    archive = dest / "old.tar"
+    subprocess.run(
+        ["git", "-C", str(toolchain.PROJECT_DIR), "archive", "-o", str(archive), OLD_REF],
+        check=True,
+    )
+    root = dest / "old"
+    with tarfile.open(archive) as tar:
+        tar.extractall(root, filter="data")
+    (root / ".venv").symlink_to(toolchain.PROJECT_DIR / ".venv")
+    return root
+
+
+def test_a_stack_made_with_prefixed_children_moves_without_deleting(
+    cli: Cli, tmp_path: Path
+) -> None:
+    old = _old_checkout(tmp_path)
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump(program("driverM", "reporterM", MIGRATED)))
+    old_cli = Cli(project, {**cli.env, "PYTHONPATH": str(old)})
+    old_cli.run("package", "add", str(old / "provider"))
+    old_cli.run("stack", "init", "old")
+    try:
+        old_cli.run("up", "--yes", "--skip-preview")
+        state = old_cli.run("stack", "export").stdout
+        assert "::driverM:migrated" in state and "::reporterM:" in state, "not the old layout"
+        objects = [(k, "migrated" if ns else "", n.replace("renamed", "migrated"))
+                   for k, ns, n in OBJECTS]  # fmt: skip
+        before = uids(cli, objects)
+        new_cli = Cli(project, cli.env)
+        new_cli.run("package", "add", str(toolchain.PROJECT_DIR / "provider"))
+        done = new_cli.run("up", "--yes", "--skip-preview")
+        summary = done.stdout[done.stdout.rfind("Resources:") :]
+        print(summary)
+        assert "deleted" not in summary and "created" not in summary, summary
+        assert uids(cli, objects) == before
+        state = new_cli.run("stack", "export").stdout
+        assert "::driverM:" not in state and "::reporterM:" not in state
+        new_cli.run("preview", "--expect-no-changes")
+    finally:
+        Cli(project, cli.env).run("destroy", "--yes", "--skip-preview", check=False)

@@ -395,7 +395,8 @@ def claim_namespace(
 # children by the objects only (not "<resource name>:<object>"), so that renaming a resource
 # key keeps every child's URN (issue 19); two components naming the same children would share
 # URNs, and they would be the same Kubernetes objects (one cluster) or clash in the state (two).
-_CHILD_OWNERS: dict[tuple[str, str, str, str], str] = {}
+# Kept with the namespace claims (one table of this process's claims, keys of their own).
+_CHILD_OWNERS = _NAMESPACE_CREATORS
 
 
 def claim_children(component: str, resource_name: str, claims: list[tuple[str, str]]) -> list[str]:
@@ -404,17 +405,27 @@ def claim_children(component: str, resource_name: str, claims: list[tuple[str, s
     component registered again under the same name (preview, then update) is their owner."""
     problems = []
     for field, value in claims:
+        if field == "createNamespace":
+            what = (
+                f"to have namespace {value!r} on both clusters, set createNamespace: false on "
+                f"{resource_name!r} (its namespace then made by other means), or use a stack "
+                "per cluster"
+            )
+        else:
+            what = (
+                f"give {resource_name!r} another {field} (the same driver on two clusters "
+                "takes a stack per cluster)"
+            )
         key = (pulumi.get_project(), pulumi.get_stack(), component, f"{field}={value}")
         with _NAMESPACE_LOCK:
-            first = _CHILD_OWNERS.setdefault(key, resource_name)
+            first = _NAMESPACE_CREATORS.setdefault(key, resource_name)
         if first != resource_name:
             problems.append(
                 f"{field}: {component} {first!r} of this program already has the objects of "
                 f"{field} {value!r}, and {resource_name!r} would share their Pulumi resources "
                 f"(served components name their children after the objects, so that renaming a "
                 f"resource keeps them; the resource name is not part of them). Keep one of "
-                f"{first!r} and {resource_name!r}, or give this one another {field}; the same "
-                f"driver on two clusters takes a stack per cluster"
+                f"{first!r} and {resource_name!r}, or {what}"
             )
     return problems
 

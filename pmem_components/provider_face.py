@@ -671,7 +671,14 @@ def reporter_settings(resource_name: str, args: Mapping[str, Any]) -> ServedRepo
         try:
             load_config({"deployments": [{"namespace": namespace}]}, check_certificates=False)
         except ConfigError as err:
-            found += [p.replace(key_path(("deployments", 0)) + ".", "") for p in err.problems]
+            # The deployment's messages, worded for where the reporter runs.
+            found += [
+                p.replace(key_path(("deployments", 0)) + ".", "").replace(
+                    "for the driver (e.g. pmem-csi)",
+                    "for the reporter (e.g. its first deployment's)",
+                )
+                for p in err.problems
+            ]
     if found:
         problems = list(dict.fromkeys(_reporter_relabel(p) for p in found))
         raise ServedArgsError("PmemCsiReporter", resource_name, problems)

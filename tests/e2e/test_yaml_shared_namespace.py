@@ -170,7 +170,7 @@ def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: Non
         for r in state["deployment"]["resources"]
         if r["type"] == "kubernetes:core/v1:Namespace"
     ]
-    assert len(owners) == 1 and owners[0].endswith(f"::driverA:{NAMESPACE}"), owners
+    assert len(owners) == 1 and owners[0].endswith(f"::{NAMESPACE}"), owners
 
     # ---- removing the second removes its driver only.
     ns_uid, a_uid = uid(cli, "namespace", NAMESPACE), uid(cli, *controller(a))

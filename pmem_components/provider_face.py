@@ -465,6 +465,46 @@ def _component_field(args: Mapping[str, Any], field: str) -> bool:
     return COMPONENT_FIELDS[field] if value is None else bool(value)
 
 
+# The children of the served components of this provider process, by (project, stack,
+# component type, what names them) -> the component's name. Why: served components name their
+# children by the objects only (not "<resource name>:<object>"), so that renaming a resource
+# key keeps every child's URN (issue 19); two components naming the same children would share
+# URNs, and they would be the same Kubernetes objects (one cluster) or clash in the state (two).
+# Kept with the namespace claims (one table of this process's claims, keys of their own).
+_CHILD_OWNERS = _NAMESPACE_CREATORS
+
+
+def claim_children(component: str, resource_name: str, claims: list[tuple[str, str]]) -> list[str]:
+    """Problems when another component of this program already has the children ``claims``
+    names (``(field as written, value)``); otherwise records this one as their owner. A
+    component registered again under the same name (preview, then update) is their owner."""
+    problems = []
+    for field, value in claims:
+        if field == "createNamespace":
+            what = (
+                f"to have namespace {value!r} on both clusters, set createNamespace: false on "
+                f"{resource_name!r} (its namespace then made by other means), or use a stack "
+                "per cluster"
+            )
+        else:
+            what = (
+                f"give {resource_name!r} another {field} (the same driver on two clusters "
+                "takes a stack per cluster)"
+            )
+        key = (pulumi.get_project(), pulumi.get_stack(), component, f"{field}={value}")
+        with _NAMESPACE_LOCK:
+            first = _NAMESPACE_CREATORS.setdefault(key, resource_name)
+        if first != resource_name:
+            problems.append(
+                f"{field}: {component} {first!r} of this program already has the objects of "
+                f"{field} {value!r}, and {resource_name!r} would share their Pulumi resources "
+                f"(served components name their children after the objects, so that renaming a "
+                f"resource keeps them; the resource name is not part of them). Keep one of "
+                f"{first!r} and {resource_name!r}, or {what}"
+            )
+    return problems
+
+
 class PmemCsiDeployment(components.PmemCsiDeployment):
     """One complete PMEM-CSI driver deployment plus its Deployment custom resource.
 
@@ -472,6 +512,9 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
     children). The Deployment CRD must be installed first (crd/ in the repository, e.g.
     with kubectl apply).
     """
+
+    # Children named after the objects: renaming the resource keeps them (claim_children).
+    children_prefixed_by_name = False
 
     namespace: pulumi.Output[str]  # type: ignore[assignment]
     """The driver's namespace."""
@@ -493,6 +536,11 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
             raise ArgsError(name, problems)
         retain = _component_field(args, "retain_namespace")
         problems = claim_namespace(name, cfg, opts, retain)
+        if not problems:
+            claims = [("name", cfg.name)]
+            if cfg.create_namespace:
+                claims.append(("createNamespace", cfg.namespace))
+            problems = claim_children("PmemCsiDeployment", name, claims)
         if problems:
             raise ArgsError(name, problems)
         super().__init__(
@@ -706,7 +754,14 @@ def reporter_settings(resource_name: str, args: Mapping[str, Any]) -> ServedRepo
         try:
             load_config({"deployments": [{"namespace": namespace}]}, check_certificates=False)
         except ConfigError as err:
-            found += [p.replace(key_path(("deployments", 0)) + ".", "") for p in err.problems]
+            # The deployment's messages, worded for where the reporter runs.
+            found += [
+                p.replace(key_path(("deployments", 0)) + ".", "").replace(
+                    "for the driver (e.g. pmem-csi)",
+                    "for the reporter (e.g. its first deployment's)",
+                )
+                for p in err.problems
+            ]
     if found:
         problems = list(dict.fromkeys(_reporter_relabel(p) for p in found))
         raise ServedArgsError("PmemCsiReporter", resource_name, problems)
@@ -733,6 +788,9 @@ class PmemCsiReporter(pulumi.ComponentResource):
     ) -> None:
         served = reporter_settings(name, args)
         first = served.stack.deployments[0]
+        problems = claim_children("PmemCsiReporter", name, [("deployments[0].name", first.name)])
+        if problems:
+            raise ServedArgsError("PmemCsiReporter", name, problems)
         # The program registers them as children of the first deployment's component, under
         # its await settings: here the reporter's own.
         opts = pulumi.ResourceOptions.merge(
@@ -740,19 +798,29 @@ class PmemCsiReporter(pulumi.ComponentResource):
         )
         super().__init__(REPORTER_TYPE, name, None, opts)
         objects = program.reporter_objects(served.stack, served.namespace)
-        # Children named "<name>:<object>", as PmemCsiDeployment's under a name of its own.
+        # Children named after the objects only, so renaming the resource keeps their URNs
+        # (issue 19); aliases from the "<name>:<object>" names they had before.
         self.resources = program.register_reporter_objects(
-            objects,
-            lambda obj, deps: registry.register(
-                obj, pulumi.ResourceOptions(parent=self, depends_on=deps), name_prefix=f"{name}:"
-            ),
-            [],
+            objects, lambda obj, deps: _register_reporter_child(self, name, obj, deps), []
         )
         self.namespace = served.namespace  # type: ignore[assignment]
         self.deployment_name = first.names.reporter  # type: ignore[assignment]
         self.register_outputs(
             {"namespace": served.namespace, "deploymentName": first.names.reporter}
         )
+
+
+def _register_reporter_child(
+    parent: pulumi.Resource, name: str, obj: dict[str, Any], deps: list[pulumi.Resource]
+) -> pulumi.CustomResource:
+    """One reporter object as a child named by the object, aliased from its former
+    ``<name>:<object>`` name (the prefixed layout of stacks made before issue 19)."""
+    former = components._urn(
+        [REPORTER_TYPE, registry.type_token(obj)], f"{name}:{registry.resource_name(obj)}"
+    )
+    return registry.register(
+        obj, pulumi.ResourceOptions(parent=parent, depends_on=deps, aliases=[former])
+    )
 
 
 SERVED_COMPONENTS: list[type[pulumi.ComponentResource]] = [

@@ -318,6 +318,13 @@ class PmemCsiDeployment(pulumi.ComponentResource):
     ``PmemCsiDeployment(config)`` still works and uses the driver name as ``name``.
     """
 
+    # Whether children are named "<name>:<object>" when ``name`` is not the driver name (library
+    # use: the same driver on two clusters from one program). The served component (issue 19,
+    # pmem_components.provider_face) names them by the objects only, so renaming its resource
+    # key keeps every child's URN; it refuses two components that would share one instead.
+    # (Not annotated: the served schema would read an annotation as an output.)
+    children_prefixed_by_name = True
+
     # The attributes are annotated where __init__ sets them, not here: the component provider
     # (pmem_components.provider_face) infers its schema's outputs from the class annotations
     # of the served subclass and its bases, and these are not all outputs.
@@ -373,7 +380,15 @@ class PmemCsiDeployment(pulumi.ComponentResource):
         if name != cfg.name and cfg.name not in former:
             former.append(cfg.name)  # the config face's (and the program's) URNs
             own_aliases.append(_urn([COMPONENT_TYPE], cfg.name))
-        former_prefixes = ["" if n == cfg.name else f"{n}:" for n in former]
+        prefix = "" if name == cfg.name or not self.children_prefixed_by_name else f"{name}:"
+        if not prefix and name != cfg.name and name not in former:
+            former.append(name)  # the "<name>:" children of the prefixed layout (before issue 19)
+        # Never an alias of a child's own URN.
+        former_prefixes = [
+            p
+            for p in dict.fromkeys("" if n == cfg.name else f"{n}:" for n in former)
+            if p != prefix
+        ]
         opts = pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(transforms=transforms, aliases=own_aliases or None)
         )
@@ -386,7 +401,6 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             hooks = pulumi.ResourceHookBinding(before_update=[hook], after_create=[adopted])
         self.namespace: str = cfg.namespace
         self.object_names: dict[str, str] = bundle.object_names(cfg)
-        prefix = "" if name == cfg.name else f"{name}:"
         h = cfg.names.hyphened
         old_h = DeploymentConfig(name=prev.name).names.hyphened if prev is not None else h
 
@@ -420,10 +434,14 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             # over: server-side apply takes the conflicting fields instead of failing. With
             # take_over_fields the declared state wins over any other field manager; forcing
             # also keeps the preview's dry-run apply from failing on a conflict that the
-            # take-over (done in `up` only) resolves.
+            # take-over (done in `up` only) resolves. The take-over leaves namespaces alone
+            # (takeover_transform.SKIPPED_TYPES: administrators label them for others), so a
+            # namespace this component creates is forced only when adopting, as the
+            # program's stack namespaces are.
             extra[PATCH_FORCE_ANNOTATION] = "true"
-        if extra:
             for obj in objs.all():
+                if obj is objs.namespace and not cfg.adopt_existing:
+                    continue
                 _annotate(obj, extra)
         _annotate(objs.deployment_cr, {names.STACK_ANNOTATION: stack_id()})
         # The CR spec as the API server will store it (after the stack's patches), whose

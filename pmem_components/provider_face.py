@@ -35,7 +35,7 @@ from pulumi.errors import InputPropertiesError
 from pulumi.provider import main as _provider_main
 from pulumi.provider.experimental.component import ComponentDefinition, ComponentProvider
 
-from pmem_components import awaiting, components, names, program, registry
+from pmem_components import awaiting, components, fieldowners, names, program, registry
 from pmem_components.config import (
     CONFIG_NAMESPACE,
     ConfigError,
@@ -111,6 +111,18 @@ class ReporterArgs(TypedDict, total=False):
     """Default 3."""
 
 
+class AllowedFieldOwnerArgs(TypedDict, total=False):
+    """Fields another field manager may own without it being drift (not taken over)."""
+
+    manager: str
+    """The field manager, as metadata.managedFields names it (required)."""
+    paths: list[str]
+    """Field paths as the take-over names them, e.g. metadata.labels.team; a path also covers
+    everything below it (required)."""
+    reason: str
+    """Why this manager may own them (required)."""
+
+
 class AwaitArgs(TypedDict, total=False):
     """How the deployment waits for its workloads."""
 
@@ -175,10 +187,21 @@ class PmemCsiDeploymentArgs(_AwaitField, total=False):
     """Allow changing deviceMode."""
     retain_namespace: bool
     """Keep the namespace on delete (default true); not a stack config field."""
+    take_over_fields: bool
+    """When `pulumi up` updates an object, take back the fields other field managers changed
+    (kubectl edit, patch, label, a server-side apply of another manager), so the declared
+    state wins (default true, as the Python program's pmem-csi:takeOverFields); false
+    leaves them to their owners, and such a change then fails the update with a conflict."""
+    allowed_field_owners: list[AllowedFieldOwnerArgs]
+    """What other field managers may own without the take-over taking it back, on top of the
+    built-in entries (as the Python program's pmem-csi:allowedFieldOwners)."""
 
 
-# Fields of the args that are the component's own, not part of the deployment entry.
-COMPONENT_FIELDS = {"retain_namespace": True}
+# Fields of the args that are the component's own, not part of the deployment entry, and
+# their defaults.
+COMPONENT_FIELDS = {"retain_namespace": True, "take_over_fields": True}
+# The component's own fields that the Python program has as stack settings.
+STACK_FIELDS = {"allowed_field_owners": "allowedFieldOwners"}
 
 
 class ArgsError(ConfigError):
@@ -315,7 +338,8 @@ def _python_program_only(cfg: DeploymentConfig, args: Mapping[str, Any]) -> list
 
 def deployment_config(resource_name: str, args: Mapping[str, Any]) -> DeploymentConfig:
     """The validated deployment of the args; :class:`ArgsError` lists every problem."""
-    entry = to_config_entry({k: v for k, v in args.items() if k not in COMPONENT_FIELDS})
+    own = {*COMPONENT_FIELDS, *STACK_FIELDS}
+    entry = to_config_entry({k: v for k, v in args.items() if k not in own})
     unknown = _outputs_in(entry, "")
     if unknown:
         raise ArgsError(
@@ -418,6 +442,69 @@ def _deleting_creator(resource_name: str, namespace: str, members: Mapping[str, 
     ]
 
 
+def allowed_field_owners(
+    resource_name: str, args: Mapping[str, Any]
+) -> tuple[fieldowners.Allowance, ...]:
+    """The ownership policy entries of the args, checked by the stack setting's rules
+    (:func:`pmem_components.fieldowners.parse_allowed`) and named as the args' field."""
+    raw = args.get("allowed_field_owners")
+    if raw is not None and isinstance(raw, list):
+        raw = [
+            i if not isinstance(i, Mapping) else to_config_entry(i, AllowedFieldOwnerArgs)
+            for i in raw
+        ]
+    allowed, problems = fieldowners.parse_allowed(raw, STACK_FIELDS["allowed_field_owners"])
+    if problems:
+        raise ArgsError(resource_name, problems)
+    return tuple(allowed)
+
+
+def _component_field(args: Mapping[str, Any], field: str) -> bool:
+    """One of :data:`COMPONENT_FIELDS` as given, else its default."""
+    value = args.get(field)
+    return COMPONENT_FIELDS[field] if value is None else bool(value)
+
+
+# The children of the served components of this provider process, by (project, stack,
+# component type, what names them) -> the component's name. Why: served components name their
+# children by the objects only (not "<resource name>:<object>"), so that renaming a resource
+# key keeps every child's URN (issue 19); two components naming the same children would share
+# URNs, and they would be the same Kubernetes objects (one cluster) or clash in the state (two).
+# Kept with the namespace claims (one table of this process's claims, keys of their own).
+_CHILD_OWNERS = _NAMESPACE_CREATORS
+
+
+def claim_children(component: str, resource_name: str, claims: list[tuple[str, str]]) -> list[str]:
+    """Problems when another component of this program already has the children ``claims``
+    names (``(field as written, value)``); otherwise records this one as their owner. A
+    component registered again under the same name (preview, then update) is their owner."""
+    problems = []
+    for field, value in claims:
+        if field == "createNamespace":
+            what = (
+                f"to have namespace {value!r} on both clusters, set createNamespace: false on "
+                f"{resource_name!r} (its namespace then made by other means), or use a stack "
+                "per cluster"
+            )
+        else:
+            what = (
+                f"give {resource_name!r} another {field} (the same driver on two clusters "
+                "takes a stack per cluster)"
+            )
+        key = (pulumi.get_project(), pulumi.get_stack(), component, f"{field}={value}")
+        with _NAMESPACE_LOCK:
+            first = _NAMESPACE_CREATORS.setdefault(key, resource_name)
+        if first != resource_name:
+            problems.append(
+                f"{field}: {component} {first!r} of this program already has the objects of "
+                f"{field} {value!r}, and {resource_name!r} would share their Pulumi resources "
+                f"(served components name their children after the objects, so that renaming a "
+                f"resource keeps them; the resource name is not part of them). Keep one of "
+                f"{first!r} and {resource_name!r}, or {what}"
+            )
+    return problems
+
+
 class PmemCsiDeployment(components.PmemCsiDeployment):
     """One complete PMEM-CSI driver deployment plus its Deployment custom resource.
 
@@ -425,6 +512,9 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
     children). The Deployment CRD must be installed first (crd/ in the repository, e.g.
     with kubectl apply).
     """
+
+    # Children named after the objects: renaming the resource keeps them (claim_children).
+    children_prefixed_by_name = False
 
     namespace: pulumi.Output[str]  # type: ignore[assignment]
     """The driver's namespace."""
@@ -440,17 +530,31 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         cfg = deployment_config(name, args)
+        allowed = allowed_field_owners(name, args)
         problems = components.secret_mutability_problems(cfg, opts)
         if problems:
             raise ArgsError(name, problems)
-        retain = args.get("retain_namespace")
-        retain = True if retain is None else bool(retain)
+        retain = _component_field(args, "retain_namespace")
         problems = claim_namespace(name, cfg, opts, retain)
+        if not problems:
+            claims = [("name", cfg.name)]
+            if cfg.create_namespace:
+                claims.append(("createNamespace", cfg.namespace))
+            problems = claim_children("PmemCsiDeployment", name, claims)
         if problems:
             raise ArgsError(name, problems)
         super().__init__(
             name,
-            components.PmemCsiDeploymentArgs(cfg, retain_namespace=retain, validate=False),
+            components.PmemCsiDeploymentArgs(
+                cfg,
+                retain_namespace=retain,
+                # As the Python program's default (pmem-csi:takeOverFields): without it a
+                # change made with kubectl under another field manager is left in place or
+                # fails `pulumi up --refresh` with a conflict (docs/day2.md).
+                take_over_fields=_component_field(args, "take_over_fields"),
+                allowed_field_owners=allowed,
+                validate=False,
+            ),
             opts,
         )
 
@@ -650,7 +754,14 @@ def reporter_settings(resource_name: str, args: Mapping[str, Any]) -> ServedRepo
         try:
             load_config({"deployments": [{"namespace": namespace}]}, check_certificates=False)
         except ConfigError as err:
-            found += [p.replace(key_path(("deployments", 0)) + ".", "") for p in err.problems]
+            # The deployment's messages, worded for where the reporter runs.
+            found += [
+                p.replace(key_path(("deployments", 0)) + ".", "").replace(
+                    "for the driver (e.g. pmem-csi)",
+                    "for the reporter (e.g. its first deployment's)",
+                )
+                for p in err.problems
+            ]
     if found:
         problems = list(dict.fromkeys(_reporter_relabel(p) for p in found))
         raise ServedArgsError("PmemCsiReporter", resource_name, problems)
@@ -677,6 +788,9 @@ class PmemCsiReporter(pulumi.ComponentResource):
     ) -> None:
         served = reporter_settings(name, args)
         first = served.stack.deployments[0]
+        problems = claim_children("PmemCsiReporter", name, [("deployments[0].name", first.name)])
+        if problems:
+            raise ServedArgsError("PmemCsiReporter", name, problems)
         # The program registers them as children of the first deployment's component, under
         # its await settings: here the reporter's own.
         opts = pulumi.ResourceOptions.merge(
@@ -684,19 +798,29 @@ class PmemCsiReporter(pulumi.ComponentResource):
         )
         super().__init__(REPORTER_TYPE, name, None, opts)
         objects = program.reporter_objects(served.stack, served.namespace)
-        # Children named "<name>:<object>", as PmemCsiDeployment's under a name of its own.
+        # Children named after the objects only, so renaming the resource keeps their URNs
+        # (issue 19); aliases from the "<name>:<object>" names they had before.
         self.resources = program.register_reporter_objects(
-            objects,
-            lambda obj, deps: registry.register(
-                obj, pulumi.ResourceOptions(parent=self, depends_on=deps), name_prefix=f"{name}:"
-            ),
-            [],
+            objects, lambda obj, deps: _register_reporter_child(self, name, obj, deps), []
         )
         self.namespace = served.namespace  # type: ignore[assignment]
         self.deployment_name = first.names.reporter  # type: ignore[assignment]
         self.register_outputs(
             {"namespace": served.namespace, "deploymentName": first.names.reporter}
         )
+
+
+def _register_reporter_child(
+    parent: pulumi.Resource, name: str, obj: dict[str, Any], deps: list[pulumi.Resource]
+) -> pulumi.CustomResource:
+    """One reporter object as a child named by the object, aliased from its former
+    ``<name>:<object>`` name (the prefixed layout of stacks made before issue 19)."""
+    former = components._urn(
+        [REPORTER_TYPE, registry.type_token(obj)], f"{name}:{registry.resource_name(obj)}"
+    )
+    return registry.register(
+        obj, pulumi.ResourceOptions(parent=parent, depends_on=deps, aliases=[former])
+    )
 
 
 SERVED_COMPONENTS: list[type[pulumi.ComponentResource]] = [

@@ -10,9 +10,9 @@ no changes, ``up --refresh`` after a kubectl delete, ``destroy``.
 
 What the YAML program deployed is compared, object for object, with what the Python program
 (``pmem_components.program``, run under Pulumi mocks) registers for the same deployments with
-the same stack-level settings the served component has (CRD installed beforehand, no field
-take-over): every Kubernetes object's inputs, apart from what depends on the stack's name or
-on the generated certificates.
+the same stack-level settings the served component has (CRD installed beforehand; field
+take-over on, the default of both): every Kubernetes object's inputs, apart from what depends
+on the stack's name or on the generated certificates.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ DEPLOYMENTS: list[dict[str, Any]] = [
 ]
 RESOURCES = {"driverA": DEPLOYMENTS[0], "driverB": DEPLOYMENTS[1]}
 # What the served component does not do itself (the Python program's stack-level settings).
-STACK_SETTINGS = {"manageCrd": False, "takeOverFields": False}
+STACK_SETTINGS = {"manageCrd": False}
 
 
 def program(deployments: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -171,7 +171,7 @@ def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: Non
         for r in state["deployment"]["resources"]
         if r["type"] == "kubernetes:core/v1:Namespace"
     ]
-    assert len(owners) == 1 and owners[0].endswith(f"::driverA:{NAMESPACE}"), owners
+    assert len(owners) == 1 and owners[0].endswith(f"::{NAMESPACE}"), owners
 
     # ---- removing the second removes its driver only.
     ns_uid, a_uid = uid(cli, "namespace", NAMESPACE), uid(cli, *controller(a))
@@ -251,7 +251,10 @@ def test_a_deleting_creator_is_refused_and_the_namespace_is_handed_over_with_ado
         if r["type"] == "kubernetes:core/v1:Namespace"
         and r["urn"].split("::")[-1].split(":")[-1] == namespace
     ]
-    assert len(owners) == 1 and owners[0].split("::")[-1].startswith("driverB:"), owners
+    assert len(owners) == 1, owners
+    assert next(
+        r["parent"] for r in state["deployment"]["resources"] if r["urn"] == owners[0]
+    ).endswith("::driverB"), owners
     cli.run("up", "--yes", "--skip-preview", "--expect-no-changes")
     cli.run("destroy", "--yes", "--skip-preview")
     cli.run("stack", "rm", "--yes", "handover")

@@ -3,8 +3,9 @@
 ``pmem_components.provider_face`` serves the Python component to other languages; its schema
 is inferred by the Python SDK from the TypedDicts. These tests hold that schema to the stack
 config model (every field of a ``pmem-csi:deployments`` entry, by the same camelCase name,
-nothing else but the component's own ``retainNamespace``), the defaults and messages to
-``pmem_components.config``, and the outputs to the Python component's.
+nothing else but the component's own ``retainNamespace``, ``takeOverFields`` and
+``allowedFieldOwners``), the defaults and messages to ``pmem_components.config``, and the
+outputs to the Python component's.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def test_every_field_of_a_deployment_entry_is_an_input_by_its_config_name(
     schema: dict[str, Any],
 ) -> None:
     inputs = schema["resources"][components.COMPONENT_TYPE]["inputProperties"]
-    assert set(inputs) == _model_keys(config.DeploymentConfig) | {"retainNamespace"}
+    component_own = {"retainNamespace", "takeOverFields", "allowedFieldOwners"}
+    assert set(inputs) == _model_keys(config.DeploymentConfig) | component_own
     # All optional: a missing field takes the stack config's default.
     assert not schema["resources"][components.COMPONENT_TYPE].get("requiredInputs")
     nested = {

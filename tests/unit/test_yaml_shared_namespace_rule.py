@@ -113,7 +113,7 @@ def test_create_namespace_false_with_depends_on_the_creator_registers_one_namesp
         )
 
     _run(program)
-    assert _namespaces(mocks) == ["driverA:shared"]
+    assert _namespaces(mocks) == ["shared"]
 
 
 def test_the_same_component_registered_again_is_its_own_creator(mocks: RecordingMocks) -> None:
@@ -121,7 +121,7 @@ def test_the_same_component_registered_again_is_its_own_creator(mocks: Recording
     component's second registration is no second creator."""
     _run(lambda: _served("driverA", namespace="shared"))
     _run(lambda: _served("driverA", namespace="shared"))
-    assert _namespaces(mocks) == ["driverA:shared", "driverA:shared"]
+    assert _namespaces(mocks) == ["shared", "shared"]
 
 
 def test_another_stack_in_the_same_process_is_not_this_programs_creator(
@@ -130,7 +130,7 @@ def test_another_stack_in_the_same_process_is_not_this_programs_creator(
     _run(lambda: _served("driverA", namespace="shared"))
     other = _mocks(stack="other")
     _run(lambda: _served("driverB", namespace="shared"))
-    assert _namespaces(other) == ["driverB:shared"]
+    assert _namespaces(other) == ["shared"]
 
 
 def test_different_namespaces_are_each_created_by_their_component(mocks: RecordingMocks) -> None:
@@ -139,11 +139,13 @@ def test_different_namespaces_are_each_created_by_their_component(mocks: Recordi
         _served("driverB", namespace="ns-b")
 
     _run(program)
-    assert _namespaces(mocks) == ["driverA:ns-a", "driverB:ns-b"]
+    assert _namespaces(mocks) == ["ns-a", "ns-b"]
 
 
-def test_two_clusters_may_each_have_the_namespace_created(mocks: RecordingMocks) -> None:
-    """Through different Kubernetes providers (two clusters) the namespaces are two objects."""
+def test_two_clusters_creating_one_namespace_name_are_refused(mocks: RecordingMocks) -> None:
+    """Through different Kubernetes providers (two clusters) the namespaces are two objects,
+    but one Pulumi resource: served children are named after the objects (issue 19, renaming
+    a resource keeps them), so the second is refused naming both and the way forward."""
 
     def program() -> None:
         east = k8s.Provider("east", enable_secret_mutable=True)
@@ -151,8 +153,11 @@ def test_two_clusters_may_each_have_the_namespace_created(mocks: RecordingMocks)
         _served("driverA", pulumi.ResourceOptions(provider=east), namespace="shared")
         _served("driverB", pulumi.ResourceOptions(provider=west), namespace="shared")
 
-    _run(program)
-    assert _namespaces(mocks) == ["driverA:shared", "driverB:shared"]
+    with pytest.raises(provider_face.ArgsError) as caught:
+        _run(program)
+    (problem,) = caught.value.problems
+    assert problem.startswith("createNamespace: PmemCsiDeployment 'driverA' of this program")
+    assert "'driverB'" in problem and "set createNamespace: false on 'driverB'" in problem
 
 
 def test_the_same_explicit_provider_is_the_same_cluster(mocks: RecordingMocks) -> None:

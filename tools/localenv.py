@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 from tools import toolchain
@@ -43,6 +44,26 @@ def _passphrase_file() -> Path:
 
 def pulumi_home() -> Path:
     return state_dir() / "pulumi-home"
+
+
+# The package name the component provider serves (provider/, pmem_components.provider_face).
+SERVED_PACKAGE = "pmem-csi"
+
+
+def forget_served_schema(env: Mapping[str, str]) -> None:
+    """Remove the CLI's cached schema of the served package from ``env``'s PULUMI_HOME.
+
+    The CLI keeps a plugin's schema in ``$PULUMI_HOME/schemas/<name>-<version>.json`` and uses
+    it for as long as the file is newer than the plugin's directory (its change time). For a
+    package added by path that directory is the checkout's ``provider/``, which does not change
+    when ``pmem_components`` does: after a checkout of other code (another branch, a pull, an
+    older copy of the project) the cache would serve the old code's schema, the same version
+    number, and a YAML program would be checked against fields that are no longer (or not yet)
+    there. So every CLI run that may load the package starts without it.
+    """
+    home = Path(env.get("PULUMI_HOME") or Path.home() / ".pulumi")
+    for cached in (home / "schemas").glob(f"{SERVED_PACKAGE}-*.json"):
+        cached.unlink(missing_ok=True)
 
 
 def pulumi_env() -> dict[str, str]:

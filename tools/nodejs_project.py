@@ -90,6 +90,7 @@ def lock() -> Path:
         (project / "Pulumi.yaml").write_text("name: pmem-ts-lock\nruntime: nodejs\n")
         env = cli_env(os.environ, install_hosts(Path(tmp) / "bin"))
         localenv.ensure_kubernetes_plugin()
+        localenv.forget_served_schema(env)
         done = subprocess.run(
             [str(toolchain.bin_path("pulumi")), "package", "add", str(PROVIDER_DIR),
              "--non-interactive"],

@@ -31,7 +31,7 @@ import pytest
 from pmem_components import names
 from tests.e2e import readme
 from tests.e2e import test_yaml_package as yaml_package
-from tools import langhost, langhost_nodejs, nodejs_project, toolchain
+from tools import langhost, langhost_nodejs, localenv, nodejs_project, toolchain
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -83,6 +83,7 @@ class Cli:
         return log.read_text().split() if log.exists() else []
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        localenv.forget_served_schema(self.env)
         start = time.monotonic()
         done = subprocess.run(
             [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],

@@ -73,7 +73,9 @@ REPORTER: dict[str, Any] = {
     "await": {"enabled": False},
 }
 # The Python program's stack-level settings the YAML program matches: the CRD installed by
-# the stack, no field take-over (the served components do none).
+# the stack, no field take-over (the served reporter does none; the YAML deployments turn
+# theirs off, a component field of the served args, so that the two programs' objects compare
+# equal).
 STACK_SETTINGS = {"manageCrd": True, "takeOverFields": False}
 
 
@@ -87,7 +89,7 @@ def program(*, retain: bool | None = None, with_drivers: bool = True) -> dict[st
         for key, props in zip(("driverA", "driverB"), DEPLOYMENTS, strict=True):
             resources[key] = {
                 "type": "pmem-csi:index:PmemCsiDeployment",
-                "properties": props,
+                "properties": {**props, "takeOverFields": False},
                 "options": {"dependsOn": ["${crd}"]},
             }
         resources["reporter"] = {
@@ -113,6 +115,7 @@ class Cli:
         self.cwd, self.env = cwd, env
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        localenv.forget_served_schema(self.env)
         start = time.monotonic()
         done = subprocess.run(
             [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],

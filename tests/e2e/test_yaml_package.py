@@ -89,6 +89,7 @@ class Cli:
         self.calls: list[str] = []
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        localenv.forget_served_schema(self.env)
         start = time.monotonic()
         done = subprocess.run(
             [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],

@@ -74,6 +74,7 @@ class Cli:
         path.write_text(yaml.safe_dump({k: v for k, v in new.items() if v}, sort_keys=False))
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        localenv.forget_served_schema(self.env)
         start = time.monotonic()
         done = subprocess.run(
             [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],

@@ -209,3 +209,41 @@ def test_tolerated_node_pods_are_the_broken_ones_within_the_tolerance() -> None:
     # During a rollout, neither.
     objects, pods = cluster(5000, {17: CRASH}, updated=10)
     assert st.tolerated_node_pods(observed(objects, nodepods=pods)) == frozenset()
+
+
+def lagging(desired: int, broken: dict[int, dict]) -> tuple[dict, list[dict]]:
+    """As ``cluster``, but the DaemonSet's counters still say every pod is ready: the
+    controller has not recounted its pods since they broke (at 5,000 nodes that took it about
+    half a second in the scale benchmark)."""
+    pods = [node_pod(i, **broken.get(i, {})) for i in range(desired)]
+    return with_changes(ds=daemonset(desired, desired)), pods
+
+
+def test_a_pod_seen_broken_is_named_before_the_daemonsets_counters_catch_up() -> None:
+    """The benchmark's slow direction (issue 16): a pod that began to crash-loop was named
+    only once the DaemonSet's numberReady fell, the reporter's own computation waiting for the
+    controller's."""
+    objects, pods = lagging(5000, {17: CRASH})
+    s = st.compute_status(observed(objects, nodepods=pods), NOW)
+    node = comp(s, "Node")
+    assert (s["phase"], node["status"]) == ("Running", "Ready"), node["reason"]
+    assert "4999 of 5000 node driver pod(s) ready, 1 not" in node["reason"]
+    assert f"{NAMES.hyphened}-node-00017 on node-00017" in node["reason"]
+    # The same broken pod, once the counters caught up: the same status (no second write).
+    caught_up = st.compute_status(observed(*cluster(5000, {17: CRASH})[:1], nodepods=pods), NOW)
+    assert caught_up == s
+
+
+def test_pods_seen_broken_beyond_the_tolerance_are_progress_before_the_counters_say_so() -> None:
+    objects, pods = lagging(100, {1: CRASH, 2: CRASH})
+    seen = observed(objects, nodepods=pods)
+    assert st.tolerated_node_pods(seen) == frozenset()  # every change urgent
+    s = st.compute_status(seen, NOW)
+    assert s["phase"] == "Progressing"
+    assert "98 out of 100 driver pods are ready" in comp(s, "Node")["reason"]
+
+
+def test_no_node_pod_seen_ready_fails_at_once_though_the_counters_lag() -> None:
+    objects, pods = lagging(3, {0: CRASH, 1: CRASH, 2: PULL})
+    s = st.compute_status(observed(objects, nodepods=pods), NOW)
+    assert s["phase"] == "Failed", s["reason"]

@@ -436,8 +436,9 @@ class PmemCsiDeployment(pulumi.ComponentResource):
             # also keeps the preview's dry-run apply from failing on a conflict that the
             # take-over (done in `up` only) resolves. The take-over leaves namespaces alone
             # (takeover_transform.SKIPPED_TYPES: administrators label them for others), so a
-            # namespace this component creates is forced only when adopting, as the
-            # program's stack namespaces are.
+            # namespace this component creates is forced only with adoptExisting: here that
+            # adopts the namespace too (the served args have no adoptNamespace), where the
+            # program forces its stack namespaces for adoptNamespace / pmem-csi:adopt.
             extra[PATCH_FORCE_ANNOTATION] = "true"
             for obj in objs.all():
                 if obj is objs.namespace and not cfg.adopt_existing:

@@ -465,21 +465,24 @@ def _component_field(args: Mapping[str, Any], field: str) -> bool:
     return COMPONENT_FIELDS[field] if value is None else bool(value)
 
 
-# The children of the served components of this provider process, by (project, stack,
-# component type, what names them) -> the component's name. Why: served components name their
-# children by the objects only (not "<resource name>:<object>"), so that renaming a resource
-# key keeps every child's URN (issue 19); two components naming the same children would share
-# URNs, and they would be the same Kubernetes objects (one cluster) or clash in the state (two).
-# Kept with the namespace claims (one table of this process's claims, keys of their own).
-_CHILD_OWNERS = _NAMESPACE_CREATORS
+# The children of the served components of this provider process are claimed in
+# ``_NAMESPACE_CREATORS`` too, by (project, stack, component type, what names them) -> the
+# component's name. Why: served components name their children by the objects only (not
+# "<resource name>:<object>"), so that renaming a resource key keeps every child's URN
+# (issue 19); two components naming the same children would share URNs, and they would be the
+# same Kubernetes objects (one cluster) or clash in the state (two).
 
 
-def claim_children(component: str, resource_name: str, claims: list[tuple[str, str]]) -> list[str]:
+def claim_children(
+    component: str, resource_name: str, claims: list[tuple[str, str, str]]
+) -> list[str]:
     """Problems when another component of this program already has the children ``claims``
-    names (``(field as written, value)``); otherwise records this one as their owner. A
-    component registered again under the same name (preview, then update) is their owner."""
+    names (``(field as written, value as written, what names the objects)``: a driver name's
+    objects are named by its hyphened form, so ``hy.phen`` and ``hy-phen`` claim the same);
+    otherwise records this one as their owner. A component registered again under the same
+    name (preview, then update) is their owner."""
     problems = []
-    for field, value in claims:
+    for field, value, names_objects in claims:
         if field == "createNamespace":
             what = (
                 f"to have namespace {value!r} on both clusters, set createNamespace: false on "
@@ -491,13 +494,19 @@ def claim_children(component: str, resource_name: str, claims: list[tuple[str, s
                 f"give {resource_name!r} another {field} (the same driver on two clusters "
                 "takes a stack per cluster)"
             )
-        key = (pulumi.get_project(), pulumi.get_stack(), component, f"{field}={value}")
+        key = (pulumi.get_project(), pulumi.get_stack(), component, f"{field}={names_objects}")
         with _NAMESPACE_LOCK:
             first = _NAMESPACE_CREATORS.setdefault(key, resource_name)
         if first != resource_name:
+            spelled = (
+                f"{value!r}"
+                if field == "createNamespace"
+                else f"{value!r} (its objects are named {names_objects + '-...'!r}: names that "
+                "differ only in dots and hyphens name the same objects)"
+            )
             problems.append(
                 f"{field}: {component} {first!r} of this program already has the objects of "
-                f"{field} {value!r}, and {resource_name!r} would share their Pulumi resources "
+                f"{field} {spelled}, and {resource_name!r} would share their Pulumi resources "
                 f"(served components name their children after the objects, so that renaming a "
                 f"resource keeps them; the resource name is not part of them). Keep one of "
                 f"{first!r} and {resource_name!r}, or {what}"
@@ -537,9 +546,9 @@ class PmemCsiDeployment(components.PmemCsiDeployment):
         retain = _component_field(args, "retain_namespace")
         problems = claim_namespace(name, cfg, opts, retain)
         if not problems:
-            claims = [("name", cfg.name)]
+            claims = [("name", cfg.name, cfg.names.hyphened)]
             if cfg.create_namespace:
-                claims.append(("createNamespace", cfg.namespace))
+                claims.append(("createNamespace", cfg.namespace, cfg.namespace))
             problems = claim_children("PmemCsiDeployment", name, claims)
         if problems:
             raise ArgsError(name, problems)
@@ -656,6 +665,10 @@ class PmemCsiReporterArgs(_AwaitField, total=False):
     exist)."""
     labels: dict[str, str]
     """Extra labels on its objects (the program's reporter: the first deployment's labels)."""
+    allowed_field_owners: list[AllowedFieldOwnerArgs]
+    """What other field managers may own without it being reported as ObjectsModified: give
+    it the allowedFieldOwners of the deployments it serves, so that it judges drift by the
+    list their take-over keeps (as the Python program's pmem-csi:allowedFieldOwners)."""
 
 
 @dataclass(frozen=True)
@@ -746,7 +759,10 @@ def reporter_settings(resource_name: str, args: Mapping[str, Any]) -> ServedRepo
     found: list[str] = []
     stack: StackConfig | None = None
     try:
-        stack = load_config({"deployments": entries}, check_certificates=False)
+        raw: dict[str, Any] = {"deployments": entries}
+        if "allowedFieldOwners" in entry:
+            raw["allowedFieldOwners"] = entry["allowedFieldOwners"]
+        stack = load_config(raw, check_certificates=False)
     except ConfigError as err:
         found += err.problems
     namespace = entry.get("namespace")
@@ -788,7 +804,9 @@ class PmemCsiReporter(pulumi.ComponentResource):
     ) -> None:
         served = reporter_settings(name, args)
         first = served.stack.deployments[0]
-        problems = claim_children("PmemCsiReporter", name, [("deployments[0].name", first.name)])
+        problems = claim_children(
+            "PmemCsiReporter", name, [("deployments[0].name", first.name, first.names.hyphened)]
+        )
         if problems:
             raise ServedArgsError("PmemCsiReporter", name, problems)
         # The program registers them as children of the first deployment's component, under

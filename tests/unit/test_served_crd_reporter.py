@@ -24,7 +24,7 @@ from pulumi.provider.experimental.component import ComponentProvider
 from pulumi_mocks import project_config
 from test_components import Mocks, run
 
-from pmem_components import components, names, program, provider_face, registry
+from pmem_components import components, fieldowners, names, program, provider_face, registry
 from pmem_components.config import load_config
 from pmem_components.manifests.crd import load_crd
 
@@ -103,6 +103,7 @@ def test_the_reporter_takes_deployments_by_name_and_namespace(schema: dict[str, 
         "namespace",
         "labels",
         "await",
+        "allowedFieldOwners",
     }
     assert sorted(rep["requiredInputs"]) == ["deployments", "image"]
     ref = rep["inputProperties"]["deployments"]["items"]["$ref"]
@@ -371,3 +372,40 @@ def test_the_documented_yaml_program_is_valid_and_its_reporter_names_its_deploym
 def _python_names(props: dict[str, Any]) -> dict[str, Any]:
     """Top-level camelCase args as the SDK hands them to the component (snake_case)."""
     return {re.sub(r"([A-Z])", lambda m: "_" + m.group(1).lower(), k): v for k, v in props.items()}
+
+
+ALLOWED = [{"manager": "team-labeller", "paths": ["metadata.labels.team"], "reason": "ours"}]
+
+
+def _env(objects: list[dict[str, Any]]) -> dict[str, str]:
+    (dep,) = [o for o in objects if o["kind"] == "Deployment"]
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def test_the_reporter_judges_drift_by_the_allowed_field_owners_as_the_programs_does() -> None:
+    """Review of rename19: the program's reporter gets the stack's allowedFieldOwners in its
+    environment (the take-over and the reporter judge by one list); the served one had no such
+    argument, so a label another manager may own was reported as ObjectsModified."""
+    served = provider_face.reporter_settings(
+        "rep", _reporter_args(allowed_field_owners=[dict(a) for a in ALLOWED])
+    )
+    objects = program.reporter_objects(served.stack, served.namespace)
+    stack = load_config(
+        {
+            "deployments": [
+                {**d, "reporter": {"image": IMAGE}}
+                for d in _reporter_args()["deployments"]
+            ],
+            "allowedFieldOwners": ALLOWED,
+        },
+        check_certificates=False,
+    )
+    expected = program.reporter_objects(stack, "one")
+    assert _env(objects) == _env(expected)
+    assert "team-labeller" in _env(objects)[fieldowners.ALLOWED_ENV]
+
+
+def test_a_bad_allowed_field_owner_of_the_reporter_is_refused_by_its_field() -> None:
+    problems = _reporter_problems(_reporter_args(allowed_field_owners=[{"manager": "m"}]))
+    assert problems and all(p.startswith("allowedFieldOwners[0]") for p in problems), problems

@@ -93,3 +93,25 @@ def test_the_reporters_namespace_message_is_worded_for_the_reporter() -> None:
         provider_face.reporter_settings("r", args)
     (problem,) = caught.value.problems
     assert "for the reporter" in problem and "driver" not in problem, problem
+
+
+@pytest.mark.parametrize("component", ["PmemCsiDeployment", "PmemCsiReporter"])
+def test_names_that_differ_only_in_dots_and_hyphens_share_children_and_are_refused(
+    mocks: RecordingMocks, component: str
+) -> None:
+    """Objects are named by the hyphened name (hy.phen and hy-phen both give hy-phen-...):
+    refused by field, not left to the engine's duplicate-URN error (review of rename19)."""
+
+    def program() -> None:
+        for key, name, ns in (("h1", "hy.phen", "hy-1"), ("h2", "hy-phen", "hy-2")):
+            if component == "PmemCsiDeployment":
+                provider_face.PmemCsiDeployment(key, {"name": name, "namespace": ns})  # type: ignore[arg-type]
+            else:
+                args = {**REPORTER, "deployments": [{"name": name, "namespace": ns}]}
+                provider_face.PmemCsiReporter(key, args)  # type: ignore[arg-type]
+
+    with pytest.raises(provider_face.ArgsError) as caught:
+        pulumi.runtime.test(program)()
+    (problem,) = caught.value.problems
+    assert "'h1'" in problem and "'h2'" in problem, problem
+    assert "'hy-phen'" in problem and "differ only in dots and hyphens" in problem, problem

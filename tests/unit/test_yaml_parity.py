@@ -17,9 +17,10 @@ The differences that are by design, asserted as such (:data:`BY_DESIGN`):
 - the Namespace: the program registers it at stack level (one per stack, shared by its
   deployments) with hooks that merge only other Pulumi stacks' entries (adoption with
   ``pmem-csi:adopt``, which the face refuses); the served component registers it as its child;
-- aliases: the served component's children also answer to the URNs the program's children
-  have (``components._former_names``), so a stack can move between the faces; the program's
-  have none.
+- aliases: the served namespace and component also answer to the URNs the program's have,
+  so a stack can move between the faces; every served child to its name under the old
+  prefixed layout (:func:`test_the_served_aliases_are_the_prefixed_layouts_and_the_programs`);
+  the program's have none.
 
 The same records, taken from ``pulumi stack export`` of a real YAML stack, are compared in
 ``tests/e2e/test_yaml_drift.py`` (:func:`comparable`, :func:`state_registrations`).
@@ -330,7 +331,9 @@ def by_design(
 BY_DESIGN = (
     "the Namespace's parent (stack in the program, the component when served) and its "
     "stale-only take-over hooks (pmem-csi:adopt, refused when served)",
-    "aliases: served children also answer to the program's URNs",
+    "aliases: the served namespace and component also answer to the program's URNs, every "
+    "served child to its old prefixed name (asserted by "
+    "test_the_served_aliases_are_the_prefixed_layouts_and_the_programs)",
 )
 
 
@@ -509,3 +512,38 @@ def test_a_bad_ownership_entry_is_named_as_the_program_writes_it() -> None:
         "allowedFieldOwners[0].paths: must be a non-empty list of field paths",
         "allowedFieldOwners[0].reason: say why this manager may own these fields",
     ]
+
+
+def _alias_names(reg: Registration) -> set[tuple[str, str]]:
+    """(last type, name) of each alias URN: what ``role`` would fold away."""
+    out = set()
+    for alias in reg.aliases:
+        if alias.startswith("urn:"):
+            _, _, types, name = alias.split("::", 3)
+            out.add((types.split("$")[-1], name))
+    return out
+
+
+def test_the_served_aliases_are_the_prefixed_layouts_and_the_programs() -> None:
+    """What :func:`comparable` cannot see (``role`` folds the prefixes away; review of
+    rename19): each served child answers to its name under the old prefixed layout
+    (``driverA:<name>``), a stack made by that layout moving with one ``up``; the namespace
+    and the component also to the program's URNs (BY_DESIGN). The dynamic certificate set
+    inherits its aliases from its parent (the SDK's rule for a child named after it)."""
+    regs = face_registrations(_resources(None))
+    faces = {reg.urn.split("::")[-1]: reg for reg in regs if reg.type == COMPONENT}
+    assert sorted(faces) == sorted(FACE_NAMES)
+    for face, driver in FACE_NAMES.items():
+        assert _alias_names(faces[face]) == {(COMPONENT, driver)}
+    checked = 0
+    for reg in regs:
+        if reg.type.startswith(("pulumi:", "pulumi-python:")) or reg.type == COMPONENT:
+            continue
+        name = reg.urn.split("::")[-1]
+        (face,) = [f for f in FACE_NAMES if any(n == f"{f}:{name}" for _, n in _alias_names(reg))]
+        expected = {(reg.type, f"{face}:{name}")}
+        if reg.type == NAMESPACE_TYPE:
+            expected.add((reg.type, name))  # the program's, at stack level
+        assert _alias_names(reg) == expected, (reg.urn, reg.aliases)
+        checked += 1
+    assert checked >= 2 * 15  # the Kubernetes objects and sub-components of two deployments

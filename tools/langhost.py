@@ -56,7 +56,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -481,15 +481,49 @@ def executor_environment(req: Any, base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
-def exit_status_response(returncode: int) -> tuple[str, bool]:
-    """(error, bail) for the executor's exit status, as the official plugin answers."""
+def exit_status_response(returncode: int, program: str = "program") -> tuple[str, bool]:
+    """(error, bail) for the executor's exit status, as the official plugin answers.
+
+    ``program`` is how the message names it: the official Node.js host writes ``Program``
+    (tools/langhost_nodejs.py), the Python one ``program``; the rules are the same.
+    """
     if returncode == 0:
         return "", False
     if returncode == USER_ACTIONABLE_EXIT:
         return "", True
     if returncode < 0:
-        return f"program exited unexpectedly (signal {-returncode})", False
-    return f"program exited with non-zero exit code: {returncode}", False
+        return f"{program} exited unexpectedly (signal {-returncode})", False
+    return f"{program} exited with non-zero exit code: {returncode}", False
+
+
+class RunningPrograms:
+    """The programs a host's ``Run`` started and that have not ended yet.
+
+    A base of both stand-in hosts' servicers: a stop signal to the host, or the CLI cancelling
+    one ``Run`` call, interrupts the program (SIGINT) as the official hosts do, so that it can
+    finish its Pulumi operations instead of being killed half-way.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[bytes]] = set()
+
+    def interrupt_all(self) -> None:
+        with self._lock:
+            for proc in self._running:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGINT)
+
+    def wait_for(self, proc: subprocess.Popen[bytes], context: Any) -> int:
+        """``proc``'s exit status; interrupted if the gRPC call ``context`` ends first."""
+        with self._lock:
+            self._running.add(proc)
+        context.add_callback(lambda: proc.poll() is None and proc.send_signal(signal.SIGINT))
+        try:
+            return proc.wait()
+        finally:
+            with self._lock:
+                self._running.discard(proc)
 
 
 def plugin_command(
@@ -713,17 +747,7 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
             value=base64.b64decode(value.get("value", "")),
         )
 
-    class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
-        def __init__(self) -> None:
-            self._lock = threading.Lock()
-            self._running: set[subprocess.Popen[bytes]] = set()
-
-        def interrupt_all(self) -> None:
-            with self._lock:
-                for proc in self._running:
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGINT)
-
+    class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer, RunningPrograms):
         def GetPluginInfo(self, request: Any, context: Any) -> Any:
             return plugin_pb2.PluginInfo(version=_sdk_version())
 
@@ -872,14 +896,7 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
                 return language_pb2.RunResponse(
                     error=f"problem executing program (could not run language executor): {err}"
                 )
-            with self._lock:
-                self._running.add(proc)
-            context.add_callback(lambda: proc.poll() is None and proc.send_signal(signal.SIGINT))
-            try:
-                returncode = proc.wait()
-            finally:
-                with self._lock:
-                    self._running.discard(proc)
+            returncode = self.wait_for(proc, context)
             sys.stdout.flush()
             error, bail = exit_status_response(returncode)
             return language_pb2.RunResponse(error=error, bail=bail)
@@ -892,19 +909,32 @@ def make_servicer(args: HostArgs, executor: Path) -> Any:
 CALL_LOG_ENV = "PMEM_CSI_LANGHOST_CALL_LOG"
 
 
-def _call_logger(path: str) -> Any:
+def call_logger(path: str, prefix: str = "") -> Any:
+    """A gRPC interceptor appending ``<prefix><RPC name>`` per call to ``path``.
+
+    Both stand-in hosts (this one and tools/langhost_nodejs.py, prefix ``nodejs:``) write to
+    the one file CALL_LOG_ENV names, so a test sees which host the CLI asked what, in order.
+    """
     import grpc
 
     class CallLogger(grpc.ServerInterceptor):  # type: ignore[misc]
         def intercept_service(self, continuation: Any, details: Any) -> Any:
             with open(path, "a") as log:
-                log.write(details.method.rsplit("/", 1)[-1] + "\n")
+                log.write(prefix + details.method.rsplit("/", 1)[-1] + "\n")
             return continuation(details)
 
     return CallLogger()
 
 
-def serve(args: HostArgs) -> int:
+def serve_language_host(
+    make_servicer: Callable[[], Any], *, max_workers: int, call_log_prefix: str = ""
+) -> int:
+    """Serve the servicer ``make_servicer`` returns on a free port of 127.0.0.1, print the port,
+    stop on SIGINT/SIGTERM or once the CLI that started us is gone.
+
+    Shared by both stand-in hosts: how the CLI starts and stops a language plugin does not
+    depend on the language. ``make_servicer`` is called once the stop handlers are in.
+    """
     # Handlers first: the CLI may stop us at any moment, even before the port is printed.
     stop = threading.Event()
     running: list[Any] = []
@@ -920,19 +950,13 @@ def serve(args: HostArgs) -> int:
     import grpc
 
     _, language_pb2_grpc, _ = _import_protos()
-    executor = Path(args.executor) if args.executor else Path(__file__).with_name(EXECUTOR_NAME)
-    if not executor.exists():
-        print(f"missing executor {executor}", file=sys.stderr)
-        return 1
-    servicer = make_servicer(args, executor)
+    servicer = make_servicer()
     running.append(servicer)
     interceptors = []
     if os.environ.get(CALL_LOG_ENV):
-        interceptors.append(_call_logger(os.environ[CALL_LOG_ENV]))
+        interceptors.append(call_logger(os.environ[CALL_LOG_ENV], call_log_prefix))
     server = grpc.server(
-        # A RunPlugin call holds its thread while the plugin runs (a YAML program with
-        # several Python component packages, each with its provider): room for many.
-        futures.ThreadPoolExecutor(max_workers=64),
+        futures.ThreadPoolExecutor(max_workers=max_workers),
         options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)],
         interceptors=interceptors,
     )
@@ -949,6 +973,16 @@ def serve(args: HostArgs) -> int:
             break
     server.stop(grace=5).wait()
     return 0
+
+
+def serve(args: HostArgs) -> int:
+    executor = Path(args.executor) if args.executor else Path(__file__).with_name(EXECUTOR_NAME)
+    if not executor.exists():
+        print(f"missing executor {executor}", file=sys.stderr)
+        return 1
+    # A RunPlugin call holds its thread while the plugin runs (a YAML program with several
+    # Python component packages, each with its provider): room for many.
+    return serve_language_host(lambda: make_servicer(args, executor), max_workers=64)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -47,9 +47,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -62,8 +60,6 @@ HOST_NAME = "pulumi-language-nodejs"
 HOST_FILE = "pulumi-language-nodejs-host"
 SHARED_FILE = "pulumi_langhost_shared.py"
 RUN_MODULE = "@pulumi/pulumi/cmd/run"
-# The official host's nodeJSProcessExitedAfterShowingUserActionableMessage.
-USER_ACTIONABLE_EXIT = 32
 PACKAGE_MANAGERS = ("npm", "yarn", "pnpm", "bun")
 
 
@@ -368,14 +364,9 @@ def required_packages(program_dir: str) -> list[tuple[str, str, str]]:
 
 
 def exit_status_response(returncode: int) -> tuple[str, bool]:
-    """(error, bail) for node's exit status, as the official host answers."""
-    if returncode == 0:
-        return "", False
-    if returncode == USER_ACTIONABLE_EXIT:
-        return "", True
-    if returncode < 0:
-        return f"Program exited unexpectedly (signal {-returncode})", False
-    return f"Program exited with non-zero exit code: {returncode}", False
+    """(error, bail) for node's exit status, as the official host answers: the Python host's
+    rules (its nodeJSProcessExitedAfterShowingUserActionableMessage is also 32), ``Program``."""
+    return langhost.exit_status_response(returncode, "Program")
 
 
 def make_servicer(args: Any) -> Any:
@@ -392,17 +383,7 @@ def make_servicer(args: Any) -> Any:
         package_manager(opts, info.program_directory)
         return opts
 
-    class NodeLanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
-        def __init__(self) -> None:
-            self._lock = threading.Lock()
-            self._running: set[subprocess.Popen[bytes]] = set()
-
-        def interrupt_all(self) -> None:
-            with self._lock:
-                for proc in self._running:
-                    if proc.poll() is None:
-                        proc.send_signal(signal.SIGINT)
-
+    class NodeLanguageHost(language_pb2_grpc.LanguageRuntimeServicer, langhost.RunningPrograms):
         def GetPluginInfo(self, request: Any, context: Any) -> Any:
             return plugin_pb2.PluginInfo(version=VERSION)
 
@@ -483,14 +464,7 @@ def make_servicer(args: Any) -> Any:
                 return language_pb2.RunResponse(
                     error=f"Problem executing program (could not run language executor): {err}"
                 )
-            with self._lock:
-                self._running.add(proc)
-            context.add_callback(lambda: proc.poll() is None and proc.send_signal(signal.SIGINT))
-            try:
-                returncode = proc.wait()
-            finally:
-                with self._lock:
-                    self._running.discard(proc)
+            returncode = self.wait_for(proc, context)
             error, bail = exit_status_response(returncode)
             return language_pb2.RunResponse(error=error, bail=bail)
 
@@ -501,56 +475,12 @@ def make_servicer(args: Any) -> Any:
 CALL_LOG_PREFIX = "nodejs:"
 
 
-def _call_logger(path: str) -> Any:
-    """A gRPC interceptor appending ``nodejs:<RPC>`` per call to ``path`` (one file for both
-    stand-in hosts, so a test sees which host the CLI asked what, in order)."""
-    import grpc
-
-    class CallLogger(grpc.ServerInterceptor):  # type: ignore[misc]
-        def intercept_service(self, continuation: Any, details: Any) -> Any:
-            with open(path, "a") as log:
-                log.write(CALL_LOG_PREFIX + details.method.rsplit("/", 1)[-1] + "\n")
-            return continuation(details)
-
-    return CallLogger()
-
-
 def serve(args: Any) -> int:
-    """Serve on a free port of 127.0.0.1, print it, stop on SIGINT/SIGTERM or an orphaned parent."""
-    stop = threading.Event()
-    running: list[Any] = []
-
-    def on_signal(signum: int, frame: Any) -> None:
-        for servicer in running:
-            servicer.interrupt_all()
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    import grpc
-
-    _, language_pb2_grpc, _ = langhost._import_protos()
-    servicer = make_servicer(args)
-    running.append(servicer)
-    interceptors = []
-    if os.environ.get(CALL_LOG_ENV):
-        interceptors.append(_call_logger(os.environ[CALL_LOG_ENV]))
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16),
-        options=[("grpc.max_receive_message_length", 400 * 1024 * 1024)],
-        interceptors=interceptors,
+    """Serve on a free port of 127.0.0.1, print it, stop on SIGINT/SIGTERM or an orphaned parent
+    (the Python host's loop; the call log's lines ``nodejs:<RPC>``)."""
+    return langhost.serve_language_host(
+        lambda: make_servicer(args), max_workers=16, call_log_prefix=CALL_LOG_PREFIX
     )
-    language_pb2_grpc.add_LanguageRuntimeServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(port, flush=True)
-    parent = os.getppid()
-    while not stop.wait(1.0):
-        if os.getppid() != parent:
-            servicer.interrupt_all()
-            break
-    server.stop(grace=5).wait()
-    return 0
 
 
 def launcher_text(python: str, host: Path, codegen: Path) -> str:

@@ -12,7 +12,8 @@ Then: the TypeScript example of the doc, taken from the doc itself, type-checks 
 SDK with ``tsc --noEmit`` (and a wrong field name in it does not); and a TypeScript program
 deploys one driver with a patch on the local cluster (``up``), a second ``up`` changes nothing,
 ``destroy`` removes it. What it deployed is compared object for object with what the Python
-program registers for the same deployment (the comparison of tests/e2e/test_yaml_package.py).
+program registers for the same deployment (tests/e2e/served_package.py's comparison, as
+tests/e2e/test_yaml_package.py makes it).
 """
 
 from __future__ import annotations
@@ -21,17 +22,15 @@ import json
 import os
 import re
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pmem_components import names
-from tests.e2e import readme
-from tests.e2e import test_yaml_package as yaml_package
-from tools import langhost, langhost_nodejs, localenv, nodejs_project, toolchain
+from tests.e2e import readme, served_package
+from tests.e2e.served_package import kubectl
+from tools import langhost_nodejs, nodejs_project
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -71,34 +70,8 @@ def program(deployment: dict[str, Any]) -> str:
     )
 
 
-class Cli:
-    """The pulumi CLI in the TypeScript project directory, with a backend of this module's own."""
-
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.cwd, self.env = cwd, env
-        self.seen = 0
-
-    def calls(self) -> list[str]:
-        log = Path(self.env[langhost.CALL_LOG_ENV])
-        return log.read_text().split() if log.exists() else []
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        localenv.forget_served_schema(self.env)
-        start = time.monotonic()
-        done = subprocess.run(
-            [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],
-            cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        calls = self.calls()
-        new, self.seen = calls[self.seen :], len(calls)
-        print(
-            f"[typescript] pulumi {' '.join(args)}: {time.monotonic() - start:.1f}s; "
-            f"host calls: {', '.join(new) or '-'}",
-            flush=True,
-        )
-        if check:
-            assert done.returncode == 0, f"pulumi {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-        return done
+class Cli(served_package.Cli):
+    """The pulumi CLI in the TypeScript project directory, and the project's ``tsc``."""
 
     def tsc(self, source: str) -> subprocess.CompletedProcess[str]:
         """``tsc --noEmit`` of the project with ``source`` as its index.ts."""
@@ -115,24 +88,24 @@ def cli(
     pulumi_ready: dict[str, str], local_cluster: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Cli:
     """The project after ``pulumi package add <checkout>/provider`` (SDK generated, installed)."""
-    if not toolchain.GROUPS["pulumi-nodejs"].is_built():
-        pytest.fail("tool group pulumi-nodejs is not built: run `make tools`")
+    served_package.require_tools("pulumi-nodejs")
     project = nodejs_project.new_project(tmp_path_factory.mktemp("ts-program"))
     (project / "Pulumi.yaml").write_text(PULUMI_YAML)
     bin_dir = nodejs_project.install_hosts(tmp_path_factory.mktemp("language-hosts"))
     env = nodejs_project.cli_env(os.environ, bin_dir)
-    env["PULUMI_BACKEND_URL"] = tmp_path_factory.mktemp("backend").as_uri()
-    env["KUBECONFIG"] = str(local_cluster)
-    env[langhost.CALL_LOG_ENV] = str(project.parent / "langhost-calls.log")
-    cli = Cli(project, env)
-    added = cli.run("package", "add", str(nodejs_project.PROVIDER_DIR))
-    cli.added = added  # type: ignore[attr-defined]
-    return cli
+    made = Cli(
+        project,
+        served_package.module_env(env, local_cluster, tmp_path_factory),
+        "typescript",
+        timeout=600,
+    )
+    made.add_package(nodejs_project.PROVIDER_DIR)
+    return made
 
 
 def test_package_add_generates_links_and_installs_the_typescript_sdk(cli: Cli) -> None:
-    added = cli.added  # type: ignore[attr-defined]
-    out = added.stdout + added.stderr
+    assert cli.added is not None
+    out = cli.added.stdout + cli.added.stderr
     assert 'import * as pmemCsi from "@pulumi/pmem-csi";' in out, out
     manifest = json.loads((cli.cwd / "package.json").read_text())
     assert manifest["dependencies"][nodejs_project.SDK_PACKAGE] == f"file:{nodejs_project.SDK_DIR}"
@@ -178,23 +151,6 @@ def test_a_wrong_field_name_in_the_example_fails_the_type_check(
     assert f"'{field}' does not exist in type" in out, out
 
 
-def python_program_objects(deployment: dict[str, Any]) -> dict[tuple[str, str, str], Any]:
-    """The Kubernetes objects the Python program registers for ``deployment`` (under mocks)."""
-    raw = {"deployments": [deployment], **yaml_package.STACK_SETTINGS}
-    done = subprocess.run(
-        [sys.executable, "-c", yaml_package._PYTHON_PROGRAM, json.dumps(raw)],
-        cwd=toolchain.PROJECT_DIR, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["error"] == ""
-    return yaml_package._by_object(result["resources"])
-
-
-def kubectl(cli: Cli, *args: str) -> dict[str, Any] | None:
-    return yaml_package.kubectl(cli, *args)  # type: ignore[arg-type]
-
-
 def test_a_typescript_program_deploys_and_removes_the_driver(cli: Cli, crd: None) -> None:
     (cli.cwd / "index.ts").write_text(program(DEPLOYMENT))
     cli.run("stack", "init", "ts")
@@ -204,32 +160,23 @@ def test_a_typescript_program_deploys_and_removes_the_driver(cli: Cli, crd: None
     hyphened = names.DeploymentNames(DEPLOYMENT["name"]).hyphened
     ds = kubectl(cli, "get", "daemonset", "-n", "ts-a", f"{hyphened}-node")
     assert ds is not None and ds["metadata"]["labels"]["patched-by"] == "typescript"
-    assert kubectl(cli, "get", "statefulset", "-n", "ts-a", f"{hyphened}-controller")
-    cr = kubectl(cli, "get", "deployments.pmem-csi.intel.com", DEPLOYMENT["name"])
-    assert cr is not None and "PRIVATE KEY" not in json.dumps(cr)
-    outputs = json.loads(cli.run("stack", "output", "--json").stdout)
+    served_package.assert_deployed(cli, DEPLOYMENT)
+    outputs = cli.outputs()
     assert outputs["aNamespace"] == "ts-a"
     assert outputs["aObjectNames"]
     assert outputs["aCaCert"].startswith("-----BEGIN CERTIFICATE-----")
 
     # ---- the same objects as the Python program's, object for object.
-    state = json.loads(cli.run("stack", "export").stdout)
-    custom = [r for r in state["deployment"]["resources"] if r.get("custom")]
-    deployed = yaml_package._by_object(
-        [{"type": r["type"], "inputs": r.get("inputs", {})} for r in custom]
-    )
-    expected = python_program_objects(DEPLOYMENT)
-    assert sorted(deployed) == sorted(expected)
-    for key, obj in expected.items():
-        assert deployed[key] == obj, key
+    deployed = served_package.state_objects(cli.export())
+    expected = served_package.python_program_objects([DEPLOYMENT])
+    served_package.assert_same_objects(deployed, expected)
 
     # ---- a second up changes nothing.
     cli.run("up", "--yes", "--skip-preview", "--expect-no-changes")
 
     # ---- destroy removes the driver (the namespace is kept, as in Python).
     cli.run("destroy", "--yes", "--skip-preview")
-    assert kubectl(cli, "get", "deployments.pmem-csi.intel.com", DEPLOYMENT["name"]) is None
-    assert kubectl(cli, "get", "statefulset", "-n", "ts-a", f"{hyphened}-controller") is None
+    served_package.assert_removed(cli, DEPLOYMENT)
     cli.run("stack", "rm", "--yes", "ts")
 
     # The program ran through the Node.js host's Run, the provider through the Python host.

@@ -3,7 +3,7 @@
 A YAML program installs the CRD (``pmem-csi:index:PmemCsiCrd``), two
 ``PmemCsiDeployment`` resources that depend on it, and one ``pmem-csi:index:PmemCsiReporter``
 serving both (named by name and namespace, depending on both). The set-up is
-``tests/e2e/test_yaml_package.py``'s: ``pulumi package add <checkout>/provider``, the stand-in
+``tests/e2e/served_package.py``'s: ``pulumi package add <checkout>/provider``, the stand-in
 Python host first on ``PATH``, a backend of this module's own. One lifecycle:
 
 - a reporter naming a deployment it cannot serve fails ``preview``, naming the YAML field;
@@ -23,33 +23,27 @@ Python host first on ``PATH``, a backend of this module's own. One lifecycle:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from pmem_components import names
-from pmem_components.manifests.bundle import CERTIFICATES_HASH_ANNOTATION
 from reporter.kubeapi import RawApi
+from tests.e2e import served_package
 from tests.e2e.reporter_helpers import (
     REPORTER_IMAGE,
     ReporterProcess,
     ensure_crd,
     token_kubeconfig,
 )
+from tests.e2e.served_package import Cli, kubectl
 from tests.e2e.waiting import wait_for
-from tools import langhost, localenv, toolchain
 
 pytestmark = pytest.mark.timeout(900)
 
-PROVIDER_DIR = toolchain.PROJECT_DIR / "provider"
 STATUS_TIMEOUT = 120.0
 DEPLOYMENTS: list[dict[str, Any]] = [
     {
@@ -88,7 +82,7 @@ def program(*, retain: bool | None = None, with_drivers: bool = True) -> dict[st
     if with_drivers:
         for key, props in zip(("driverA", "driverB"), DEPLOYMENTS, strict=True):
             resources[key] = {
-                "type": "pmem-csi:index:PmemCsiDeployment",
+                "type": served_package.DEPLOYMENT_TYPE,
                 "properties": {**props, "takeOverFields": False},
                 "options": {"dependsOn": ["${crd}"]},
             }
@@ -99,60 +93,16 @@ def program(*, retain: bool | None = None, with_drivers: bool = True) -> dict[st
         }
         outputs["reporterName"] = "${reporter.deploymentName}"
         outputs["reporterNamespace"] = "${reporter.namespace}"
-    return {
-        "name": "pmem-yaml-served",
-        "runtime": "yaml",
-        "config": {"kubernetes:enableSecretMutable": {"value": True}},
-        "resources": resources,
-        "outputs": outputs,
-    }
-
-
-class Cli:
-    """The pulumi CLI in the YAML project directory, with a backend of this module's own."""
-
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.cwd, self.env = cwd, env
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        localenv.forget_served_schema(self.env)
-        start = time.monotonic()
-        done = subprocess.run(
-            [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],
-            cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=400,
-        )  # fmt: skip
-        print(f"[yaml served] pulumi {' '.join(args)}: {time.monotonic() - start:.1f}s", flush=True)
-        if check:
-            assert done.returncode == 0, f"pulumi {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-        return done
-
-    def write(self, project: dict[str, Any]) -> None:
-        """Pulumi.yaml as ``project``, with the package ``pulumi package add`` recorded."""
-        path = self.cwd / "Pulumi.yaml"
-        packages = (
-            (yaml.safe_load(path.read_text()) or {}).get("packages") if path.exists() else None
-        )
-        body = {**project, **({"packages": packages} if packages else {})}
-        path.write_text(yaml.safe_dump(body, sort_keys=False))
+    return served_package.yaml_program("pmem-yaml-served", resources, outputs)
 
 
 @pytest.fixture(scope="module")
 def cli(
     pulumi_ready: dict[str, str], local_cluster: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Cli:
-    if not toolchain.GROUPS["pulumi-yaml"].is_built():
-        pytest.fail("tool group pulumi-yaml is not built: run `make tools`")
-    project = tmp_path_factory.mktemp("yaml-served")
-    (project / "Pulumi.yaml").write_text(yaml.safe_dump(program(), sort_keys=False))
-    env = {**os.environ, **localenv.pulumi_env()}
-    env["PULUMI_BACKEND_URL"] = tmp_path_factory.mktemp("backend").as_uri()
-    env["KUBECONFIG"] = str(local_cluster)
-    # This checkout's stand-in Python host first on PATH (see test_yaml_package.py).
-    host_bin = tmp_path_factory.mktemp("language-host")
-    toolchain.install_language_host(host_bin)
-    env["PATH"] = os.pathsep.join([str(host_bin), env["PATH"]])
-    env[langhost.CALL_LOG_ENV] = str(project.parent / "langhost-calls.log")
-    return Cli(project, env)
+    return served_package.yaml_cli(
+        tmp_path_factory, local_cluster, "yaml-served", program(), "yaml served"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -177,100 +127,11 @@ def cleanup(cli: Cli, api_client: Any) -> Iterator[None]:
     ensure_crd(RawApi(api_client))
 
 
-def kubectl(cli: Cli, *args: str) -> dict[str, Any] | None:
-    done = subprocess.run(
-        [str(toolchain.bin_path("kubectl")), *args, "-o", "json"],
-        env=cli.env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    if done.returncode != 0:
-        assert "NotFound" in done.stderr, done.stderr
-        return None
-    return json.loads(done.stdout)
-
-
-# Under mocks the engine runs no resource transforms, so the script applies the component's
-# own (PmemCsiDeployment: the await settings, then the deployment's patches) to each object
-# of a deployment, the reporter's included (they are the first deployment's children).
-_PYTHON_PROGRAM = """
-import json, sys
-sys.path.insert(0, "tests/unit")  # bad_input imports its neighbours as pytest has them
-import pulumi
-from tests.unit.bad_input import run_program
-from pmem_components import awaiting, config, names
-from pmem_components.patches import PatchSet
-
-raw = json.loads(sys.argv[1])
-error, resources = run_program(raw)
-stack = config.load_config(raw)
-by_instance = {d.names.hyphened: (i, d) for i, d in enumerate(stack.deployments)}
-out = []
-for r in resources:
-    props = dict(r.inputs)
-    labels = (props.get("metadata") or {}).get("labels") or {}
-    if r.typ.startswith("kubernetes:") and labels.get(names.LABEL_INSTANCE) in by_instance:
-        i, dep = by_instance[labels[names.LABEL_INSTANCE]]
-        patches = PatchSet.for_deployment(i, dep.patches)
-        for transform in (awaiting.transform(dep), patches.transform):
-            opts = pulumi.ResourceOptions()
-            result = transform(pulumi.ResourceTransformArgs(True, r.typ, r.name, props, opts))
-            if result is not None:
-                props = dict(result.props)
-    out.append({"type": r.typ, "inputs": props})
-print(json.dumps({"error": error, "resources": out}, default=str))
-"""
-
-
 def python_program_objects() -> dict[tuple[str, str, str], dict[str, Any]]:
     """The Kubernetes objects the Python program registers for DEPLOYMENTS with the reporter
-    enabled (under mocks), in a process of its own: Pulumi's mocks are process-wide."""
+    enabled (under mocks)."""
     with_reporter = [{**d, "reporter": {"image": REPORTER_IMAGE}} for d in DEPLOYMENTS]
-    raw = {"deployments": with_reporter, **STACK_SETTINGS}
-    done = subprocess.run(
-        [sys.executable, "-c", _PYTHON_PROGRAM, json.dumps(raw)],
-        cwd=toolchain.PROJECT_DIR, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["error"] == ""
-    return _by_object(result["resources"])
-
-
-def _by_object(resources: list[dict[str, Any]]) -> dict[tuple[str, str, str], dict[str, Any]]:
-    out = {}
-    for res in resources:
-        if not res["type"].startswith("kubernetes:"):
-            continue
-        inputs = res["inputs"]
-        meta = inputs.get("metadata") or {}
-        key = (inputs["kind"], meta.get("namespace", ""), meta["name"])
-        assert key not in out, key
-        out[key] = _comparable(inputs)
-    return out
-
-
-def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
-    """The object without what depends on the stack's name or on the certificates' values."""
-
-    def walk(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {
-                k: walk(v)
-                for k, v in value.items()
-                if k not in (names.STACK_ANNOTATION, CERTIFICATES_HASH_ANNOTATION)
-            }
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        if isinstance(value, str) and "-----BEGIN" in value:
-            return "<pem>"
-        if isinstance(value, float) and value.is_integer():
-            return int(value)  # the mocks' numbers are floats, the state's integers
-        return value
-
-    out = walk(obj)
-    if out["kind"] == "Secret":
-        out.pop("data", None)
-        out.pop("stringData", None)
-    return out
+    return served_package.python_program_objects(with_reporter, STACK_SETTINGS)
 
 
 def _without_reporter_record(obj: dict[str, Any]) -> dict[str, Any]:
@@ -332,8 +193,7 @@ def _run_reporter_as_its_pod(
 def test_a_yaml_program_installs_the_crd_and_one_reporter_for_two_deployments(
     cli: Cli, api_client: Any, local_cluster: Path, tmp_path: Path, cleanup: None
 ) -> None:
-    added = cli.run("package", "add", str(PROVIDER_DIR))
-    assert "pmem-csi" in (cli.cwd / "Pulumi.yaml").read_text(), added.stdout
+    cli.add_package()
     cli.run("stack", "init", "served")
     good = program()
 
@@ -351,7 +211,7 @@ def test_a_yaml_program_installs_the_crd_and_one_reporter_for_two_deployments(
 
     # ---- up: the CRD, both drivers, one reporter serving both.
     cli.run("up", "--yes", "--skip-preview")
-    outputs = json.loads(cli.run("stack", "output", "--json").stdout)
+    outputs = cli.outputs()
     first = names.DeploymentNames(DEPLOYMENTS[0]["name"])
     assert outputs == {
         "crdName": names.CRD_NAME,
@@ -360,13 +220,11 @@ def test_a_yaml_program_installs_the_crd_and_one_reporter_for_two_deployments(
     }
 
     # ---- the same objects as the Python program's, object for object.
-    state = json.loads(cli.run("stack", "export").stdout)
-    custom = [r for r in state["deployment"]["resources"] if r.get("custom")]
-    deployed = _by_object([{"type": r["type"], "inputs": r.get("inputs", {})} for r in custom])
-    expected = python_program_objects()
-    assert sorted(deployed) == sorted(expected)
-    for key, obj in expected.items():
-        assert _without_reporter_record(deployed[key]) == _without_reporter_record(obj), key
+    state = cli.export()
+    deployed = served_package.state_objects(state)
+    served_package.assert_same_objects(
+        deployed, python_program_objects(), normalize=_without_reporter_record
+    )
     # The CRs record the deployments' own reporter settings: none (a PmemCsiReporter serves).
     # Their workloads carry the digest of that spec, as the reporter compares it.
     for d in DEPLOYMENTS:
@@ -377,7 +235,11 @@ def test_a_yaml_program_installs_the_crd_and_one_reporter_for_two_deployments(
             workload = deployed[(kind, d["namespace"], f"{h}-{suffix}")]
             digest = workload["metadata"]["annotations"][names.SPEC_DIGEST_ANNOTATION]
             assert digest == names.spec_digest(cr["spec"]), (kind, d["name"])
-    (crd_state,) = [r for r in custom if r["type"].endswith(":CustomResourceDefinition")]
+    (crd_state,) = [
+        r
+        for r in state["deployment"]["resources"]
+        if r.get("custom") and r["type"].endswith(":CustomResourceDefinition")
+    ]
     assert crd_state.get("retainOnDelete") is True
     # dependsOn as written: the deployments after the CRD, the reporter after both.
     by_type: dict[str, list[dict[str, Any]]] = {}
@@ -421,7 +283,7 @@ def test_a_yaml_program_installs_the_crd_and_one_reporter_for_two_deployments(
     # ---- retain: false: the CRD goes with destroy.
     cli.write(program(retain=False, with_drivers=False))
     cli.run("up", "--yes", "--skip-preview")
-    state = json.loads(cli.run("stack", "export").stdout)
+    state = cli.export()
     (crd_state,) = [
         r
         for r in state["deployment"]["resources"]
@@ -435,5 +297,5 @@ def test_a_yaml_program_installs_the_crd_and_one_reporter_for_two_deployments(
 
     wait_for(crd_gone, 120, "the CRD deleted by destroy (retain: false)")
     cli.run("stack", "rm", "--yes", "served")
-    calls = Path(cli.env[langhost.CALL_LOG_ENV]).read_text().split()
+    calls = cli.calls()
     assert "RunPlugin" in calls, calls

@@ -1,7 +1,7 @@
 """A YAML program's ``pulumi up --refresh`` restores what kubectl changed (issue 19).
 
 The served component (``pmem-csi:index:PmemCsiDeployment`` from ``provider/``, with the real
-CLI and YAML host as in ``tests/e2e/test_yaml_package.py``) deploys the deployments of
+CLI and YAML host as in ``tests/e2e/served_package.py``) deploys the deployments of
 ``tests/unit/test_yaml_parity.py``. Then:
 
 - its state (``pulumi stack export``) holds every child with the resource options, hooks and
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -32,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pmem_components import names
-from tests.e2e.test_yaml_package import PROVIDER_DIR, Cli
-from tests.e2e.test_yaml_package import kubectl as get_json
+from tests.e2e import served_package
+from tests.e2e.served_package import Cli
+from tests.e2e.served_package import kubectl as get_json
 from tests.unit import test_yaml_parity as parity
-from tools import langhost, localenv, toolchain
+from tools import toolchain
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -56,15 +55,7 @@ MALFORMED = ["malformed", "options"]
 
 
 def program() -> dict[str, Any]:
-    return {
-        "name": "pmem-yaml-drift",
-        "runtime": "yaml",
-        "config": {"kubernetes:enableSecretMutable": {"value": True}},
-        "resources": {
-            name: {"type": "pmem-csi:index:PmemCsiDeployment", "properties": props}
-            for name, props in RESOURCES.items()
-        },
-    }
+    return served_package.yaml_program("pmem-yaml-drift", served_package.deployments(RESOURCES))
 
 
 @dataclass
@@ -86,19 +77,8 @@ def deployed(
     crd: None,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Deployed]:
-    if not toolchain.GROUPS["pulumi-yaml"].is_built():
-        pytest.fail("tool group pulumi-yaml is not built: run `make tools`")
-    project = tmp_path_factory.mktemp("yaml-drift")
-    (project / "Pulumi.yaml").write_text(yaml.safe_dump(program(), sort_keys=False))
-    env = {**os.environ, **localenv.pulumi_env()}
-    env["PULUMI_BACKEND_URL"] = tmp_path_factory.mktemp("backend").as_uri()
-    env["KUBECONFIG"] = str(local_cluster)
-    host_bin = tmp_path_factory.mktemp("language-host")
-    toolchain.install_language_host(host_bin)  # this checkout's stand-in Python host
-    env["PATH"] = os.pathsep.join([str(host_bin), env["PATH"]])
-    env[langhost.CALL_LOG_ENV] = str(project.parent / "langhost-calls.log")
-    cli = Cli(project, env)
-    cli.run("package", "add", str(PROVIDER_DIR))
+    cli = served_package.yaml_cli(tmp_path_factory, local_cluster, "yaml-drift", program(), "drift")
+    cli.add_package()
     cli.run("stack", "init", "drift")
     try:
         cli.run("up", "--yes", "--skip-preview")
@@ -157,7 +137,7 @@ def test_the_state_holds_the_programs_options_hooks_and_secrets(deployed: Deploy
     """Every child of the YAML stack with the options, hooks and secret inputs the Python
     program registers (apart from what ``parity.BY_DESIGN`` names); the Secrets' data with
     the program's keys, secret in the state, and no private key readable anywhere in it."""
-    export = json.loads(deployed.cli.run("stack", "export").stdout)
+    export = deployed.cli.export()
     served = parity.comparable(parity.state_registrations(export), parity.FACE_NAMES)
     records = program_records()
     program_side = records["comparable"]
@@ -179,7 +159,7 @@ def test_the_state_holds_the_programs_options_hooks_and_secrets(deployed: Deploy
     assert len(secrets) == 4 and all(
         v["secrets"] == [parity.SECRET_DATA] for v in secrets.values()
     )
-    shown = json.loads(deployed.cli.run("stack", "export", "--show-secrets").stdout)
+    shown = deployed.cli.export("--show-secrets")
     assert _state_data_keys(shown) == records["data_keys"]
     # No private key in text or base64 anywhere in the state (inputs, outputs, the
     # certificates resource), while shown (--show-secrets) they are there.

@@ -4,7 +4,7 @@ A review found that renaming the key of a ``PmemCsiReporter`` (or a ``PmemCsiDep
 gave "+N created, -N deleted": the children were named ``<key>:<object>``, so each got a new
 URN; the creates upserted the existing objects, the deletes of the old URNs then deleted
 them, and the state still listed them. Here, with the real CLI and YAML host (the set-up of
-``tests/e2e/test_yaml_crd_reporter.py``): ``up``, rename both keys, ``up``: nothing deleted,
+``tests/e2e/served_package.py``): ``up``, rename both keys, ``up``: nothing deleted,
 every object keeps its UID, and a further ``preview`` expects no changes. And a stack made by
 the code before the fix (children ``<key>:<object>``; commit ``OLD_REF``, run from a
 ``git archive`` of it) moves to the new names in one ``up``: aliases, nothing deleted.
@@ -12,9 +12,9 @@ the code before the fix (children ``<key>:<object>``; commit ``OLD_REF``, run fr
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ import yaml
 from kubernetes import client
 
 from reporter.kubeapi import RawApi
+from tests.e2e import served_package
 from tests.e2e.reporter_helpers import REPORTER_IMAGE, ensure_crd
-from tests.e2e.test_yaml_crd_reporter import Cli, kubectl
-from tools import langhost, localenv, toolchain
+from tests.e2e.served_package import Cli, kubectl
+from tools import toolchain
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -55,19 +56,13 @@ def program(driver_key: str, reporter_key: str, driver: dict[str, Any] = DRIVER)
         **REPORTER,
         "deployments": [{"name": driver["name"], "namespace": driver["namespace"]}],
     }
-    return {
-        "name": "pmem-yaml-rename",
-        "runtime": "yaml",
-        "config": {"kubernetes:enableSecretMutable": {"value": True}},
-        "resources": {
-            driver_key: {"type": "pmem-csi:index:PmemCsiDeployment", "properties": driver},
-            reporter_key: {
-                "type": "pmem-csi:index:PmemCsiReporter",
-                "properties": reporter,
-                "options": {"dependsOn": [f"${{{driver_key}}}"]},
-            },
-        },
+    resources = served_package.deployments({driver_key: driver})
+    resources[reporter_key] = {
+        "type": "pmem-csi:index:PmemCsiReporter",
+        "properties": reporter,
+        "options": {"dependsOn": [f"${{{driver_key}}}"]},
     }
+    return served_package.yaml_program("pmem-yaml-rename", resources)
 
 
 @pytest.fixture(scope="module")
@@ -76,21 +71,11 @@ def cli(
     local_cluster: Path,
     api_client: Any,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Any:
-    if not toolchain.GROUPS["pulumi-yaml"].is_built():
-        pytest.fail("tool group pulumi-yaml is not built: run `make tools`")
+) -> Iterator[Cli]:
     ensure_crd(RawApi(api_client))
-    project = tmp_path_factory.mktemp("yaml-rename")
-    (project / "Pulumi.yaml").write_text(yaml.safe_dump(program("driverA", "reporter")))
-    env = {**os.environ, **localenv.pulumi_env()}
-    env["PULUMI_BACKEND_URL"] = tmp_path_factory.mktemp("backend").as_uri()
-    env["KUBECONFIG"] = str(local_cluster)
-    host_bin = tmp_path_factory.mktemp("language-host")
-    toolchain.install_language_host(host_bin)
-    env["PATH"] = os.pathsep.join([str(host_bin), env["PATH"]])
-    env[langhost.CALL_LOG_ENV] = str(project.parent / "langhost-calls.log")
-    cli = Cli(project, env)
-    cli.run("package", "add", str(toolchain.PROJECT_DIR / "provider"))
+    project = program("driverA", "reporter")
+    cli = served_package.yaml_cli(tmp_path_factory, local_cluster, "yaml-rename", project, "rename")
+    cli.add_package()
     cli.run("stack", "init", "dev")
     yield cli
     cli.run("destroy", "--yes", "--skip-preview", check=False)
@@ -145,8 +130,8 @@ def test_a_stack_made_with_prefixed_children_moves_without_deleting(
     project = tmp_path / "project"
     project.mkdir()
     (project / "Pulumi.yaml").write_text(yaml.safe_dump(program("driverM", "reporterM", MIGRATED)))
-    old_cli = Cli(project, {**cli.env, "PYTHONPATH": str(old)})
-    old_cli.run("package", "add", str(old / "provider"))
+    old_cli = cli.at(project, PYTHONPATH=str(old))
+    old_cli.add_package(old / "provider")
     old_cli.run("stack", "init", "old")
     try:
         old_cli.run("up", "--yes", "--skip-preview")
@@ -155,8 +140,8 @@ def test_a_stack_made_with_prefixed_children_moves_without_deleting(
         objects = [(k, "migrated" if ns else "", n.replace("renamed", "migrated"))
                    for k, ns, n in OBJECTS]  # fmt: skip
         before = uids(cli, objects)
-        new_cli = Cli(project, cli.env)
-        new_cli.run("package", "add", str(toolchain.PROJECT_DIR / "provider"))
+        new_cli = cli.at(project)
+        new_cli.add_package()
         done = new_cli.run("up", "--yes", "--skip-preview")
         summary = done.stdout[done.stdout.rfind("Resources:") :]
         print(summary)
@@ -166,4 +151,4 @@ def test_a_stack_made_with_prefixed_children_moves_without_deleting(
         assert "::driverM:" not in state and "::reporterM:" not in state
         new_cli.run("preview", "--expect-no-changes")
     finally:
-        Cli(project, cli.env).run("destroy", "--yes", "--skip-preview", check=False)
+        cli.at(project).run("destroy", "--yes", "--skip-preview", check=False)

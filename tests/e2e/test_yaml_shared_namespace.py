@@ -1,7 +1,7 @@
 """Two served components in one namespace, from one YAML program (issue 19), with the real
 CLI and the real YAML host on the local cluster.
 
-The set-up is test_yaml_package.py's: a fresh YAML project, ``pulumi package add
+The set-up is served_package.py's: a fresh YAML project, ``pulumi package add
 <checkout>/provider``, a backend of this module's own. Two ``PmemCsiDeployment`` resources
 with different driver names in one namespace:
 
@@ -16,22 +16,17 @@ with different driver names in one namespace:
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pmem_components import names
-from tools import langhost, localenv, toolchain
+from tests.e2e import served_package
+from tests.e2e.served_package import Cli, controller, cr, kubectl
 
 pytestmark = pytest.mark.timeout(900)
 
-PROVIDER_DIR = toolchain.PROJECT_DIR / "provider"
 NAMESPACE = "yaml-shared"
 
 
@@ -49,73 +44,24 @@ def drivers(namespace: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, A
 
 def program(resources: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A YAML program of ``resources`` (name -> ``properties`` and optional ``options``)."""
-    return {
-        "name": "pmem-yaml-shared",
-        "runtime": "yaml",
-        "config": {"kubernetes:enableSecretMutable": {"value": True}},
-        "resources": {
-            name: {"type": "pmem-csi:index:PmemCsiDeployment", **spec}
+    return served_package.yaml_program(
+        "pmem-yaml-shared",
+        {
+            name: {"type": served_package.DEPLOYMENT_TYPE, **spec}
             for name, spec in resources.items()
         },
-    }
-
-
-class Cli:
-    """The pulumi CLI in the YAML project directory, with a backend of this module's own."""
-
-    def __init__(self, cwd: Path, env: dict[str, str]) -> None:
-        self.cwd, self.env = cwd, env
-
-    def write(self, resources: dict[str, dict[str, Any]]) -> None:
-        """Replace the program's resources, keeping the packages ``package add`` wrote."""
-        path = self.cwd / "Pulumi.yaml"
-        current = yaml.safe_load(path.read_text())
-        new = {**program(resources), "packages": current.get("packages")}
-        path.write_text(yaml.safe_dump({k: v for k, v in new.items() if v}, sort_keys=False))
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        localenv.forget_served_schema(self.env)
-        start = time.monotonic()
-        done = subprocess.run(
-            [str(toolchain.bin_path("pulumi")), *args, "--non-interactive"],
-            cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=400,
-        )  # fmt: skip
-        print(f"[yaml-shared] pulumi {' '.join(args)}: {time.monotonic() - start:.1f}s", flush=True)
-        if check:
-            assert done.returncode == 0, f"pulumi {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
-        return done
+    )
 
 
 @pytest.fixture(scope="module")
 def cli(
     pulumi_ready: dict[str, str], local_cluster: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Cli:
-    if not toolchain.GROUPS["pulumi-yaml"].is_built():
-        pytest.fail("tool group pulumi-yaml is not built: run `make tools`")
-    project = tmp_path_factory.mktemp("yaml-shared-program")
-    (project / "Pulumi.yaml").write_text(yaml.safe_dump(program({}), sort_keys=False))
-    env = {**os.environ, **localenv.pulumi_env()}
-    env["PULUMI_BACKEND_URL"] = tmp_path_factory.mktemp("backend").as_uri()
-    env["KUBECONFIG"] = str(local_cluster)
-    # This checkout's stand-in Python host first on PATH (as test_yaml_package.py says why).
-    host_bin = tmp_path_factory.mktemp("language-host")
-    toolchain.install_language_host(host_bin)
-    env["PATH"] = os.pathsep.join([str(host_bin), env["PATH"]])
-    env[langhost.CALL_LOG_ENV] = str(project.parent / "langhost-calls.log")
-    made = Cli(project, env)
-    made.run("package", "add", str(PROVIDER_DIR))
+    made = served_package.yaml_cli(
+        tmp_path_factory, local_cluster, "yaml-shared-program", program({}), "yaml-shared"
+    )
+    made.add_package()
     return made
-
-
-def kubectl(cli: Cli, *args: str) -> dict[str, Any] | None:
-    done = subprocess.run(
-        [str(toolchain.bin_path("kubectl")), *args, "-o", "json"],
-        env=cli.env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    if done.returncode != 0:
-        assert "NotFound" in done.stderr, done.stderr
-        return None
-    return json.loads(done.stdout)
 
 
 def uid(cli: Cli, *what: str) -> str | None:
@@ -123,21 +69,12 @@ def uid(cli: Cli, *what: str) -> str | None:
     return None if obj is None else obj["metadata"]["uid"]
 
 
-def controller(dep: dict[str, Any]) -> tuple[str, ...]:
-    h = names.DeploymentNames(dep["name"]).hyphened
-    return ("statefulset", "-n", dep["namespace"], f"{h}-controller")
-
-
-def cr(dep: dict[str, Any]) -> tuple[str, ...]:
-    return ("deployments.pmem-csi.intel.com", dep["name"])
-
-
 def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: None) -> None:
     a, b, b_after_a = drivers(NAMESPACE)
     cli.run("stack", "init", "shared")
 
     # ---- both create the namespace: preview fails on the second, naming the first.
-    cli.write({"driverA": {"properties": a}, "driverB": {"properties": b}})
+    cli.write(program({"driverA": {"properties": a}, "driverB": {"properties": b}}))
     failed = cli.run("preview", check=False)
     out = failed.stdout + failed.stderr
     assert failed.returncode != 0, out
@@ -154,7 +91,7 @@ def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: Non
     assert kubectl(cli, "get", "namespace", NAMESPACE) is None
 
     # ---- the documented way: one creator, the other depends on it.
-    cli.write({"driverA": {"properties": a}, "driverB": b_after_a})
+    cli.write(program({"driverA": {"properties": a}, "driverB": b_after_a}))
     cli.run("up", "--yes")
     namespace = kubectl(cli, "get", "namespace", NAMESPACE)
     assert namespace is not None
@@ -166,7 +103,7 @@ def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: Non
         assert kubectl(cli, "get", *controller(dep)) is not None, dep["name"]
         assert kubectl(cli, "get", *cr(dep)) is not None, dep["name"]
     cli.run("up", "--yes", "--skip-preview", "--expect-no-changes")
-    state = json.loads(cli.run("stack", "export").stdout)
+    state = cli.export()
     owners = [
         r["urn"]
         for r in state["deployment"]["resources"]
@@ -176,7 +113,7 @@ def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: Non
 
     # ---- removing the second removes its driver only.
     ns_uid, a_uid = uid(cli, "namespace", NAMESPACE), uid(cli, *controller(a))
-    cli.write({"driverA": {"properties": a}})
+    cli.write(program({"driverA": {"properties": a}}))
     cli.run("up", "--yes")
     assert kubectl(cli, "get", *controller(b)) is None
     assert kubectl(cli, "get", *cr(b)) is None
@@ -184,7 +121,7 @@ def test_two_drivers_share_a_namespace_created_by_one_of_them(cli: Cli, crd: Non
     assert uid(cli, *controller(a)) == a_uid
 
     # ---- back again, then destroy: the drivers go, the namespace stays (retainNamespace).
-    cli.write({"driverA": {"properties": a}, "driverB": b_after_a})
+    cli.write(program({"driverA": {"properties": a}, "driverB": b_after_a}))
     cli.run("up", "--yes", "--skip-preview")
     assert kubectl(cli, "get", *controller(b)) is not None
     cli.run("destroy", "--yes", "--skip-preview")
@@ -201,12 +138,12 @@ def test_removing_the_creator_keeps_the_namespace_and_the_other_driver(cli: Cli,
     namespace = f"{NAMESPACE}-2"
     a, _, b_after_a = drivers(namespace)
     cli.run("stack", "init", "creator")
-    cli.write({"driverA": {"properties": a}, "driverB": b_after_a})
+    cli.write(program({"driverA": {"properties": a}, "driverB": b_after_a}))
     cli.run("up", "--yes", "--skip-preview")
     ns_uid = uid(cli, "namespace", namespace)
     b_uid = uid(cli, *controller(b_after_a["properties"]))
     assert ns_uid is not None and b_uid is not None
-    cli.write({"driverB": {"properties": b_after_a["properties"]}})
+    cli.write(program({"driverB": {"properties": b_after_a["properties"]}}))
     cli.run("up", "--yes")
     assert kubectl(cli, "get", *controller(a)) is None
     assert kubectl(cli, "get", *cr(a)) is None
@@ -229,23 +166,27 @@ def test_a_deleting_creator_is_refused_and_the_namespace_is_handed_over_with_ado
     namespace = f"{NAMESPACE}-3"
     a, b, b_after_a = drivers(namespace)
     cli.run("stack", "init", "handover")
-    cli.write({"driverA": {"properties": {**a, "retainNamespace": False}}, "driverB": b_after_a})
+    cli.write(
+        program({"driverA": {"properties": {**a, "retainNamespace": False}}, "driverB": b_after_a})
+    )
     refused = cli.run("preview", check=False)
     assert refused.returncode != 0
     assert (
         "retainNamespace: false on 'driverA' deletes namespace" in refused.stdout + refused.stderr
     )
     assert kubectl(cli, "get", "namespace", namespace) is None
-    cli.write({"driverA": {"properties": a}, "driverB": b_after_a})
+    cli.write(program({"driverA": {"properties": a}, "driverB": b_after_a}))
     cli.run("up", "--yes", "--skip-preview")
     ns_uid = uid(cli, "namespace", namespace)
     assert ns_uid is not None
-    cli.write({"driverB": {"properties": b_after_a["properties"]}})
+    cli.write(program({"driverB": {"properties": b_after_a["properties"]}}))
     cli.run("up", "--yes", "--skip-preview")
-    cli.write({"driverB": {"properties": {**b, "createNamespace": True, "adoptExisting": True}}})
+    cli.write(
+        program({"driverB": {"properties": {**b, "createNamespace": True, "adoptExisting": True}}})
+    )
     cli.run("up", "--yes")
     assert uid(cli, "namespace", namespace) == ns_uid
-    state = json.loads(cli.run("stack", "export").stdout)
+    state = cli.export()
     owners = [
         r["urn"]
         for r in state["deployment"]["resources"]

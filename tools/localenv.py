@@ -103,10 +103,12 @@ def pulumi_env() -> dict[str, str]:
     }
 
 
-def ensure_kubernetes_plugin() -> None:
-    """Register the locally built provider so the CLI never tries to download it."""
+def ensure_kubernetes_plugin(home: Path | None = None) -> None:
+    """Register the locally built provider so the CLI never tries to download it, in
+    ``home`` (a PULUMI_HOME of its own) or the state directory's."""
     version = toolchain.PULUMI_KUBERNETES_VERSION
-    plugin_dir = pulumi_home() / "plugins" / f"resource-kubernetes-{version}"
+    home = home or pulumi_home()
+    plugin_dir = home / "plugins" / f"resource-kubernetes-{version}"
     if (plugin_dir / "pulumi-resource-kubernetes").exists():
         return
     subprocess.run(
@@ -120,7 +122,7 @@ def ensure_kubernetes_plugin() -> None:
             "--file",
             str(toolchain.bin_path("pulumi-resource-kubernetes")),
         ],
-        env={**os.environ, **pulumi_env()},
+        env={**os.environ, **pulumi_env(), "PULUMI_HOME": str(home)},
         check=True,
         capture_output=True,
     )

@@ -26,7 +26,7 @@ from reporter.kubeapi import RawApi
 from tests.e2e import served_package
 from tests.e2e.reporter_helpers import REPORTER_IMAGE, ensure_crd
 from tests.e2e.served_package import Cli, kubectl
-from tools import toolchain
+from tools import localenv, toolchain
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -130,7 +130,11 @@ def test_a_stack_made_with_prefixed_children_moves_without_deleting(
     project = tmp_path / "project"
     project.mkdir()
     (project / "Pulumi.yaml").write_text(yaml.safe_dump(program("driverM", "reporterM", MIGRATED)))
-    old_cli = cli.at(project, PYTHONPATH=str(old))
+    # A PULUMI_HOME of its own: the old code's schema, cached there under the same version,
+    # is never seen by the other modules' CLI runs (xdist workers share the session's home).
+    old_home = tmp_path / "pulumi-home-old"
+    localenv.ensure_kubernetes_plugin(old_home)
+    old_cli = cli.at(project, PYTHONPATH=str(old), PULUMI_HOME=str(old_home))
     old_cli.add_package(old / "provider")
     old_cli.run("stack", "init", "old")
     try:

@@ -619,26 +619,35 @@ def tolerated_node_pods(observed: Observed) -> frozenset[str]:
 
 
 def _node_serving(ds: Obj, observed: Observed) -> int:
-    """The node pods that serve: the DaemonSet's ready and available counters, or fewer when
-    its pods, as cached, say so.
+    """The nodes whose driver pod serves: the DaemonSet's ready and available counters, or
+    fewer when its pods, as cached, say so.
 
     The counters lag the pods: the DaemonSet controller recounts all of a DaemonSet's pods
     after a change, which takes a while at thousands of nodes (in the 5,000-node benchmark a
     pod that began to crash-loop was named only once numberReady fell, about half a second
-    later). A pod seen not ready (and not on its way out, as an old pod of a rollout is)
-    counts at once; one seen ready again waits for the counters, as the phase's way back to
-    Running already does. Nothing is taken from pods that cannot be read (a stale cache).
+    later). So a node counts as not serving at once when none of its pods is ready (pods on
+    their way out left aside, as an old pod of a rollout; a node with a ready pod beside a
+    broken one, a surge pod, serves). The controller counts the nodes it should run on, and
+    the cache may hold pods of nodes it does not count (an orphan on a deleted node until the
+    pod garbage collector removes it, a new node's pod before desiredNumberScheduled rises):
+    as many unready nodes as the cache has nodes beyond ``desired`` are taken to be those,
+    not broken ones. A node seen serving again waits for the counters, as the phase's way
+    back to Running already does. Nothing is taken from pods that cannot be read.
     """
     serving = min(_int(ds, "status", "numberReady"), _int(ds, "status", "numberAvailable"))
     if POD in observed.unreadable:
         return serving
-    unready = sum(
-        1
-        for pod in observed.node_pods
-        if not _pod_ready(pod) and not (pod.get("metadata") or {}).get("deletionTimestamp")
-    )
+    nodes: dict[str, bool] = {}
+    for i, pod in enumerate(observed.node_pods):
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        # An unscheduled pod stands for a node of its own.
+        node = (pod.get("spec") or {}).get("nodeName") or f"\0unscheduled-{i}"
+        nodes[node] = nodes.get(node, False) or _pod_ready(pod)
     desired = _int(ds, "status", "desiredNumberScheduled")
-    return max(0, min(serving, desired - unready))
+    unready = sum(1 for ready in nodes.values() if not ready)
+    uncounted = max(0, len(nodes) - desired)
+    return max(0, min(serving, desired - max(0, unready - uncounted)))
 
 
 class ComponentState(NamedTuple):
@@ -673,9 +682,13 @@ def _node_component(observed: Observed) -> ComponentState:
     desired = _int(ds, "status", "desiredNumberScheduled")
     current = _int(ds, "status", "currentNumberScheduled")
     updated = _int(ds, "status", "updatedNumberScheduled")
+    available = _int(ds, "status", "numberAvailable")
+    ready = _int(ds, "status", "numberReady")
     serving = _node_serving(ds, observed)
-    if serving > 0:
-        failure = None  # some nodes serve: broken pods are progress (or tolerated), see above
+    if min(ready, available) > 0:
+        # Some nodes serve: broken pods are progress (or tolerated), see above. Judged by the
+        # counters alone: the cache cannot tell a pod they do not count from a broken one.
+        failure = None
     if lag:
         return ComponentState(NOT_READY, "; ".join([lag, *pods]), failure)
     if desired == 0:

@@ -243,7 +243,52 @@ def test_pods_seen_broken_beyond_the_tolerance_are_progress_before_the_counters_
     assert "98 out of 100 driver pods are ready" in comp(s, "Node")["reason"]
 
 
-def test_no_node_pod_seen_ready_fails_at_once_though_the_counters_lag() -> None:
+def test_failed_at_once_waits_for_the_counters_to_say_no_pod_serves() -> None:
+    """Failed at once (a Warning Event) is decided by the counters alone: the cache cannot
+    tell a pod they do not count (an orphan, a surge pod) from a broken one (review)."""
     objects, pods = lagging(3, {0: CRASH, 1: CRASH, 2: PULL})
     s = st.compute_status(observed(objects, nodepods=pods), NOW)
-    assert s["phase"] == "Failed", s["reason"]
+    assert s["phase"] == "Progressing", s["reason"]
+    assert "0 out of 3 driver pods are ready" in comp(s, "Node")["reason"]
+    objects, pods = cluster(3, {0: CRASH, 1: CRASH, 2: PULL})
+    assert st.compute_status(observed(objects, nodepods=pods), NOW)["phase"] == "Failed"
+
+
+# Review of the above (issue 16): the DaemonSet controller counts one pod per node it should
+# run on; pods it does not count (a surge pod beside a serving one, an orphan on a deleted
+# node, a new node's pod before desiredNumberScheduled rises) must not lower the count.
+
+
+def _surge(i: int, **kw: object) -> dict:
+    return pod(f"{NAMES.hyphened}-node-surge-{i:05d}", f"node-{i:05d}", **kw)  # type: ignore[arg-type]
+
+
+def test_a_broken_surge_pod_beside_a_serving_one_is_progress_not_failed() -> None:
+    """maxSurge (a strategy patch): the old pod still serves its node."""
+    objects = with_changes(ds=daemonset(1, 1, updated=0))
+    s = st.compute_status(observed(objects, nodepods=[node_pod(0), _surge(0, **PULL)]), NOW)
+    assert s["phase"] == "Progressing", s["reason"]
+
+
+def test_surge_pods_crash_looping_on_every_node_while_the_old_ones_serve_is_progress() -> None:
+    pods = [node_pod(i) for i in range(3)] + [_surge(i, **CRASH) for i in range(3)]
+    s = st.compute_status(observed(with_changes(ds=daemonset(3, 3, updated=0)), nodepods=pods), NOW)
+    assert s["phase"] == "Progressing", s["reason"]
+    assert "3 out of 3" not in comp(s, "Node")["reason"] and "0 out of 3" not in s["reason"]
+
+
+def test_an_orphan_pod_on_a_deleted_node_does_not_keep_the_cr_off_running() -> None:
+    """Two nodes, one deleted: desired 1, its pod not ready until PodGC removes it."""
+    pods = [node_pod(0), node_pod(1, **NODE_DOWN)]
+    s = st.compute_status(observed(with_changes(ds=daemonset(1, 1)), nodepods=pods), NOW)
+    assert s["phase"] == "Running", s["reason"]
+    failed_orphan = [node_pod(0), node_pod(1, ready=False, phase="Failed")]
+    s = st.compute_status(observed(with_changes(ds=daemonset(1, 1)), nodepods=failed_orphan), NOW)
+    assert s["phase"] == "Running", s["reason"]
+
+
+def test_a_joining_nodes_pending_pod_is_no_false_count() -> None:
+    """Its pod is there before desiredNumberScheduled rises: still all N of N."""
+    pods = [node_pod(i) for i in range(3)] + [node_pod(3, ready=False, phase="Pending")]
+    s = st.compute_status(observed(with_changes(ds=daemonset(3, 3)), nodepods=pods), NOW)
+    assert comp(s, "Node")["reason"] == "All 3 node driver pod(s) running successfully"

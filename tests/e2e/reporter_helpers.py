@@ -19,7 +19,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,6 +273,7 @@ class ReporterProcess:
         log_path: Path,
         resync_seconds: float = 5.0,
         extra_args: tuple[str, ...] = (),
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         self.identity = identity
         self.log_path = log_path
@@ -299,6 +300,7 @@ class ReporterProcess:
         # Its settings as it parses them (defaults included), for waits derived from them.
         self.settings = parse_args(args[3:])
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        env.update(extra_env or {})  # e.g. what its Deployment's container sets
         self._log = log_path.open("w", encoding="utf-8")
         self.proc = subprocess.Popen(
             args,

@@ -23,6 +23,7 @@ Python host first on ``PATH``, a backend of this module's own. One lifecycle:
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from tests.e2e.reporter_helpers import (
 )
 from tests.e2e.served_package import Cli, kubectl
 from tests.e2e.waiting import wait_for
+from tools import toolchain
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -59,18 +61,30 @@ DEPLOYMENTS: list[dict[str, Any]] = [
         "await": {"enabled": False},
     },
 ]
+# What the reporter and the deployments' take-over leave to another manager (the Python
+# program's pmem-csi:allowedFieldOwners): given to both, as docs/yaml-and-other-languages.md says.
+ALLOWED = [
+    {"manager": "team-labeller", "paths": ["metadata.labels.owner-team"], "reason": "ours"}
+]
 REPORTER: dict[str, Any] = {
     "deployments": [{"name": d["name"], "namespace": d["namespace"]} for d in DEPLOYMENTS],
     "image": REPORTER_IMAGE,
     # As the Python program's reporter takes them from its first deployment.
     "labels": {"team": "storage"},
     "await": {"enabled": False},
+    "allowedFieldOwners": ALLOWED,
 }
 # The Python program's stack-level settings the YAML program matches: the CRD installed by
 # the stack, no field take-over (the served reporter does none; the YAML deployments turn
 # theirs off, a component field of the served args, so that the two programs' objects compare
 # equal).
-STACK_SETTINGS = {"manageCrd": True, "takeOverFields": False}
+STACK_SETTINGS = {"manageCrd": True, "takeOverFields": False, "allowedFieldOwners": ALLOWED}
+
+
+def _copy(value: Any) -> Any:
+    """A copy of its own: one object in two places of Pulumi.yaml would be dumped as a YAML
+    anchor and alias, which the YAML host refuses."""
+    return json.loads(json.dumps(value))
 
 
 def program(*, retain: bool | None = None, with_drivers: bool = True) -> dict[str, Any]:
@@ -83,12 +97,16 @@ def program(*, retain: bool | None = None, with_drivers: bool = True) -> dict[st
         for key, props in zip(("driverA", "driverB"), DEPLOYMENTS, strict=True):
             resources[key] = {
                 "type": served_package.DEPLOYMENT_TYPE,
-                "properties": {**props, "takeOverFields": False},
+                "properties": {
+                    **props,
+                    "takeOverFields": False,
+                    "allowedFieldOwners": _copy(ALLOWED),
+                },
                 "options": {"dependsOn": ["${crd}"]},
             }
         resources["reporter"] = {
             "type": "pmem-csi:index:PmemCsiReporter",
-            "properties": REPORTER,
+            "properties": _copy(REPORTER),
             "options": {"dependsOn": ["${driverA}", "${driverB}"]},
         }
         outputs["reporterName"] = "${reporter.deploymentName}"
@@ -176,6 +194,7 @@ def _run_reporter_as_its_pod(
         tmp_path / "reporter.log",
         resync_seconds=2.0,
         extra_args=tuple(x for x in args if x not in ("--namespace", namespace)),
+        extra_env={e["name"]: e["value"] for e in container.get("env", []) if "value" in e},
     )
     try:
         custom = client.CustomObjectsApi(api_client)
@@ -186,8 +205,42 @@ def _run_reporter_as_its_pod(
                 f"{d['name']}: Running, written by the served reporter",
             )
         assert "403" not in proc.log(), proc.log()[-3000:]
+        _allowed_owners_are_no_drift(cli, custom)
     finally:
         proc.stop()
+
+
+def _allowed_owners_are_no_drift(cli: Cli, custom: Any) -> None:
+    """The reporter judges drift by the allowedFieldOwners it was given (review of merge19:
+    the served reporter had none): a label the allowed manager set on the DaemonSet is not
+    named, a label kubectl set on a Service afterwards is."""
+    d = DEPLOYMENTS[0]
+    h, ns = names.DeploymentNames(d["name"]), d["namespace"]
+    for kind, name, manager in (
+        ("daemonset", f"{h.hyphened}-node", "team-labeller"),
+        ("service", h.metrics_service, "kubectl-label"),
+    ):
+        label = "owner-team=storage" if manager == "team-labeller" else "drift=yes"
+        done = subprocess.run(
+            [str(toolchain.bin_path("kubectl")), "label", kind, name, "-n", ns, label,
+             f"--field-manager={manager}"],
+            env=cli.env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    def modified() -> dict[str, Any]:
+        obj = custom.get_cluster_custom_object(
+            "pmem-csi.intel.com", "v1beta1", "deployments", d["name"]
+        )
+        (cond,) = [
+            c for c in (obj.get("status") or {}).get("conditions", [])
+            if c["type"] == "DriverDeployed"
+        ]  # fmt: skip
+        return cond if cond["status"] == "False" else {}
+
+    cond = wait_for(modified, STATUS_TIMEOUT, "DriverDeployed False for the Service's label")
+    assert f"Service/{h.metrics_service}" in cond["message"], cond
+    assert "DaemonSet/" not in cond["message"], cond
 
 
 def test_a_yaml_program_installs_the_crd_and_one_reporter_for_two_deployments(

@@ -145,6 +145,7 @@ def test_a_stack_made_with_prefixed_children_moves_without_deleting(
                    for k, ns, n in OBJECTS]  # fmt: skip
         before = uids(cli, objects)
         new_cli = cli.at(project)
+        new_cli.run("stack", "select", "old")  # selected in the old home only
         new_cli.add_package()
         done = new_cli.run("up", "--yes", "--skip-preview")
         summary = done.stdout[done.stdout.rfind("Resources:") :]
@@ -155,4 +156,4 @@ def test_a_stack_made_with_prefixed_children_moves_without_deleting(
         assert "::driverM:" not in state and "::reporterM:" not in state
         new_cli.run("preview", "--expect-no-changes")
     finally:
-        cli.at(project).run("destroy", "--yes", "--skip-preview", check=False)
+        cli.at(project).run("destroy", "--yes", "--skip-preview", "--stack", "old", check=False)

@@ -46,8 +46,9 @@ def _log(msg: str) -> None:
     print(f"[cluster] {msg}", file=sys.stderr, flush=True)
 
 
-def kwok_workdir() -> Path:
-    return localenv.state_dir() / "kwok"
+def kwok_workdir(state_dir: Path | None = None) -> Path:
+    """kwokctl's work directory of this checkout's cluster, or of ``state_dir``'s."""
+    return (state_dir or localenv.state_dir()) / "kwok"
 
 
 def _kwokctl_env() -> dict[str, str]:
@@ -166,13 +167,13 @@ CONTROLLERS_READY_TIMEOUT = 300.0
 MAX_COMPONENT_RESTARTS = 3
 
 
-def cluster_dir() -> Path:
+def cluster_dir(state_dir: Path | None = None) -> Path:
     """kwokctl's directory of the cluster: ``kwok.yaml``, ``pids/``, ``logs/``."""
-    return kwok_workdir() / "clusters" / CLUSTER_NAME
+    return kwok_workdir(state_dir) / "clusters" / CLUSTER_NAME
 
 
-def _component_pids_dir() -> Path:
-    return cluster_dir() / "pids"
+def _component_pids_dir(state_dir: Path | None = None) -> Path:
+    return cluster_dir(state_dir) / "pids"
 
 
 def start_component(name: str) -> subprocess.Popen[bytes]:
@@ -224,22 +225,31 @@ def _listening(port: int) -> bool:
     return False
 
 
-def dead_components() -> list[str]:
-    """The components kwokctl started whose process is gone (by its pid file).
+def program_of(pid: int) -> str | None:
+    """The program a process runs (``argv[0]``); None when gone (a zombie has no cmdline)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return cmdline.split(b"\0", 1)[0].decode(errors="replace") or None
+
+
+def dead_components(state_dir: Path | None = None) -> list[str]:
+    """The components kwokctl started whose process is gone (by its pid file), of this
+    checkout's cluster or of ``state_dir``'s.
 
     A zombie, or a PID that now names another program or another cluster's component
     (reused), counts as gone: ``/proc/PID/cmdline`` must start with this cluster's
     ``bin/<name>`` (kwokctl links each binary there).
     """
     dead = []
-    for pid_file in sorted(_component_pids_dir().glob("*.pid")):
+    for pid_file in sorted(_component_pids_dir(state_dir).glob("*.pid")):
         name = pid_file.stem
         try:
-            cmdline = Path(f"/proc/{int(pid_file.read_text().strip())}/cmdline").read_bytes()
+            program = program_of(int(pid_file.read_text().strip()))
         except (OSError, ValueError):
-            dead.append(name)
-            continue
-        if cmdline.split(b"\0", 1)[0].decode(errors="replace") != str(cluster_dir() / "bin" / name):
+            program = None
+        if program != str(cluster_dir(state_dir) / "bin" / name):
             dead.append(name)
     return dead
 

@@ -1440,8 +1440,7 @@ def cleanup(quiet: bool = False) -> None:
     for ns in _node_netns():
         if ns.exists():
             _run(["ip", "netns", "del", ns.name], check=False)
-    kubeconfig = Path(record.state_dir) / "kubeconfig" if record else localenv.kubeconfig_path()
-    node_gone = _delete_node_object(kubeconfig)
+    node_gone = _delete_node_object(Path(record.state_dir) if record else localenv.state_dir())
     if node_gone:
         for dst in record.host_routes if record else _host_blackholes():
             _run(["ip", "route", "del", "blackhole", dst], check=False)
@@ -1566,13 +1565,21 @@ def _stop_changing(quiet: bool) -> None:
         cleanup(quiet=quiet)
 
 
-def _delete_node_object(kubeconfig: Path) -> bool:
-    """Remove the Node from the cluster (the pod GC then removes its pods); True when gone.
+def _delete_node_object(state_dir: Path) -> bool:
+    """Remove the Node from the cluster of ``state_dir`` (the pod GC then removes its pods);
+    True when gone, or when no API server of that cluster can dial the node again.
 
-    No kubeconfig: the cluster is stopped (tools.cluster removes it after the control plane),
-    so no API server could dial the node. Else the deletion is waited for and checked.
+    No kubeconfig: the cluster is stopped (tools.cluster removes it after the control plane).
+    Its API server's process gone (a killed session's cluster: the kubeconfig and pid files
+    stay): none can dial the node, and none will again with this Node in its etcd, since
+    tools.cluster never starts a stopped API server again: a cluster that does not answer is
+    deleted and created anew. An API server that lives but does not answer keeps the routes.
+    Else the deletion is waited for and checked.
     """
-    if not kubeconfig.exists():
+    from tools import cluster
+
+    kubeconfig = state_dir / "kubeconfig"
+    if not kubeconfig.exists() or "kube-apiserver" in cluster.dead_components(state_dir):
         return True
     if not toolchain.GROUPS["kubernetes"].is_built():
         return False

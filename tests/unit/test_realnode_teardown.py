@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tools import realnode, toolchain
+from tools import cluster, realnode, toolchain
 
 # The values on this kind of machine, and what kubelet 1.36 sets when it starts.
 MACHINE_SYSCTLS = {
@@ -256,7 +256,7 @@ def test_a_recorded_pid_now_used_by_another_process_is_not_killed(
     assert process.poll() is None
 
 
-# --------------------------------------------------------------------------- routes (3)
+# --------------------------------------------------------------------------- routes (5)
 
 
 def test_host_routes_stay_until_the_node_object_is_gone(machine: FakeMachine) -> None:
@@ -282,6 +282,47 @@ def test_with_the_cluster_stopped_the_host_routes_go(machine: FakeMachine) -> No
     realnode.localenv.kubeconfig_path().unlink()  # what tools.cluster.stop does
     realnode.cleanup(quiet=True)
     assert machine.host_routes == set()
+
+
+def _killed_cluster(state_dir: Path, apiserver_pid: int) -> None:
+    """What a killed run leaves of its cluster: the kubeconfig and kwokctl's pid files."""
+    pids = state_dir / "kwok" / "clusters" / "pmem-csi" / "pids"
+    pids.mkdir(parents=True)
+    (pids / "kube-apiserver.pid").write_text(str(apiserver_pid))
+    (state_dir / "kubeconfig").write_text("{}")
+
+
+def test_the_routes_of_a_node_whose_cluster_was_killed_go_with_its_teardown_elsewhere(
+    machine: FakeMachine, tmp_path: Path
+) -> None:
+    # A session killed with its node and cluster running: every process is gone, the kernel
+    # keeps the routes and the checkout its kubeconfig. No API server can dial the node, and
+    # none will again (tools.cluster creates a cluster that does not answer anew), so a start
+    # in another checkout (a CI clone) removes the routes instead of failing on them.
+    machine.make_node_traces()
+    other = tmp_path / "killed-checkout"
+    _killed_cluster(other, _dead_pid())
+    realnode.Record(state_dir=str(other), host_routes=realnode._host_blackholes()).save()
+    machine.api_up = False  # kubectl with its kubeconfig: connection refused
+    realnode.stop(quiet=True)
+    assert machine.node_traces() == []
+    assert not realnode.RECORD_FILE.exists()
+
+
+def test_the_routes_stay_while_the_api_server_of_the_node_lives_but_does_not_answer(
+    machine: FakeMachine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    machine.make_node_traces()
+    other = tmp_path / "busy-checkout"
+    _killed_cluster(other, os.getpid())
+    # The pid file's process is that cluster's API server (as /proc/PID/cmdline says).
+    apiserver = str(other / "kwok" / "clusters" / "pmem-csi" / "bin" / "kube-apiserver")
+    monkeypatch.setattr(cluster, "program_of", lambda pid: apiserver)
+    realnode.Record(state_dir=str(other), host_routes=realnode._host_blackholes()).save()
+    machine.api_up = False  # alive, but busy: kubectl times out
+    with pytest.raises(realnode.RealNodeError, match="host routes"):
+        realnode.cleanup(quiet=True)
+    assert machine.host_routes == set(realnode._host_blackholes())
 
 
 # --------------------------------------------------------------------------- half-done (4)

@@ -165,6 +165,9 @@ CONTROLLER_LEADER_ELECTION = [
 # files and starts again, with kwokctl's command line, one whose process is gone.
 CONTROLLERS_READY_TIMEOUT = 300.0
 MAX_COMPONENT_RESTARTS = 3
+# The components that hold and serve the cluster's objects (ensure_controllers says why they
+# are started again only in a cluster just created).
+CONTROL_PLANE_STORE = ("etcd", "kube-apiserver")
 
 
 def cluster_dir(state_dir: Path | None = None) -> Path:
@@ -323,14 +326,30 @@ def _forget_lease(name: str) -> None:
         core.api_client.close()
 
 
-def ensure_controllers(timeout: float = CONTROLLERS_READY_TIMEOUT) -> None:
+def ensure_controllers(
+    timeout: float = CONTROLLERS_READY_TIMEOUT, just_created: bool = False
+) -> None:
     """Return once every component runs and the controllers work; start again a component
-    that exited (:func:`start_component`), at most :data:`MAX_COMPONENT_RESTARTS` times."""
+    that exited (:func:`start_component`), at most :data:`MAX_COMPONENT_RESTARTS` times.
+
+    etcd and the API server are started again only in a cluster ``just_created`` (a fresh
+    etcd): an older one may hold the real node's Node, whose host routes a teardown removes
+    once that API server is gone (tools/realnode.py ``_delete_node_object``); started again,
+    it could dial the node's address off the machine. Such a cluster is an error here, and
+    the next start deletes it and creates it anew.
+    """
     deadline = time.monotonic() + timeout
     restarts = 0
     restarted: dict[str, datetime] = {}
     while True:
         dead = dead_components()
+        stopped = [name for name in dead if name in CONTROL_PLANE_STORE]
+        if stopped and not just_created:
+            raise RuntimeError(
+                f"{', '.join(stopped)} not running: a cluster that stopped is not started "
+                "again with its old state; `python -m tools.cluster start` deletes it and "
+                f"creates it anew (logs: {cluster_dir() / 'logs'})"
+            )
         if dead:
             logs = cluster_dir() / "logs"
             if restarts == MAX_COMPONENT_RESTARTS:
@@ -445,7 +464,7 @@ def _start_control_plane(pmem_nodes: int, plain_nodes: int) -> Path:
             )
         # Still under the lock: kube-controller-manager exits within seconds when it does,
         # and the port it leaves must not go to another cluster created in between.
-        ensure_controllers()
+        ensure_controllers(just_created=True)
     _log(f"API server and controllers working after {time.monotonic() - t0:.1f}s; creating nodes")
     core = _core_api()
     names = []

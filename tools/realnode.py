@@ -1440,7 +1440,8 @@ def cleanup(quiet: bool = False) -> None:
     for ns in _node_netns():
         if ns.exists():
             _run(["ip", "netns", "del", ns.name], check=False)
-    node_gone = _delete_node_object(Path(record.state_dir) if record else localenv.state_dir())
+    owner = Path(record.state_dir) if record else localenv.state_dir()
+    node_gone = _delete_node_object(owner)
     if node_gone:
         for dst in record.host_routes if record else _host_blackholes():
             _run(["ip", "route", "del", "blackhole", dst], check=False)
@@ -1452,8 +1453,9 @@ def cleanup(quiet: bool = False) -> None:
     if left:
         if not node_gone:
             left.append(
-                f"(the Node {NODE_NAME} may still be in the cluster: the host routes stay "
-                "until it is gone or the cluster stops)"
+                f"(the Node {NODE_NAME} may still be in the cluster of {owner}: the host "
+                "routes stay until it is gone or that cluster stops: "
+                f"`PMEM_CSI_STATE_DIR={owner} python -m tools.cluster stop`)"
             )
         raise RealNodeError("teardown left: " + "; ".join(left))
     RECORD_FILE.unlink(missing_ok=True)
@@ -1571,15 +1573,21 @@ def _delete_node_object(state_dir: Path) -> bool:
 
     No kubeconfig: the cluster is stopped (tools.cluster removes it after the control plane).
     Its API server's process gone (a killed session's cluster: the kubeconfig and pid files
-    stay): none can dial the node, and none will again with this Node in its etcd, since
-    tools.cluster never starts a stopped API server again: a cluster that does not answer is
-    deleted and created anew. An API server that lives but does not answer keeps the routes.
-    Else the deletion is waited for and checked.
+    stay), or its kwokctl directory gone (a stop killed before it removed the kubeconfig):
+    none can dial the node, and none will again with this Node in its etcd, since
+    tools.cluster starts etcd and the API server again only in a cluster it just created
+    (``ensure_controllers``): one that does not answer is deleted and created anew. An API
+    server that lives but does not answer keeps the routes. Else the deletion is waited for
+    and checked.
     """
     from tools import cluster
 
     kubeconfig = state_dir / "kubeconfig"
-    if not kubeconfig.exists() or "kube-apiserver" in cluster.dead_components(state_dir):
+    if (
+        not kubeconfig.exists()
+        or not cluster.cluster_dir(state_dir).exists()
+        or "kube-apiserver" in cluster.dead_components(state_dir)
+    ):
         return True
     if not toolchain.GROUPS["kubernetes"].is_built():
         return False

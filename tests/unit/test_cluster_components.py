@@ -150,6 +150,29 @@ def test_controllers_that_never_work_time_out_naming_what_is_missing(
         cluster.ensure_controllers(timeout=250)
 
 
+@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
+def test_the_api_server_or_etcd_of_a_running_cluster_is_never_started_again(
+    component: str, pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Its etcd may hold the real node's Node, whose host routes another checkout's teardown
+    # removed once this API server was gone: started again, it could dial the node's address
+    # off the machine (review of 011138f). The next start creates the cluster anew instead.
+    monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
+    started = _fake_cluster(monkeypatch, [[component], [component], []], [True])
+    with pytest.raises(RuntimeError, match=f"{component} not running: a cluster that stopped"):
+        cluster.ensure_controllers()
+    assert started == []
+
+
+def test_in_a_cluster_just_created_an_exited_api_server_is_started_again(
+    pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
+    started = _fake_cluster(monkeypatch, [["kube-apiserver"], ["kube-apiserver"], []], [True])
+    cluster.ensure_controllers(just_created=True)
+    assert started == ["kube-apiserver"]
+
+
 @pytest.mark.parametrize("running", [True, False])
 def test_every_start_checks_the_components_also_of_a_running_cluster(
     running: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -168,7 +191,9 @@ def test_every_start_checks_the_components_also_of_a_running_cluster(
     monkeypatch.setattr(
         cluster,
         "ensure_controllers",
-        lambda: checked.append(getattr(cluster._lock_held, "depth", 0)),
+        lambda just_created=False: checked.append(
+            (getattr(cluster._lock_held, "depth", 0), just_created)
+        ),
     )
 
     class Core:
@@ -178,7 +203,8 @@ def test_every_start_checks_the_components_also_of_a_running_cluster(
     monkeypatch.setattr(cluster, "_core_api", Core)
     monkeypatch.setattr(cluster, "wait_nodes_ready", lambda names: None)
     cluster.start()
-    assert checked == [0 if running else 1]
+    # Only a cluster created here may have its etcd or API server started again.
+    assert checked == [(0, False) if running else (1, True)]
 
 
 def test_a_component_is_started_with_kwokctls_command_line_log_and_pid_file(

@@ -124,6 +124,13 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMac
     state = tmp_path / "state"
     state.mkdir()
     (state / "kubeconfig").write_text("{}")
+    # This checkout's cluster is up: kwokctl's pid file names a process that runs its API
+    # server (as /proc/PID/cmdline would say; api_up says whether that one answers).
+    cluster_dir = state / "kwok" / "clusters" / "pmem-csi"
+    (cluster_dir / "pids").mkdir(parents=True)
+    (cluster_dir / "pids" / "kube-apiserver.pid").write_text(str(os.getpid()))
+    running = {os.getpid(): str(cluster_dir / "bin" / "kube-apiserver")}
+    monkeypatch.setattr(cluster, "program_of", running.get)
     monkeypatch.setenv("PMEM_CSI_STATE_DIR", str(state))
     for name, value in MACHINE_SYSCTLS.items():
         path = tmp_path / "proc-sys" / name
@@ -256,7 +263,7 @@ def test_a_recorded_pid_now_used_by_another_process_is_not_killed(
     assert process.poll() is None
 
 
-# --------------------------------------------------------------------------- routes (5)
+# --------------------------------------------------------------------------- routes (8)
 
 
 def test_host_routes_stay_until_the_node_object_is_gone(machine: FakeMachine) -> None:
@@ -323,6 +330,58 @@ def test_the_routes_stay_while_the_api_server_of_the_node_lives_but_does_not_ans
     with pytest.raises(realnode.RealNodeError, match="host routes"):
         realnode.cleanup(quiet=True)
     assert machine.host_routes == set(realnode._host_blackholes())
+
+
+def test_only_the_death_of_the_api_server_releases_the_routes(
+    machine: FakeMachine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dead kube-controller-manager beside a live, busy API server: the API server may still
+    # dial the node (review of 011138f: "any dead component" passed the other tests).
+    machine.make_node_traces()
+    other = tmp_path / "busy-checkout"
+    _killed_cluster(other, os.getpid())
+    pids = other / "kwok" / "clusters" / "pmem-csi" / "pids"
+    (pids / "kube-controller-manager.pid").write_text(str(_dead_pid()))
+    apiserver = str(other / "kwok" / "clusters" / "pmem-csi" / "bin" / "kube-apiserver")
+    monkeypatch.setattr(cluster, "program_of", lambda pid: apiserver * (pid == os.getpid()) or None)
+    realnode.Record(state_dir=str(other), host_routes=realnode._host_blackholes()).save()
+    machine.api_up = False
+    with pytest.raises(realnode.RealNodeError, match=f"cluster of {other}: .*PMEM_CSI_STATE_DIR"):
+        realnode.cleanup(quiet=True)
+    assert machine.host_routes == set(realnode._host_blackholes())
+
+
+def test_the_routes_go_when_a_stop_was_killed_after_its_cluster_was_deleted(
+    machine: FakeMachine, tmp_path: Path
+) -> None:
+    # Killed between `kwokctl delete cluster` (its directory and pid files gone) and the
+    # kubeconfig's removal: no pid file says whether an API server lives, but there is none.
+    machine.make_node_traces()
+    other = tmp_path / "stopped-checkout"
+    other.mkdir()
+    (other / "kubeconfig").write_text("{}")
+    realnode.Record(state_dir=str(other), host_routes=realnode._host_blackholes()).save()
+    machine.api_up = False
+    realnode.stop(quiet=True)
+    assert machine.node_traces() == []
+
+
+def test_the_program_of_another_state_dirs_api_server_is_read_from_proc(tmp_path: Path) -> None:
+    # The comparison the rule above rests on, with a real process (not faked).
+    other = tmp_path / "s"
+    binary = other / "kwok" / "clusters" / "pmem-csi" / "bin" / "kube-apiserver"
+    proc = subprocess.Popen(["bash", "-c", f"exec -a {binary} sleep 600"])
+    try:
+        while cluster.program_of(proc.pid) != str(binary):
+            time.sleep(0.01)
+        pids = other / "kwok" / "clusters" / "pmem-csi" / "pids"
+        pids.mkdir(parents=True)
+        (pids / "kube-apiserver.pid").write_text(f"{proc.pid}\n")
+        assert cluster.dead_components(other) == []
+    finally:
+        proc.kill()
+        proc.wait()
+    assert cluster.dead_components(other) == ["kube-apiserver"]
 
 
 # --------------------------------------------------------------------------- half-done (4)

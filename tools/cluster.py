@@ -175,8 +175,8 @@ def cluster_dir(state_dir: Path | None = None) -> Path:
     return kwok_workdir(state_dir) / "clusters" / CLUSTER_NAME
 
 
-def _component_pids_dir(state_dir: Path | None = None) -> Path:
-    return cluster_dir(state_dir) / "pids"
+def _component_pids_dir() -> Path:
+    return cluster_dir() / "pids"
 
 
 def start_component(name: str) -> subprocess.Popen[bytes]:
@@ -237,24 +237,35 @@ def program_of(pid: int) -> str | None:
     return cmdline.split(b"\0", 1)[0].decode(errors="replace") or None
 
 
-def dead_components(state_dir: Path | None = None) -> list[str]:
-    """The components kwokctl started whose process is gone (by its pid file), of this
-    checkout's cluster or of ``state_dir``'s.
+def dead_components() -> list[str]:
+    """The components kwokctl started whose process is gone (by its pid file).
 
     A zombie, or a PID that now names another program or another cluster's component
     (reused), counts as gone: ``/proc/PID/cmdline`` must start with this cluster's
     ``bin/<name>`` (kwokctl links each binary there).
     """
     dead = []
-    for pid_file in sorted(_component_pids_dir(state_dir).glob("*.pid")):
+    for pid_file in sorted(_component_pids_dir().glob("*.pid")):
         name = pid_file.stem
         try:
             program = program_of(int(pid_file.read_text().strip()))
         except (OSError, ValueError):
             program = None
-        if program != str(cluster_dir(state_dir) / "bin" / name):
+        if program != str(cluster_dir() / "bin" / name):
             dead.append(name)
     return dead
+
+
+def runs_api_server(state_dir: Path) -> bool:
+    """Whether a process runs the kube-apiserver of ``state_dir``'s cluster (its ``bin/``
+    link, as kwokctl and :func:`start_component` start it), found in ``/proc``: also when its
+    pid file or its kwokctl directory is gone (a stop killed half-way, or whose
+    ``kwokctl delete`` failed)."""
+    binary = str(cluster_dir(state_dir) / "bin" / "kube-apiserver")
+    return any(
+        entry.name.isdigit() and program_of(int(entry.name)) == binary
+        for entry in Path("/proc").iterdir()
+    )
 
 
 # kube-controller-manager takes its Lease, then gives the API server 10 s to be healthy; a
@@ -343,13 +354,7 @@ def ensure_controllers(
     restarted: dict[str, datetime] = {}
     while True:
         dead = dead_components()
-        stopped = [name for name in dead if name in CONTROL_PLANE_STORE]
-        if stopped and not just_created:
-            raise RuntimeError(
-                f"{', '.join(stopped)} not running: a cluster that stopped is not started "
-                "again with its old state; `python -m tools.cluster start` deletes it and "
-                f"creates it anew (logs: {cluster_dir() / 'logs'})"
-            )
+        _refuse_stopped_store(dead, just_created)
         if dead:
             logs = cluster_dir() / "logs"
             if restarts == MAX_COMPONENT_RESTARTS:
@@ -366,6 +371,7 @@ def ensure_controllers(
             # cluster created meanwhile (kwokctl takes the first free port) could take it.
             with one_create_at_a_time():
                 dead = dead_components()  # again: another start may have restarted them
+                _refuse_stopped_store(dead, just_created)  # or the API server died meanwhile
                 for name in dead:
                     if name in LEADER_ELECTED_CONTROLLERS:
                         _forget_lease(name)
@@ -380,6 +386,16 @@ def ensure_controllers(
                 "Lease renewed by a controller started again)"
             )
         time.sleep(0.5)
+
+
+def _refuse_stopped_store(dead: list[str], just_created: bool) -> None:
+    stopped = [name for name in dead if name in CONTROL_PLANE_STORE]
+    if stopped and not just_created:
+        raise RuntimeError(
+            f"{', '.join(stopped)} not running: a cluster that stopped is not started "
+            "again with its old state; `python -m tools.cluster start` deletes it and "
+            f"creates it anew (logs: {cluster_dir() / 'logs'})"
+        )
 
 
 def kwokctl_config() -> str:

@@ -1571,24 +1571,20 @@ def _delete_node_object(state_dir: Path) -> bool:
     """Remove the Node from the cluster of ``state_dir`` (the pod GC then removes its pods);
     True when gone, or when no API server of that cluster can dial the node again.
 
-    No kubeconfig: the cluster is stopped (tools.cluster removes it after the control plane).
-    Its API server's process gone (a killed session's cluster: the kubeconfig and pid files
-    stay), or its kwokctl directory gone (a stop killed before it removed the kubeconfig):
-    none can dial the node, and none will again with this Node in its etcd, since
-    tools.cluster starts etcd and the API server again only in a cluster it just created
-    (``ensure_controllers``): one that does not answer is deleted and created anew. An API
-    server that lives but does not answer keeps the routes. Else the deletion is waited for
-    and checked.
+    No process runs that cluster's API server (a stopped cluster, or a killed session's:
+    its kubeconfig and pid files stay): none can dial the node, and none will again with
+    this Node in its etcd, since tools.cluster starts etcd and the API server again only in
+    a cluster it just created (``ensure_controllers``): one that does not answer is deleted
+    and created anew. An API server that runs but does not answer, or without a kubeconfig
+    to reach it, keeps the routes. Else the deletion is waited for and checked.
     """
     from tools import cluster
 
     kubeconfig = state_dir / "kubeconfig"
-    if (
-        not kubeconfig.exists()
-        or not cluster.cluster_dir(state_dir).exists()
-        or "kube-apiserver" in cluster.dead_components(state_dir)
-    ):
+    if not cluster.runs_api_server(state_dir):
         return True
+    if not kubeconfig.exists():
+        return False
     if not toolchain.GROUPS["kubernetes"].is_built():
         return False
     kubectl = [toolchain.bin_path("kubectl"), "--kubeconfig", kubeconfig, "--request-timeout=10s"]

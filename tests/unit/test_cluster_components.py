@@ -164,6 +164,19 @@ def test_the_api_server_or_etcd_of_a_running_cluster_is_never_started_again(
     assert started == []
 
 
+def test_an_api_server_found_dead_only_under_the_lock_is_not_started_again(
+    pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Dead kube-controller-manager at the first read; by the time the creation lock is held
+    # the API server died too (a second review of 011138f): still nothing of the store.
+    monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
+    dead = [["kube-controller-manager"], ["kube-apiserver", "kube-controller-manager"], []]
+    started = _fake_cluster(monkeypatch, dead, [True])
+    with pytest.raises(RuntimeError, match="kube-apiserver not running"):
+        cluster.ensure_controllers()
+    assert started == []
+
+
 def test_in_a_cluster_just_created_an_exited_api_server_is_started_again(
     pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

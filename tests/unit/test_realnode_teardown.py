@@ -46,6 +46,7 @@ class FakeMachine:
         self.api_up = True
         self.node_exists = False
         self.node_deletable = True
+        self.api_server_runs = True  # a process runs this checkout's kube-apiserver
         self.events: list[str] = []
 
     def run(
@@ -124,13 +125,14 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMac
     state = tmp_path / "state"
     state.mkdir()
     (state / "kubeconfig").write_text("{}")
-    # This checkout's cluster is up: kwokctl's pid file names a process that runs its API
-    # server (as /proc/PID/cmdline would say; api_up says whether that one answers).
-    cluster_dir = state / "kwok" / "clusters" / "pmem-csi"
-    (cluster_dir / "pids").mkdir(parents=True)
-    (cluster_dir / "pids" / "kube-apiserver.pid").write_text(str(os.getpid()))
-    running = {os.getpid(): str(cluster_dir / "bin" / "kube-apiserver")}
-    monkeypatch.setattr(cluster, "program_of", running.get)
+    # This checkout's cluster is up while api_server_runs: a process runs its API server (as
+    # /proc/PID/cmdline says: this one stands for it; api_up says whether it answers).
+    apiserver = str(state.resolve() / "kwok" / "clusters" / "pmem-csi" / "bin" / "kube-apiserver")
+    monkeypatch.setattr(
+        cluster,
+        "program_of",
+        lambda pid: apiserver if pid == os.getpid() and fake.api_server_runs else None,
+    )
     monkeypatch.setenv("PMEM_CSI_STATE_DIR", str(state))
     for name, value in MACHINE_SYSCTLS.items():
         path = tmp_path / "proc-sys" / name
@@ -263,7 +265,7 @@ def test_a_recorded_pid_now_used_by_another_process_is_not_killed(
     assert process.poll() is None
 
 
-# --------------------------------------------------------------------------- routes (8)
+# --------------------------------------------------------------------------- routes (3)
 
 
 def test_host_routes_stay_until_the_node_object_is_gone(machine: FakeMachine) -> None:
@@ -285,7 +287,7 @@ def test_with_the_cluster_stopped_the_host_routes_go(machine: FakeMachine) -> No
     machine.make_node_traces()
     realnode.Record(state_dir=str(realnode.localenv.state_dir()),
                     host_routes=realnode._host_blackholes()).save()  # fmt: skip
-    machine.api_up = False
+    machine.api_up = machine.api_server_runs = False
     realnode.localenv.kubeconfig_path().unlink()  # what tools.cluster.stop does
     realnode.cleanup(quiet=True)
     assert machine.host_routes == set()
@@ -299,13 +301,18 @@ def _killed_cluster(state_dir: Path, apiserver_pid: int) -> None:
     (state_dir / "kubeconfig").write_text("{}")
 
 
+def _apiserver(state_dir: Path) -> str:
+    return str(state_dir / "kwok" / "clusters" / "pmem-csi" / "bin" / "kube-apiserver")
+
+
 def test_the_routes_of_a_node_whose_cluster_was_killed_go_with_its_teardown_elsewhere(
     machine: FakeMachine, tmp_path: Path
 ) -> None:
     # A session killed with its node and cluster running: every process is gone, the kernel
-    # keeps the routes and the checkout its kubeconfig. No API server can dial the node, and
-    # none will again (tools.cluster creates a cluster that does not answer anew), so a start
-    # in another checkout (a CI clone) removes the routes instead of failing on them.
+    # keeps the routes and the checkout its kubeconfig and pid files. No API server can dial
+    # the node, and none will again (tools.cluster creates a cluster that does not answer
+    # anew), so a start in another checkout (a CI clone) removes the routes instead of
+    # failing on them (CI of stop 31).
     machine.make_node_traces()
     other = tmp_path / "killed-checkout"
     _killed_cluster(other, _dead_pid())
@@ -316,72 +323,59 @@ def test_the_routes_of_a_node_whose_cluster_was_killed_go_with_its_teardown_else
     assert not realnode.RECORD_FILE.exists()
 
 
-def test_the_routes_stay_while_the_api_server_of_the_node_lives_but_does_not_answer(
+def test_the_routes_stay_while_the_api_server_of_the_node_runs_but_does_not_answer(
     machine: FakeMachine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    machine.make_node_traces()
-    other = tmp_path / "busy-checkout"
-    _killed_cluster(other, os.getpid())
-    # The pid file's process is that cluster's API server (as /proc/PID/cmdline says).
-    apiserver = str(other / "kwok" / "clusters" / "pmem-csi" / "bin" / "kube-apiserver")
-    monkeypatch.setattr(cluster, "program_of", lambda pid: apiserver)
-    realnode.Record(state_dir=str(other), host_routes=realnode._host_blackholes()).save()
-    machine.api_up = False  # alive, but busy: kubectl times out
-    with pytest.raises(realnode.RealNodeError, match="host routes"):
-        realnode.cleanup(quiet=True)
-    assert machine.host_routes == set(realnode._host_blackholes())
-
-
-def test_only_the_death_of_the_api_server_releases_the_routes(
-    machine: FakeMachine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A dead kube-controller-manager beside a live, busy API server: the API server may still
-    # dial the node (review of 011138f: "any dead component" passed the other tests).
+    # Beside a dead kube-controller-manager: only the API server's process counts (review of
+    # 011138f: "any dead component releases the routes" passed the other tests).
     machine.make_node_traces()
     other = tmp_path / "busy-checkout"
     _killed_cluster(other, os.getpid())
     pids = other / "kwok" / "clusters" / "pmem-csi" / "pids"
     (pids / "kube-controller-manager.pid").write_text(str(_dead_pid()))
-    apiserver = str(other / "kwok" / "clusters" / "pmem-csi" / "bin" / "kube-apiserver")
-    monkeypatch.setattr(cluster, "program_of", lambda pid: apiserver * (pid == os.getpid()) or None)
+    monkeypatch.setattr(cluster, "program_of", lambda pid: _apiserver(other) * (pid == 1) or None)
     realnode.Record(state_dir=str(other), host_routes=realnode._host_blackholes()).save()
-    machine.api_up = False
+    machine.api_up = False  # it runs, but is busy: kubectl times out
     with pytest.raises(realnode.RealNodeError, match=f"cluster of {other}: .*PMEM_CSI_STATE_DIR"):
         realnode.cleanup(quiet=True)
     assert machine.host_routes == set(realnode._host_blackholes())
 
 
-def test_the_routes_go_when_a_stop_was_killed_after_its_cluster_was_deleted(
-    machine: FakeMachine, tmp_path: Path
+@pytest.mark.parametrize("kubeconfig", [True, False])
+def test_an_api_server_whose_pid_file_and_directory_are_gone_still_keeps_the_routes(
+    kubeconfig: bool, machine: FakeMachine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Killed between `kwokctl delete cluster` (its directory and pid files gone) and the
-    # kubeconfig's removal: no pid file says whether an API server lives, but there is none.
+    # `kwokctl delete` failed and the stop removed the state anyway (its components may still
+    # run), or a stop was killed half-way: the API server is found in /proc, not by pid file.
     machine.make_node_traces()
-    other = tmp_path / "stopped-checkout"
+    other = tmp_path / "half-stopped-checkout"
     other.mkdir()
-    (other / "kubeconfig").write_text("{}")
+    if kubeconfig:
+        (other / "kubeconfig").write_text("{}")
+    monkeypatch.setattr(cluster, "program_of", lambda pid: _apiserver(other) * (pid == 1) or None)
     realnode.Record(state_dir=str(other), host_routes=realnode._host_blackholes()).save()
     machine.api_up = False
+    with pytest.raises(realnode.RealNodeError, match="host routes"):
+        realnode.cleanup(quiet=True)
+    assert machine.host_routes == set(realnode._host_blackholes())
+    monkeypatch.setattr(cluster, "program_of", lambda pid: None)  # now it is gone
     realnode.stop(quiet=True)
     assert machine.node_traces() == []
 
 
-def test_the_program_of_another_state_dirs_api_server_is_read_from_proc(tmp_path: Path) -> None:
-    # The comparison the rule above rests on, with a real process (not faked).
+def test_the_api_server_of_another_state_dir_is_found_in_proc(tmp_path: Path) -> None:
+    # The comparison the rule above rests on, with a real process (not faked), no pid file.
     other = tmp_path / "s"
-    binary = other / "kwok" / "clusters" / "pmem-csi" / "bin" / "kube-apiserver"
-    proc = subprocess.Popen(["bash", "-c", f"exec -a {binary} sleep 600"])
+    proc = subprocess.Popen(["bash", "-c", f"exec -a {_apiserver(other)} sleep 600"])
     try:
-        while cluster.program_of(proc.pid) != str(binary):
+        while cluster.program_of(proc.pid) != _apiserver(other):
             time.sleep(0.01)
-        pids = other / "kwok" / "clusters" / "pmem-csi" / "pids"
-        pids.mkdir(parents=True)
-        (pids / "kube-apiserver.pid").write_text(f"{proc.pid}\n")
-        assert cluster.dead_components(other) == []
+        assert cluster.runs_api_server(other)
+        assert not cluster.runs_api_server(tmp_path / "another")
     finally:
         proc.kill()
         proc.wait()
-    assert cluster.dead_components(other) == ["kube-apiserver"]
+    assert not cluster.runs_api_server(other)
 
 
 # --------------------------------------------------------------------------- half-done (4)
@@ -390,7 +384,7 @@ def test_the_program_of_another_state_dirs_api_server_is_read_from_proc(tmp_path
 def test_a_teardown_that_fails_half_way_keeps_what_it_needs_to_finish(
     machine: FakeMachine,
 ) -> None:
-    machine.api_up = False
+    machine.api_up = machine.api_server_runs = False  # the cluster stopped
     realnode.localenv.kubeconfig_path().unlink()
     realnode.Baseline.take()  # before the node: the kubelet's paths do not exist
     kubelet_dir = realnode.HARD_CODED_PATHS[0]
@@ -467,7 +461,7 @@ def test_the_teardown_claims_only_the_nodes_own_cgroups_and_namespaces(
     machine: FakeMachine,
 ) -> None:
     """Another kubelet's ``kubepods`` and another runtime's ``cni-*`` namespace stay."""
-    machine.api_up = False
+    machine.api_up = machine.api_server_runs = False  # the cluster stopped
     realnode.localenv.kubeconfig_path().unlink()
     # The node's pods: in cgroups under the kubelet's own cgroupRoot, their namespaces under
     # containerd's state directory (removed with it), not in /run/netns.

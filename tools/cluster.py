@@ -16,6 +16,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -234,7 +235,7 @@ def program_of(pid: int) -> str | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    return cmdline.split(b"\0", 1)[0].decode(errors="replace") or None
+    return os.fsdecode(cmdline.split(b"\0", 1)[0]) or None  # as str(Path) holds the bytes
 
 
 def dead_components() -> list[str]:
@@ -262,10 +263,28 @@ def runs_api_server(state_dir: Path) -> bool:
     pid file or its kwokctl directory is gone (a stop killed half-way, or whose
     ``kwokctl delete`` failed)."""
     binary = str(cluster_dir(state_dir) / "bin" / "kube-apiserver")
-    return any(
-        entry.name.isdigit() and program_of(int(entry.name)) == binary
-        for entry in Path("/proc").iterdir()
-    )
+    return any(program_of(pid) == binary for pid in _pids())
+
+
+def _pids() -> list[int]:
+    return [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+
+
+def _kill_left_components(timeout: float = 10) -> None:
+    """SIGKILL every process that still runs one of this cluster's binaries (its ``bin/``
+    links), found in ``/proc``: after a ``kwokctl delete`` that failed, or state removed
+    before (the pid files gone), they would run on, and an API server among them keeps the
+    real node's host routes (tools/realnode.py ``_delete_node_object``)."""
+    prefix = str(cluster_dir() / "bin") + os.sep
+    left = [pid for pid in _pids() if (program_of(pid) or "").startswith(prefix)]
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while any((program_of(pid) or "").startswith(prefix) for pid in left):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"components of {cluster_dir()} did not exit: {left}")
+        time.sleep(0.05)
 
 
 # kube-controller-manager takes its Lease, then gives the API server 10 s to be healthy; a
@@ -570,6 +589,7 @@ def stop(quiet: bool = False) -> None:
         except (subprocess.CalledProcessError, FileNotFoundError) as err:
             if not quiet:
                 _log(f"kwokctl delete failed ({err}); removing state anyway")
+    _kill_left_components()
     shutil.rmtree(kwok_workdir(), ignore_errors=True)
     localenv.kubeconfig_path().unlink(missing_ok=True)
     if node_error is not None:

@@ -1441,10 +1441,15 @@ def cleanup(quiet: bool = False) -> None:
         if ns.exists():
             _run(["ip", "netns", "del", ns.name], check=False)
     owner = Path(record.state_dir) if record else localenv.state_dir()
-    node_gone = _delete_node_object(owner)
-    if node_gone:
-        for dst in record.host_routes if record else _host_blackholes():
-            _run(["ip", "route", "del", "blackhole", dst], check=False)
+    from tools import cluster
+
+    # Under the creation lock: a fault test (tests/e2e/faults.py) holds it from killing an API
+    # server until that runs again, so one seen gone here stays gone until the routes are.
+    with cluster.one_create_at_a_time():
+        node_gone = _delete_node_object(owner)
+        if node_gone:
+            for dst in record.host_routes if record else _host_blackholes():
+                _run(["ip", "route", "del", "blackhole", dst], check=False)
     foreign = _foreign_paths(baseline)
     for path in [NODE_ROOT, NODE_RUN, *HARD_CODED_PATHS]:
         if str(path) not in foreign:
@@ -1583,8 +1588,6 @@ def _delete_node_object(state_dir: Path) -> bool:
     kubeconfig = state_dir / "kubeconfig"
     if not cluster.runs_api_server(state_dir):
         return True
-    if not kubeconfig.exists():
-        return False
     if not toolchain.GROUPS["kubernetes"].is_built():
         return False
     kubectl = [toolchain.bin_path("kubectl"), "--kubeconfig", kubeconfig, "--request-timeout=10s"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.procs import running_as
 from tools import cluster, toolchain
 
 
@@ -315,3 +316,22 @@ def test_a_started_component_is_awaited_until_its_ports_listen(pids: Path) -> No
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_stop_kills_the_components_its_pid_files_no_longer_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `kwokctl delete` failed and the state went anyway, or the pid files were lost: an API
+    # server that runs on keeps the real node's host routes, and the stop the teardown's error
+    # names would find nothing to stop (third review of the routes fix).
+    monkeypatch.setenv("PMEM_CSI_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr(cluster.realnode, "stop", lambda quiet=False: None)
+    with (
+        running_as(_binary("kube-apiserver")) as ours,
+        running_as("/elsewhere/bin/kube-apiserver") as theirs,
+    ):
+        assert cluster.runs_api_server(tmp_path)
+        cluster.stop(quiet=True)
+        assert ours.poll() == -9  # killed, and gone from /proc before stop returned
+        assert not cluster.runs_api_server(tmp_path)
+        assert theirs.poll() is None  # another cluster's is left alone

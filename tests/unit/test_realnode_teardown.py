@@ -8,6 +8,7 @@ e2e test tests/e2e/test_real_node.py runs the same code against a real node.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from tests.unit.procs import running_as
 from tools import cluster, realnode, toolchain
 
 # The values on this kind of machine, and what kubelet 1.36 sets when it starts.
@@ -121,6 +123,7 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMac
         realnode, "HARD_CODED_PATHS", (tmp_path / "var-lib" / "kubelet", run / "containerd")
     )
     monkeypatch.setattr(realnode, "_run", fake.run)
+    monkeypatch.setattr(cluster, "CREATE_LOCK", run / "create.lock")  # not the machine's
     monkeypatch.setattr(toolchain.Group, "is_built", lambda self: True)
     state = tmp_path / "state"
     state.mkdir()
@@ -363,19 +366,48 @@ def test_an_api_server_whose_pid_file_and_directory_are_gone_still_keeps_the_rou
     assert machine.node_traces() == []
 
 
+def test_the_routes_are_released_under_the_creation_lock(
+    machine: FakeMachine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A fault test holds that lock from killing an API server until it runs again
+    # (tests/e2e/faults.py): an API server seen gone inside it stays gone until the routes
+    # are (third review: `make cluster-stop` in `.state` during a worker's fault test).
+    machine.make_node_traces()
+    other = tmp_path / "killed-checkout"
+    _killed_cluster(other, _dead_pid())
+    realnode.Record(state_dir=str(other), host_routes=realnode._host_blackholes()).save()
+    real_check = cluster.runs_api_server
+
+    def check(state_dir: Path) -> bool:
+        machine.events.append("API server looked for")
+        return real_check(state_dir)
+
+    @contextlib.contextmanager
+    def lock() -> Iterator[None]:
+        machine.events.append("lock taken")
+        yield
+        machine.events.append("lock released")
+
+    monkeypatch.setattr(cluster, "runs_api_server", check)
+    monkeypatch.setattr(cluster, "one_create_at_a_time", lock)
+    realnode.stop(quiet=True)
+    routes = [f"route del {d}" for d in realnode._host_blackholes()]
+    assert machine.events == ["lock taken", "API server looked for", *routes, "lock released"]
+
+
 def test_the_api_server_of_another_state_dir_is_found_in_proc(tmp_path: Path) -> None:
     # The comparison the rule above rests on, with a real process (not faked), no pid file.
     other = tmp_path / "s"
-    proc = subprocess.Popen(["bash", "-c", f"exec -a {_apiserver(other)} sleep 600"])
-    try:
-        while cluster.program_of(proc.pid) != _apiserver(other):
-            time.sleep(0.01)
+    with running_as(_apiserver(other)):
         assert cluster.runs_api_server(other)
         assert not cluster.runs_api_server(tmp_path / "another")
-    finally:
-        proc.kill()
-        proc.wait()
     assert not cluster.runs_api_server(other)
+
+
+def test_the_api_server_of_a_state_dir_whose_name_is_not_utf8_is_found(tmp_path: Path) -> None:
+    other = Path(os.fsdecode(os.fsencode(tmp_path) + b"/st\xe9"))
+    with running_as(_apiserver(other)):
+        assert cluster.runs_api_server(other)
 
 
 # --------------------------------------------------------------------------- half-done (4)

@@ -151,29 +151,33 @@ def test_controllers_that_never_work_time_out_naming_what_is_missing(
         cluster.ensure_controllers(timeout=250)
 
 
-@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
+@pytest.mark.parametrize(
+    ("component", "dead"),
+    [
+        ("kube-apiserver", [["kube-apiserver"], ["kube-apiserver"], []]),
+        ("etcd", [["etcd"], ["etcd"], []]),
+        # Dead kube-controller-manager at the first read; by the time the creation lock is
+        # held the API server died too (a second review of 011138f).
+        (
+            "kube-apiserver",
+            [["kube-controller-manager"], ["kube-apiserver", "kube-controller-manager"], []],
+        ),
+    ],
+    ids=["api-server", "etcd", "api-server-dead-only-under-the-lock"],
+)
 def test_the_api_server_or_etcd_of_a_running_cluster_is_never_started_again(
-    component: str, pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    component: str,
+    dead: list[list[str]],
+    pids: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     # Its etcd may hold the real node's Node, whose host routes another checkout's teardown
     # removed once this API server was gone: started again, it could dial the node's address
     # off the machine (review of 011138f). The next start creates the cluster anew instead.
     monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
-    started = _fake_cluster(monkeypatch, [[component], [component], []], [True])
-    with pytest.raises(RuntimeError, match=f"{component} not running: a cluster that stopped"):
-        cluster.ensure_controllers()
-    assert started == []
-
-
-def test_an_api_server_found_dead_only_under_the_lock_is_not_started_again(
-    pids: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    # Dead kube-controller-manager at the first read; by the time the creation lock is held
-    # the API server died too (a second review of 011138f): still nothing of the store.
-    monkeypatch.setattr(cluster, "CREATE_LOCK", tmp_path / "create.lock")
-    dead = [["kube-controller-manager"], ["kube-apiserver", "kube-controller-manager"], []]
     started = _fake_cluster(monkeypatch, dead, [True])
-    with pytest.raises(RuntimeError, match="kube-apiserver not running"):
+    with pytest.raises(RuntimeError, match=f"{component} not running: a cluster that stopped"):
         cluster.ensure_controllers()
     assert started == []
 

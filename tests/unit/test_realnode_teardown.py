@@ -130,7 +130,7 @@ def machine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeMac
     (state / "kubeconfig").write_text("{}")
     # This checkout's cluster is up while api_server_runs: a process runs its API server (as
     # /proc/PID/cmdline says: this one stands for it; api_up says whether it answers).
-    apiserver = str(state.resolve() / "kwok" / "clusters" / "pmem-csi" / "bin" / "kube-apiserver")
+    apiserver = _apiserver(state.resolve())
     monkeypatch.setattr(
         cluster,
         "program_of",
@@ -298,10 +298,14 @@ def test_with_the_cluster_stopped_the_host_routes_go(machine: FakeMachine) -> No
 
 def _killed_cluster(state_dir: Path, apiserver_pid: int) -> None:
     """What a killed run leaves of its cluster: the kubeconfig and kwokctl's pid files."""
-    pids = state_dir / "kwok" / "clusters" / "pmem-csi" / "pids"
+    pids = _pids_dir(state_dir)
     pids.mkdir(parents=True)
     (pids / "kube-apiserver.pid").write_text(str(apiserver_pid))
     (state_dir / "kubeconfig").write_text("{}")
+
+
+def _pids_dir(state_dir: Path) -> Path:
+    return state_dir / "kwok" / "clusters" / "pmem-csi" / "pids"
 
 
 def _apiserver(state_dir: Path) -> str:
@@ -334,8 +338,7 @@ def test_the_routes_stay_while_the_api_server_of_the_node_runs_but_does_not_answ
     machine.make_node_traces()
     other = tmp_path / "busy-checkout"
     _killed_cluster(other, os.getpid())
-    pids = other / "kwok" / "clusters" / "pmem-csi" / "pids"
-    (pids / "kube-controller-manager.pid").write_text(str(_dead_pid()))
+    (_pids_dir(other) / "kube-controller-manager.pid").write_text(str(_dead_pid()))
     monkeypatch.setattr(cluster, "program_of", lambda pid: _apiserver(other) * (pid == 1) or None)
     realnode.Record(state_dir=str(other), host_routes=realnode._host_blackholes()).save()
     machine.api_up = False  # it runs, but is busy: kubectl times out
